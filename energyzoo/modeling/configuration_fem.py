@@ -1,0 +1,160 @@
+"""Configuration of FEM-LM, the decoder LM whose attention is the Free Energy Mixer (fem.txt)."""
+
+import math
+
+from huggingface_hub.dataclasses import strict
+from transformers import PreTrainedConfig
+from transformers.activations import ACT2FN
+
+FEM_PRIORS = ("softmax",)
+
+
+def fem_layer_type(prior: str) -> str:
+    """Cache-layer type name of a FEM layer with this prior (registered by modeling_fem)."""
+    return f"fem_{prior}"
+
+
+def _require(condition: bool, field: str, allowed: str, value) -> None:
+    if not condition:
+        raise ValueError(f"FEMConfig.{field} must be {allowed}, got {value!r}")
+
+
+@strict
+class FEMConfig(PreTrainedConfig):
+    r"""Configuration of a FEM-LM: a Llama-style pre-norm decoder (RMSNorm, SwiGLU, RoPE) whose attention is
+    the two-level gated Free Energy Mixer (FEM eq. 11) on a selection prior.
+
+    Defaults are the paper's: the 340M LM shape of fem.txt §3 (hidden 1024, 24 layers, 16 heads, SwiGLU
+    2816, vocab 32000, tied embeddings, 4096 positions) and budget (i) of FEM H.7: the prior's Q/K at the
+    full width D (``qk_ratio=1``), the value/FEM path at d = D/2 (``value_ratio=0.5``).
+
+    FEM-specific fields:
+        prior: selection prior p_t (FEM App. H): "softmax" (H.1).
+        qk_ratio: total Q (and K) width / hidden_size. Per-head width must be even (RoPE).
+        value_ratio: value-path width d / hidden_size; also the width of lambda, g and beta_max.
+        use_time_decay: (C) the low-rank time-decay conditioner of App. I modulates q, k, v, lambda, g.
+        use_lse: (L) add the log-sum-exp branch F^max (eq. 9). Off: the read is the expectation mu.
+        use_temperature_gate: (T) the per-token inner gate lambda of linearised temperature learning
+            (eq. 7/10). Off with the LSE on: lambda = 1, the fixed-temperature free energy F(beta_max) (eq. 4)
+            with a learned per-channel beta_max.
+        use_outer_gate: (G) the outer gate g (eq. 11): softplus, RMS-normalised per head, no gain.
+        beta_max_init: initial per-channel beta_max; beta_max = softplus(p + softplus^-1(beta_max_init))
+            with p initialised at 0 (App. K: softplus(x + 1.8), x = 0, i.e. ~1.953).
+        time_decay_rank: H_c of the conditioner; None means d / 16 (FEM §2.3.3 default), at least 1.
+        time_decay_chunk_size: chunk length of the parallel decayed scan (speed/memory only).
+    Switching modules off removes their parameters; widths stay as the ratios say (re-budget with them).
+    With all four switches off and ``value_ratio=1`` the model computes exactly a Llama model.
+    """
+
+    model_type = "fem"
+    keys_to_ignore_at_inference = ["past_key_values"]
+    base_model_tp_plan = {
+        "layers.*.self_attn.q_proj": "colwise",
+        "layers.*.self_attn.k_proj": "colwise",
+        "layers.*.self_attn.v_proj": "colwise",
+        "layers.*.self_attn.o_proj": "rowwise",
+        "layers.*.mlp.gate_proj": "colwise",
+        "layers.*.mlp.up_proj": "colwise",
+        "layers.*.mlp.down_proj": "rowwise",
+    }
+
+    vocab_size: int = 32000
+    hidden_size: int = 1024
+    intermediate_size: int = 2816
+    num_hidden_layers: int = 24
+    num_attention_heads: int = 16
+    hidden_act: str = "silu"
+    max_position_embeddings: int = 4096
+    initializer_range: float = 0.02
+    rms_norm_eps: float = 1e-6
+    use_cache: bool = True
+    pad_token_id: int | None = None
+    bos_token_id: int | None = 1
+    eos_token_id: int | list[int] | None = 2
+    tie_word_embeddings: bool = True
+    rope_parameters: dict | None = None
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    prior: str = "softmax"
+    qk_ratio: float = 1.0
+    value_ratio: float = 0.5
+    use_time_decay: bool = True
+    use_lse: bool = True
+    use_temperature_gate: bool = True
+    use_outer_gate: bool = True
+    beta_max_init: float = math.log1p(math.exp(1.8))
+    time_decay_rank: int | None = None
+    time_decay_chunk_size: int = 16
+    layer_types: list[str] | None = None
+
+    def __post_init__(self, **kwargs):
+        self._validate_fem_fields()
+        if self.rope_parameters is None:
+            self.rope_parameters = {"rope_type": "default", "rope_theta": 10000.0}
+        if self.time_decay_rank is None:
+            self.time_decay_rank = max(1, self.value_width // 16)
+        if self.layer_types is None:
+            self.layer_types = [fem_layer_type(self.prior)] * self.num_hidden_layers
+        super().__post_init__(**kwargs)
+
+    def _validate_fem_fields(self) -> None:
+        for field in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"):
+            value = getattr(self, field)
+            _require(isinstance(value, int) and value > 0, field, "a positive integer", value)
+        _require(self.hidden_act in ACT2FN, "hidden_act", f"one of {sorted(ACT2FN)}", self.hidden_act)
+        _require(self.prior in FEM_PRIORS, "prior", f"one of {FEM_PRIORS}", self.prior)
+        for field in ("qk_ratio", "value_ratio"):
+            value = getattr(self, field)
+            _require(math.isfinite(value) and value > 0, field, "a positive finite number", value)
+        heads = self.num_attention_heads
+        for field, width in (("qk_ratio", self.hidden_size * self.qk_ratio), ("value_ratio", self.value_width_exact)):
+            _require(
+                float(width).is_integer() and int(width) % heads == 0,
+                field,
+                f"such that hidden_size * {field} is an integer multiple of num_attention_heads ({heads})",
+                getattr(self, field),
+            )
+        _require(self.head_dim % 2 == 0, "qk_ratio", "such that the per-head Q/K width is even (RoPE)", self.qk_ratio)
+        _require(
+            math.isfinite(self.beta_max_init) and self.beta_max_init > 0,
+            "beta_max_init",
+            "a positive finite number",
+            self.beta_max_init,
+        )
+        if self.time_decay_rank is not None:
+            _require(self.time_decay_rank > 0, "time_decay_rank", "a positive integer or None", self.time_decay_rank)
+        _require(self.time_decay_chunk_size > 0, "time_decay_chunk_size", "a positive integer", self.time_decay_chunk_size)
+        _require(self.rms_norm_eps > 0, "rms_norm_eps", "> 0", self.rms_norm_eps)
+        _require(0 <= self.initializer_range <= 1, "initializer_range", "in [0, 1]", self.initializer_range)
+        _require(self.max_position_embeddings > 0, "max_position_embeddings", "a positive integer", self.max_position_embeddings)
+
+    def validate_layer_type(self):
+        """Accept the FEM cache-layer types (the base class only knows attention layer types)."""
+        if self.layer_types is None:
+            return
+        allowed = [fem_layer_type(prior) for prior in FEM_PRIORS]
+        _require(all(t in allowed for t in self.layer_types), "layer_types", f"entries of {allowed}", self.layer_types)
+        _require(
+            len(self.layer_types) == self.num_hidden_layers,
+            "layer_types",
+            f"a list of num_hidden_layers ({self.num_hidden_layers}) entries",
+            self.layer_types,
+        )
+
+    @property
+    def head_dim(self) -> int:
+        """Per-head width of the prior's queries and keys (what RoPE rotates)."""
+        return int(self.hidden_size * self.qk_ratio) // self.num_attention_heads
+
+    @property
+    def value_width_exact(self) -> float:
+        return self.hidden_size * self.value_ratio
+
+    @property
+    def value_width(self) -> int:
+        """d, the width of the value path (values, lambda, g, beta_max) over all heads."""
+        return int(self.value_width_exact)
+
+    @property
+    def value_head_dim(self) -> int:
+        return self.value_width // self.num_attention_heads

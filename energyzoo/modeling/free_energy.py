@@ -1,0 +1,190 @@
+"""The Free Energy Mixer read (FEM eq. 4-11, App. F-G), as functions any prior can reuse.
+
+For a selection prior p_t over past positions and values v_i, FEM reads per channel j
+    mu_t      = E_{p_t}[v]                                   (the expectation baseline, eq. 6)
+    F^max_t   = beta_max^-1 log E_{p_t}[exp(beta_max v)]     (the free energy at beta_max, eq. 4 / 9)
+    F~_t      = (1 - lambda_t) mu_t + lambda_t F^max_t       (linearised temperature learning, eq. 7 / 10)
+    o_t       = g_t * F~_t                                   (outer gate, eq. 11)
+Both mu and F^max come from ONE pass of the prior over the augmented values [v, exp(beta v - M)]
+(FEM App. F.4, G.2).
+
+Numerics (FEM App. G.2 "numerical stability", and the public reference layer):
+- the exp branch is shifted by M = max over valid keys of beta * v, per (batch, head, channel), detached
+  (it cancels exactly in the log, so gradients are exact);
+- values are clipped to |beta v| <= ``EXP_ARGUMENT_CAP`` (40) before the read. Then beta v - M >= -80
+  and exp never underflows to zero in fp32/bf16 for a valid row. Below the cap the read is exact; above
+  it both mu and F^max are those of the clipped values (a documented saturation, as in the reference);
+- the log is restored in fp32 with a floor at the smallest normal float, so it is never -inf;
+- rounding can put F^max a hair below mu where Jensen says F^max >= mu; we return max(F^max, mu);
+- query rows with no visible key (fully padded) return mu = F^max = 0 instead of NaN.
+"""
+
+import torch
+import torch.nn.functional as F
+
+try:  # optional CUDA kernel; the SDPA path below computes the same thing everywhere
+    from flash_attn import flash_attn_func
+except ImportError:
+    flash_attn_func = None
+
+EXP_ARGUMENT_CAP = 40.0
+
+
+def beta_to_value_shape(beta: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """Broadcast a per-channel inverse temperature, shaped (heads, head_dim), (head_dim,) or (), against
+    values shaped (batch, heads, seq, head_dim)."""
+    if beta.dim() == 2:
+        return beta[None, :, None, :]
+    return beta
+
+
+def clip_values_for_exp(value: torch.Tensor, beta: torch.Tensor, cap: float = EXP_ARGUMENT_CAP) -> torch.Tensor:
+    """Clip values to |beta * v| <= cap, so that exp(beta v - M) stays within floating-point range."""
+    limit = (cap / beta).to(value.dtype)
+    return torch.maximum(torch.minimum(value, limit), -limit)
+
+
+def _bottom_right_causal_mask(query_len: int, key_len: int, device: torch.device) -> torch.Tensor:
+    """Causal mask for queries that are the LAST `query_len` of `key_len` positions (cached decoding)."""
+    offset = key_len - query_len
+    query_positions = torch.arange(query_len, device=device)[:, None] + offset
+    return torch.arange(key_len, device=device)[None, :] <= query_positions
+
+
+def _visibility(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Boolean 'query may read key' from a boolean or additive float mask."""
+    if attention_mask.dtype == torch.bool:
+        return attention_mask
+    return attention_mask > torch.finfo(attention_mask.dtype).min / 2
+
+
+def _attend(query, key, value, attention_mask, causal, scale):
+    """softmax(q k^T * scale + mask) @ value; flash-attn on CUDA for unmasked fp16/bf16 when installed."""
+    use_flash = (
+        flash_attn_func is not None
+        and query.is_cuda
+        and attention_mask is None
+        and query.dtype in (torch.float16, torch.bfloat16)
+        and value.shape[-1] == query.shape[-1]
+    )
+    if use_flash:
+        out = flash_attn_func(
+            query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), softmax_scale=scale, causal=causal
+        )
+        return out.transpose(1, 2)
+    return F.scaled_dot_product_attention(
+        query, key, value, attn_mask=attention_mask, is_causal=causal and attention_mask is None, scale=scale
+    )
+
+
+class PreparedMask:
+    """A mask normalised once for the reads below: the mask SDPA gets, whether SDPA applies the causal mask
+    itself, which query rows see no key (they get zeros, not NaN), and which keys some query sees."""
+
+    def __init__(self, query_len, key_len, attention_mask, causal, device):
+        if causal and (attention_mask is not None or query_len != key_len):
+            causal_mask = _bottom_right_causal_mask(query_len, key_len, device)
+            if attention_mask is None:
+                attention_mask = causal_mask
+            elif attention_mask.dtype == torch.bool:
+                attention_mask = attention_mask & causal_mask
+            else:
+                attention_mask = attention_mask.masked_fill(~causal_mask, torch.finfo(attention_mask.dtype).min)
+            causal = False
+        self.empty_rows = None
+        self.key_is_visible = None
+        if attention_mask is not None:
+            visible = _visibility(attention_mask)
+            self.key_is_visible = visible.any(dim=-2).unsqueeze(-1)  # (b, h|1, k, 1)
+            row_has_key = visible.any(dim=-1, keepdim=True)  # (b, h|1, q, 1)
+            if not bool(row_has_key.all()):
+                # An empty row would give NaN; let it read everything and zero its output afterwards.
+                self.empty_rows = ~row_has_key
+                if attention_mask.dtype == torch.bool:
+                    attention_mask = attention_mask | self.empty_rows
+                else:
+                    attention_mask = attention_mask.masked_fill(self.empty_rows, 0.0)
+        self.attention_mask = attention_mask
+        self.causal = causal
+
+    def zero_empty_rows(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor if self.empty_rows is None else tensor.masked_fill(self.empty_rows, 0.0)
+
+
+def softmax_prior_expectation(q, k, v, attention_mask=None, causal=True, scale=None) -> torch.Tensor:
+    """mu = E_p[v] alone under the masked softmax prior (FEM eq. 27): the read with the LSE branch
+    ablated, which is exactly softmax attention. Same arguments and masking as `softmax_prior_read`."""
+    mask = PreparedMask(q.shape[-2], k.shape[-2], attention_mask, causal, q.device)
+    return mask.zero_empty_rows(_attend(q, k, v, mask.attention_mask, mask.causal, scale))
+
+
+def softmax_prior_read(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    causal: bool = True,
+    scale: float | None = None,
+):
+    """The FEM read under the softmax-attention prior (FEM eq. 4, 6, 9 with H.1's prior; App. F.4 one pass).
+
+    Args:
+        q, k: (batch, heads, q_len / k_len, qk_dim) queries and keys (RoPE already applied).
+        v: (batch, heads, k_len, v_dim) values.
+        beta: inverse temperature beta_max > 0, shaped (heads, v_dim), (v_dim,) or a scalar tensor.
+        attention_mask: optional mask broadcastable to (batch, heads, q_len, k_len): boolean (True = may
+            attend) or additive float. Combined with ``causal``.
+        causal: apply the causal mask; when q_len < k_len the queries are the last q_len positions.
+        scale: score scale, default 1/sqrt(qk_dim).
+
+    Returns:
+        ``(mu, f_max)``, both (batch, heads, q_len, v_dim): mu = E_p[v] and
+        f_max = beta^-1 log E_p[exp(beta v)] under the masked softmax prior p of q.k*scale, with
+        f_max >= mu everywhere and no inf/NaN (see the module docstring for the numerics).
+    """
+    mask = PreparedMask(q.shape[-2], k.shape[-2], attention_mask, causal, q.device)
+    beta = beta_to_value_shape(beta.to(torch.float32), v)
+    v = clip_values_for_exp(v, beta)
+    scaled = beta * v.float()
+    if mask.key_is_visible is not None:
+        scaled_for_max = scaled.masked_fill(~mask.key_is_visible, -EXP_ARGUMENT_CAP)
+    else:
+        scaled_for_max = scaled
+    shift = scaled_for_max.amax(dim=-2, keepdim=True).detach()  # M: (b, h, 1, v_dim)
+    exp_branch = torch.exp(scaled - shift).to(v.dtype)
+
+    read = _attend(q, k, torch.cat([v, exp_branch], dim=-1), mask.attention_mask, mask.causal, scale)
+    mu, shifted_partition = read.split(v.shape[-1], dim=-1)
+    log_partition = torch.log(shifted_partition.float().clamp_min(torch.finfo(torch.float32).tiny)) + shift
+    f_max = torch.maximum(log_partition / beta, mu.float()).to(mu.dtype)  # Jensen: fixes rounding only
+    return mask.zero_empty_rows(mu), mask.zero_empty_rows(f_max)
+
+
+def gated_free_energy(
+    mu: torch.Tensor,
+    f_max: torch.Tensor | None = None,
+    temperature_gate: torch.Tensor | None = None,
+    outer_gate: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """o = g * ((1 - lambda) mu + lambda f_max)  (FEM eq. 10-11).
+
+    Ablations: ``f_max=None`` is the plain expectation read (no LSE branch); ``temperature_gate=None`` with
+    an f_max means lambda = 1, the fixed-temperature free energy F(beta_max) (eq. 4); ``outer_gate=None``
+    means g = 1.
+    """
+    if f_max is None:
+        out = mu
+    elif temperature_gate is None:
+        out = f_max
+    else:
+        out = torch.lerp(mu, f_max, temperature_gate)
+    return out if outer_gate is None else outer_gate * out
+
+
+def outer_gate_activation(logits: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """g = RMSNorm(softplus(logits)) over the last (per-head channel) dimension, without gain (FEM §2.3.2):
+    strictly positive and of unit RMS per head, so it rescales channels without distorting the norm of o."""
+    gate = F.softplus(logits.float())
+    gate = gate * torch.rsqrt(gate.pow(2).mean(dim=-1, keepdim=True) + eps)
+    return gate.to(logits.dtype)

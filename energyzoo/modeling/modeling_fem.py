@@ -1,0 +1,402 @@
+"""FEM-LM: a Llama-style decoder whose attention is the two-level gated Free Energy Mixer (fem.txt).
+
+Block (FEM §3, "FEM directly replaces the attention in a Transformer block"): RMSNorm -> FEM -> residual ->
+RMSNorm -> SwiGLU -> residual, with Llama's module names so checkpoints, peft ``target_modules`` and habits
+carry over (``q_proj``, ``k_proj``, ``v_proj``, ``o_proj``, ``gate_proj``, ``up_proj``, ``down_proj``).
+"""
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import initialization as init
+from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
+from transformers.generation import GenerationMixin
+from transformers.masking_utils import create_causal_mask
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_utils import PreTrainedModel
+from transformers.models.llama.modeling_llama import (
+    LlamaMLP,
+    LlamaRMSNorm,
+    LlamaRotaryEmbedding,
+    apply_rotary_pos_emb,
+)
+from transformers.utils.output_capturing import capture_outputs
+
+from .configuration_fem import FEMConfig, fem_layer_type
+from .free_energy import (
+    gated_free_energy,
+    outer_gate_activation,
+    softmax_prior_expectation,
+    softmax_prior_read,
+)
+from .outputs import BaseModelOutputWithEnergies, CausalLMOutputWithEnergies, EnergyTrace
+from .time_decay import TimeDecayConditioner
+
+
+class FEMSoftmaxCacheLayer(DynamicLayer):
+    """Decoding state of one FEM layer with the softmax prior: the prior's keys and the raw values (the
+    value cache is d/H wide per head, half of Llama's under budget (i)), plus the time-decay conditioner's
+    O(H_c) state. The exp branch is recomputed from the cached values at every step, with the shift over
+    all of them, so cached decoding is exact (not an approximation of the shift)."""
+
+    _layer_type = fem_layer_type("softmax")
+    is_croppable = False
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.time_decay_state: torch.Tensor | None = None
+
+    def _map_state(self, fn) -> None:
+        if self.time_decay_state is not None:
+            self.time_decay_state = fn(self.time_decay_state)
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        super().reorder_cache(beam_idx)
+        self._map_state(lambda state: state.index_select(0, beam_idx.to(state.device)))
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        super().batch_repeat_interleave(repeats)
+        self._map_state(lambda state: state.repeat_interleave(repeats, dim=0))
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        super().batch_select_indices(indices)
+        self._map_state(lambda state: state[indices])
+
+    def reset(self) -> None:
+        super().reset()
+        self.time_decay_state = None
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise NotImplementedError("FEM caches cannot be cropped: the time-decay state cannot be rewound.")
+
+
+class FEMAttention(nn.Module):
+    """The two-level gated Free Energy Mixer in place of attention (FEM eq. 10-11, 34-35).
+
+    o_t = g~_t * [(1 - lambda~_t) * E_{p~_t}[v~] + lambda~_t * beta_max^-1 log E_{p~_t}[exp(beta_max v~)]]
+    with the softmax prior p over RoPE'd q, k (H.1), lambda = sigmoid (per channel), g = RMS-normalised
+    softplus, beta_max = softplus per channel, and ~ the time-decay modulation (1 + c) of App. I.2.
+    """
+
+    def __init__(self, config: FEMConfig, layer_idx: int):
+        super().__init__()
+        self.config = config
+        self.layer_idx = layer_idx
+        self.num_heads = config.num_attention_heads
+        self.head_dim = config.head_dim
+        self.value_head_dim = config.value_head_dim
+        qk_width, value_width = self.num_heads * self.head_dim, config.value_width
+        bias = config.attention_bias
+        self.q_proj = nn.Linear(config.hidden_size, qk_width, bias=bias)
+        self.k_proj = nn.Linear(config.hidden_size, qk_width, bias=bias)
+        self.v_proj = nn.Linear(config.hidden_size, value_width, bias=bias)
+        self.o_proj = nn.Linear(value_width, config.hidden_size, bias=bias)
+        self.temperature_proj = (
+            nn.Linear(config.hidden_size, value_width, bias=bias)
+            if config.use_lse and config.use_temperature_gate
+            else None
+        )
+        self.outer_gate_proj = nn.Linear(config.hidden_size, value_width, bias=bias) if config.use_outer_gate else None
+        if config.use_lse:
+            self.beta_max_offset = math.log(math.expm1(config.beta_max_init))  # softplus^-1
+            self.beta_max_raw = nn.Parameter(torch.zeros(value_width))
+        # Modulated quantities, in the order the conditioner's output is split (App. I.2, eq. 34a-d).
+        self.modulated_widths = [qk_width, qk_width, value_width]
+        if self.temperature_proj is not None:
+            self.modulated_widths.append(value_width)
+        if self.outer_gate_proj is not None:
+            self.modulated_widths.append(value_width)
+        self.time_decay = (
+            TimeDecayConditioner(
+                config.hidden_size,
+                config.time_decay_rank,
+                sum(self.modulated_widths),
+                config.time_decay_chunk_size,
+                config.rms_norm_eps,
+            )
+            if config.use_time_decay
+            else None
+        )
+
+    def beta_max(self) -> torch.Tensor:
+        """Per-channel maximum inverse temperature, (heads, value_head_dim) (FEM eq. 9, App. K)."""
+        return F.softplus(self.beta_max_raw.float() + self.beta_max_offset).view(self.num_heads, self.value_head_dim)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        attention_mask: torch.Tensor | None = None,
+        padding_mask: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        energy_records: list | None = None,
+        **kwargs,
+    ) -> torch.Tensor:
+        batch, length, _ = hidden_states.shape
+        projections = [self.q_proj(hidden_states), self.k_proj(hidden_states), self.v_proj(hidden_states)]
+        if self.temperature_proj is not None:
+            projections.append(self.temperature_proj(hidden_states))
+        if self.outer_gate_proj is not None:
+            projections.append(self.outer_gate_proj(hidden_states))
+
+        if self.time_decay is not None:
+            cache_layer = self._cache_layer(past_key_values)
+            initial_state = cache_layer.time_decay_state if cache_layer is not None else None
+            conditioning, final_state = self.time_decay(hidden_states, padding_mask, initial_state)
+            if cache_layer is not None:
+                cache_layer.time_decay_state = final_state
+            modulators = conditioning.split(self.modulated_widths, dim=-1)
+            projections = [p * (1 + m) for p, m in zip(projections, modulators)]  # eq. 34a-d
+
+        query, key, value = (
+            x.view(batch, length, self.num_heads, -1).transpose(1, 2) for x in projections[:3]
+        )
+        cos, sin = position_embeddings
+        query, key = apply_rotary_pos_emb(query, key, cos, sin)
+        if past_key_values is not None:
+            key, value = past_key_values.update(key, value, self.layer_idx)
+
+        causal = attention_mask is None
+        if self.config.use_lse:
+            mu, f_max = softmax_prior_read(query, key, value, self.beta_max(), attention_mask, causal)
+            f_max = self._merge_heads(f_max)
+        else:
+            mu, f_max = softmax_prior_expectation(query, key, value, attention_mask, causal), None
+        mu = self._merge_heads(mu)
+
+        gates = iter(projections[3:])
+        temperature_gate = torch.sigmoid(next(gates)) if self.temperature_proj is not None else None
+        outer_gate = None
+        if self.outer_gate_proj is not None:
+            logits = next(gates).view(batch, length, self.num_heads, self.value_head_dim)
+            outer_gate = outer_gate_activation(logits, self.config.rms_norm_eps).view(batch, length, -1)
+        output = gated_free_energy(mu, f_max, temperature_gate, outer_gate)
+        if energy_records is not None:
+            energy_records.append(self._energy_record(mu, f_max, temperature_gate))
+        return self.o_proj(output)
+
+    def _cache_layer(self, past_key_values: Cache | None) -> FEMSoftmaxCacheLayer | None:
+        if past_key_values is None:
+            return None
+        layer = past_key_values.layers[self.layer_idx]
+        if not isinstance(layer, FEMSoftmaxCacheLayer):
+            raise TypeError(
+                f"FEM layer {self.layer_idx} needs a {FEMSoftmaxCacheLayer.__name__} cache layer (it keeps the "
+                f"time-decay state); got {type(layer).__name__}. Build caches with DynamicCache(config=model.config)."
+            )
+        return layer
+
+    @staticmethod
+    def _merge_heads(x: torch.Tensor) -> torch.Tensor:
+        batch, _, length, _ = x.shape
+        return x.transpose(1, 2).reshape(batch, length, -1)
+
+    @torch.no_grad()
+    def _energy_record(self, mu, f_max, temperature_gate) -> dict[str, torch.Tensor]:
+        record = {}
+        if f_max is not None:
+            record["inverse_temperature"] = self.beta_max().detach()
+            record["free_energy_gain"] = (f_max - mu).float().mean(dim=-1)  # KL(p||q)/beta, eq. 6: (b, s)
+        if temperature_gate is not None:
+            record["temperature_gate"] = temperature_gate.float().mean(dim=-1)  # lambda, eq. 10: (b, s)
+            record["temperature_gate_std"] = temperature_gate.float().std(dim=-1)
+        return record
+
+
+class FEMDecoderLayer(GradientCheckpointingLayer):
+    def __init__(self, config: FEMConfig, layer_idx: int):
+        super().__init__()
+        self.self_attn = FEMAttention(config, layer_idx)
+        self.mlp = LlamaMLP(config)
+        self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(self, hidden_states: torch.Tensor, **kwargs) -> torch.Tensor:
+        hidden_states = hidden_states + self.self_attn(self.input_layernorm(hidden_states), **kwargs)
+        return hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
+
+
+class FEMPreTrainedModel(PreTrainedModel):
+    config_class = FEMConfig
+    config: FEMConfig
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["FEMDecoderLayer"]
+    _skip_keys_device_placement = ["past_key_values"]
+    _supports_sdpa = True
+    _can_record_outputs = {"hidden_states": FEMDecoderLayer}
+
+    def _init_weights(self, module):
+        """N(0, 0.02) linear maps and embeddings, zero biases (FEM App. K); beta_max's raw parameter at 0
+        (App. K); the conditioner's output map at 0 so every modulator starts at 1."""
+        super()._init_weights(module)
+        if isinstance(module, FEMAttention) and hasattr(module, "beta_max_raw"):
+            init.zeros_(module.beta_max_raw)
+        elif isinstance(module, TimeDecayConditioner):
+            init.zeros_(module.out_proj)
+
+
+class FEMModel(FEMPreTrainedModel):
+    def __init__(self, config: FEMConfig):
+        super().__init__(config)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id)
+        self.layers = nn.ModuleList(FEMDecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.rotary_emb = LlamaRotaryEmbedding(config=config)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.embed_tokens
+
+    def set_input_embeddings(self, value):
+        self.embed_tokens = value
+
+    @capture_outputs
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        output_energies: bool = False,
+        **kwargs,
+    ) -> BaseModelOutputWithEnergies:
+        """``output_energies=True`` adds an `EnergyTrace` with, per layer, beta_max
+        (``inverse_temperature``), the free-energy gain f_max - mu per token (``free_energy_gain``, the KL
+        term of FEM eq. 6) and the inner gate lambda's mean and spread (``temperature_gate``)."""
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("Pass exactly one of input_ids or inputs_embeds.")
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_tokens(input_ids)
+        use_cache = self.config.use_cache if use_cache is None else use_cache
+        if use_cache and past_key_values is None and not self.training:  # training builds no cache
+            past_key_values = DynamicCache(config=self.config)
+        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+        if position_ids is None:
+            position_ids = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device)[None] + past_length
+        causal_mask = create_causal_mask(
+            config=self.config,
+            inputs_embeds=inputs_embeds,
+            attention_mask=attention_mask,
+            past_key_values=past_key_values,
+            position_ids=position_ids,
+        )
+        padding_mask = None
+        if attention_mask is not None and attention_mask.dim() == 2 and not bool(attention_mask.all()):
+            padding_mask = attention_mask[:, -inputs_embeds.shape[1] :].bool()
+
+        energy_records = [] if output_energies else None
+        hidden_states = inputs_embeds
+        position_embeddings = self.rotary_emb(hidden_states, position_ids=position_ids)
+        for layer in self.layers:
+            hidden_states = layer(
+                hidden_states,
+                position_embeddings=position_embeddings,
+                attention_mask=causal_mask,
+                padding_mask=padding_mask,
+                past_key_values=past_key_values,
+                energy_records=energy_records,
+            )
+        energies = None
+        if output_energies:  # a copy: activation checkpointing may append again during backward
+            energies = EnergyTrace(self.config.model_type, list(energy_records))
+        return BaseModelOutputWithEnergies(
+            last_hidden_state=self.norm(hidden_states),
+            past_key_values=past_key_values,
+            energies=energies,
+        )
+
+
+class FEMForCausalLM(FEMPreTrainedModel, GenerationMixin):
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+
+    def __init__(self, config: FEMConfig):
+        super().__init__(config)
+        self.model = FEMModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.model.embed_tokens
+
+    def set_input_embeddings(self, value):
+        self.model.embed_tokens = value
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_energies: bool = False,
+        logits_to_keep: int | torch.Tensor = 0,
+        **kwargs,
+    ) -> CausalLMOutputWithEnergies:
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            output_energies=output_energies,
+            **kwargs,
+        )
+        hidden_states = outputs.last_hidden_state
+        kept = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+        logits = self.lm_head(hidden_states[:, kept, :])
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
+        return CausalLMOutputWithEnergies(
+            loss=loss,
+            logits=logits,
+            past_key_values=outputs.past_key_values,
+            hidden_states=outputs.hidden_states,
+            energies=outputs.energies,
+        )
+
+    @classmethod
+    def from_llama(cls, llama_model: nn.Module, **fem_overrides) -> "FEMForCausalLM":
+        """Build a FEM-LM from a `LlamaForCausalLM`, copying every shared weight (upcycling).
+
+        The shared parts (embeddings, q/k/v/o projections, MLPs, norms, head) are copied; FEM-only parts
+        (gates, beta_max, conditioner) start from their initialisation. With ``use_time_decay``, ``use_lse``,
+        ``use_temperature_gate`` and ``use_outer_gate`` all False and ``value_ratio=1`` the result computes
+        exactly the Llama model. ``value_ratio`` defaults to 1 here so v_proj/o_proj copy as they are.
+        """
+        llama_config = llama_model.config
+        if llama_config.num_key_value_heads != llama_config.num_attention_heads:
+            raise ValueError("from_llama needs a Llama without grouped-query attention (num_key_value_heads == heads).")
+        fields = dict(
+            vocab_size=llama_config.vocab_size,
+            hidden_size=llama_config.hidden_size,
+            intermediate_size=llama_config.intermediate_size,
+            num_hidden_layers=llama_config.num_hidden_layers,
+            num_attention_heads=llama_config.num_attention_heads,
+            hidden_act=llama_config.hidden_act,
+            max_position_embeddings=llama_config.max_position_embeddings,
+            rms_norm_eps=llama_config.rms_norm_eps,
+            tie_word_embeddings=llama_config.tie_word_embeddings,
+            rope_parameters=dict(llama_config.rope_parameters),
+            attention_bias=llama_config.attention_bias,
+            mlp_bias=llama_config.mlp_bias,
+            pad_token_id=llama_config.pad_token_id,
+            bos_token_id=llama_config.bos_token_id,
+            eos_token_id=llama_config.eos_token_id,
+            qk_ratio=llama_config.head_dim * llama_config.num_attention_heads / llama_config.hidden_size,
+            value_ratio=1.0,
+        )
+        fields.update(fem_overrides)
+        model = cls(FEMConfig(**fields)).to(next(llama_model.parameters()).dtype)
+        result = model.load_state_dict(llama_model.state_dict(), strict=False)
+        if result.unexpected_keys:
+            raise ValueError(f"Llama weights without a place in FEM-LM: {result.unexpected_keys[:4]}")
+        return model

@@ -1,0 +1,106 @@
+"""The low-rank time-decay conditioner (TDC) of FEM (FEM App. I, eq. 33-34).
+
+    x^_t = LN(x_t);  s_t = softplus(x^_t W_f);  u_t = x^_t W_x;  a_t = softplus(x^_t W_s)
+    h~_t = sum_{i<=t} exp(-sum_{i<tau<=t} s_tau) * u_i            (eq. 33; streaming: h~_t = e^{-s_t} h~_{t-1} + u_t)
+    h_t  = SiLU(norm(a_t)) * LN(h~_t);   c_t = h_t W_c             (W_c zero-initialised)
+The conditioner output c_t is split into modulators (1 + c_t) of the prior's q and k, the values, the
+temperature-gate logit and the outer-gate logit (eq. 34a-d).
+
+Choices where the paper leaves room: norm(a) rescales to unit RMS (unit l2 norm times sqrt(H_c), as the
+public reference does) so SiLU sees O(1) inputs; the decayed sum is evaluated chunkwise in log space
+(App. I "implementation notes") instead of the f_t^-1 division, which overflows for long sequences.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def decayed_cumsum(
+    log_decay: torch.Tensor,
+    inputs: torch.Tensor,
+    initial_state: torch.Tensor | None = None,
+    chunk_size: int = 16,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """h_t = exp(log_decay_t) * h_{t-1} + inputs_t for every t, without a loop over positions.
+
+    Args:
+        log_decay: (batch, length, channels), <= 0.
+        inputs: (batch, length, channels).
+        initial_state: (batch, channels) state before the first position (a cache), or None for zeros.
+        chunk_size: positions per chunk; the inner work is a masked (chunk x chunk) matrix per chunk, and
+            chunk boundaries are carried by the same function one level up (recursively), so every
+            exponent evaluated is <= 0 and nothing overflows, whatever the length.
+
+    Returns:
+        ``(states, final_state)``: (batch, length, channels) and (batch, channels).
+    """
+    batch, length, channels = inputs.shape
+    work_dtype = torch.promote_types(inputs.dtype, torch.float32)
+    log_decay, inputs = log_decay.to(work_dtype), inputs.to(work_dtype)
+    chunk = max(1, min(chunk_size, length))
+    num_chunks = -(-length // chunk)
+    padding = num_chunks * chunk - length
+    if padding:  # zero decay and zero input leave the state unchanged
+        log_decay = F.pad(log_decay, (0, 0, 0, padding))
+        inputs = F.pad(inputs, (0, 0, 0, padding))
+    log_decay = log_decay.reshape(batch, num_chunks, chunk, channels)
+    inputs = inputs.reshape(batch, num_chunks, chunk, channels)
+
+    cumulative = log_decay.cumsum(dim=2)  # log decay from the chunk start, per position
+    pairwise = cumulative[:, :, :, None, :] - cumulative[:, :, None, :, :]  # (b, n, t, i, c): decay i -> t
+    causal = torch.ones(chunk, chunk, dtype=torch.bool, device=inputs.device).tril()[:, :, None]
+    weights = torch.exp(pairwise.masked_fill(~causal, float("-inf")))
+    within_chunk = (weights * inputs[:, :, None, :, :]).sum(dim=3)
+
+    if initial_state is None:
+        initial_state = inputs.new_zeros(batch, channels)
+    initial_state = initial_state.to(work_dtype)
+    if num_chunks == 1:
+        carried = initial_state[:, None]
+    else:
+        chunk_ends, _ = decayed_cumsum(cumulative[:, :, -1], within_chunk[:, :, -1], initial_state, chunk_size)
+        carried = torch.cat([initial_state[:, None], chunk_ends[:, :-1]], dim=1)
+    states = within_chunk + torch.exp(cumulative) * carried[:, :, None, :]
+    states = states.reshape(batch, num_chunks * chunk, channels)[:, :length]
+    return states, states[:, -1]
+
+
+class TimeDecayConditioner(nn.Module):
+    """FEM App. I time-decay conditioner, producing ``out_features`` modulation channels per token."""
+
+    def __init__(self, hidden_size: int, rank: int, out_features: int, chunk_size: int = 16, eps: float = 1e-6):
+        super().__init__()
+        self.rank = rank
+        self.chunk_size = chunk_size
+        self.eps = eps
+        self.input_norm = nn.LayerNorm(hidden_size, eps=eps)
+        self.decay_proj = nn.Linear(hidden_size, rank, bias=False)  # W_f
+        self.input_proj = nn.Linear(hidden_size, rank, bias=False)  # W_x
+        self.shortcut_proj = nn.Linear(hidden_size, rank, bias=False)  # W_s
+        self.state_norm = nn.LayerNorm(rank, eps=eps)
+        # W_c as a bare parameter: zero-initialised (FEM App. K), so every modulator starts at exactly 1.
+        self.out_proj = nn.Parameter(torch.zeros(rank, out_features))
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        padding_mask: torch.Tensor | None = None,
+        initial_state: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns ``(c, final_state)``: c is (batch, seq, out_features); final_state (batch, rank) is h~ at
+        the last position, the O(H_c) streaming state of Prop. I.1. Padded positions (``padding_mask``
+        False) neither decay nor feed the state, so a left-padded sequence conditions like the unpadded one.
+        """
+        normed = self.input_norm(hidden_states)
+        log_decay = -F.softplus(self.decay_proj(normed).float())
+        inputs = self.input_proj(normed)
+        if padding_mask is not None:
+            keep = padding_mask[..., None]
+            log_decay = log_decay * keep
+            inputs = inputs * keep
+        states, final_state = decayed_cumsum(log_decay, inputs, initial_state, self.chunk_size)
+        shortcut = F.softplus(self.shortcut_proj(normed).float())
+        shortcut = shortcut * torch.rsqrt(shortcut.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+        features = F.silu(shortcut).to(hidden_states.dtype) * self.state_norm(states.to(hidden_states.dtype))
+        return features @ self.out_proj, final_state

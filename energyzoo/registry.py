@@ -1,0 +1,33 @@
+"""Registration of every zoo architecture with the transformers Auto classes and for remote code.
+
+`ARCHITECTURES` is the single table of what the zoo contains: per `model_type`, the config class and the
+model class for each Auto class it supports. Importing energyzoo registers all of them.
+"""
+
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+
+from .modeling.configuration_fem import FEMConfig
+from .modeling.modeling_fem import FEMForCausalLM, FEMModel
+
+ARCHITECTURES = {
+    "fem": (FEMConfig, {AutoModel: FEMModel, AutoModelForCausalLM: FEMForCausalLM}),
+}
+
+
+def register_all() -> None:
+    for config_class, auto_models in ARCHITECTURES.values():
+        AutoConfig.register(config_class.model_type, config_class, exist_ok=True)
+        config_class.register_for_auto_class()
+        for auto_class, model_class in auto_models.items():
+            auto_class.register(config_class, model_class, exist_ok=True)
+            model_class.register_for_auto_class(auto_class.__name__)
+
+
+def auto_map_for(model_type: str) -> dict[str, str]:
+    """`config.auto_map` naming every Auto class the architecture supports (save_pretrained alone records
+    only the saved class)."""
+    config_class, auto_models = ARCHITECTURES[model_type]
+    auto_map = {"AutoConfig": f"{config_class.__module__.rsplit('.', 1)[-1]}.{config_class.__name__}"}
+    for auto_class, model_class in auto_models.items():
+        auto_map[auto_class.__name__] = f"{model_class.__module__.rsplit('.', 1)[-1]}.{model_class.__name__}"
+    return auto_map

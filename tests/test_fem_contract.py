@@ -1,0 +1,52 @@
+"""FEM-LM through the shared model contract (tests/contract.py)."""
+
+import torch
+from transformers import AutoModel, AutoModelForCausalLM
+
+from energyzoo import FEMConfig, FEMForCausalLM, FEMModel
+
+from contract import ModelContract
+
+
+class TestFEMContract(ModelContract):
+    model_type = "fem"
+    config_class = FEMConfig
+    auto_classes = {AutoModel: FEMModel, AutoModelForCausalLM: FEMForCausalLM}
+    head_class = FEMForCausalLM
+    head_auto_class = AutoModelForCausalLM
+    causal_lm = True
+    lora_target_modules = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    energy_names = {"inverse_temperature", "free_energy_gain", "temperature_gate"}
+    invalid_config_values = [
+        ("num_attention_heads", 5),  # does not divide the widths
+        ("num_attention_heads", 0),
+        ("value_ratio", 0.0),
+        ("qk_ratio", -1.0),
+        ("beta_max_init", 0.0),
+        ("beta_max_init", float("inf")),
+        ("prior", "cosine"),
+        ("hidden_act", "not-an-activation"),
+        ("time_decay_rank", 0),
+    ]
+
+    def make_config(self, **overrides):
+        fields = dict(
+            vocab_size=97,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            max_position_embeddings=128,
+            time_decay_rank=4,
+            time_decay_chunk_size=4,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
+        )
+        fields.update(overrides)
+        return FEMConfig(**fields)
+
+    def make_inputs(self, config, batch_size=2, seed=0):
+        generator = torch.Generator().manual_seed(seed)
+        ids = torch.randint(3, config.vocab_size, (batch_size, 16), generator=generator)
+        return {"input_ids": ids, "labels": ids.clone()}
