@@ -14,7 +14,8 @@ Numerics (FEM App. G.2 "numerical stability", and the public reference layer):
 - values are clipped to |beta v| <= ``EXP_ARGUMENT_CAP`` (40) before the read. Then beta v - M >= -80
   and exp never underflows to zero in fp32/bf16 for a valid row. Below the cap the read is exact; above
   it both mu and F^max are those of the clipped values (a documented saturation, as in the reference);
-- the log is restored in fp32 with a floor at the smallest normal float, so it is never -inf;
+- the log is restored in fp32 (or the inputs' wider float) with a floor at the smallest normal
+  float, so it is never -inf;
 - rounding can put F^max a hair below mu where Jensen says F^max >= mu; we return max(F^max, mu);
 - query rows with no visible key (fully padded) return mu = F^max = 0 instead of NaN.
 """
@@ -144,9 +145,10 @@ def softmax_prior_read(
         f_max >= mu everywhere and no inf/NaN (see the module docstring for the numerics).
     """
     mask = PreparedMask(q.shape[-2], k.shape[-2], attention_mask, causal, q.device)
-    beta = beta_to_value_shape(beta.to(torch.float32), v)
+    work_dtype = torch.promote_types(v.dtype, torch.float32)  # fp32 for half precision, else v's own
+    beta = beta_to_value_shape(beta.to(work_dtype), v)
     v = clip_values_for_exp(v, beta)
-    scaled = beta * v.float()
+    scaled = beta * v.to(work_dtype)
     if mask.key_is_visible is not None:
         scaled_for_max = scaled.masked_fill(~mask.key_is_visible, -EXP_ARGUMENT_CAP)
     else:
@@ -156,8 +158,9 @@ def softmax_prior_read(
 
     read = _attend(q, k, torch.cat([v, exp_branch], dim=-1), mask.attention_mask, mask.causal, scale)
     mu, shifted_partition = read.split(v.shape[-1], dim=-1)
-    log_partition = torch.log(shifted_partition.float().clamp_min(torch.finfo(torch.float32).tiny)) + shift
-    f_max = torch.maximum(log_partition / beta, mu.float()).to(mu.dtype)  # Jensen: fixes rounding only
+    floor = torch.finfo(work_dtype).tiny
+    log_partition = torch.log(shifted_partition.to(work_dtype).clamp_min(floor)) + shift
+    f_max = torch.maximum(log_partition / beta, mu.to(work_dtype)).to(mu.dtype)  # Jensen: fixes rounding only
     return mask.zero_empty_rows(mu), mask.zero_empty_rows(f_max)
 
 

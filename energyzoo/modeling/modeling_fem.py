@@ -180,7 +180,8 @@ class FEMAttention(nn.Module):
     def _cache_layer(self, past_key_values: Cache | None) -> FEMSoftmaxCacheLayer | None:
         if past_key_values is None:
             return None
-        layer = past_key_values.layers[self.layer_idx]
+        layers = past_key_values.layers
+        layer = layers[self.layer_idx] if self.layer_idx < len(layers) else None
         if not isinstance(layer, FEMSoftmaxCacheLayer):
             raise TypeError(
                 f"FEM layer {self.layer_idx} needs a {FEMSoftmaxCacheLayer.__name__} cache layer (it keeps the "
