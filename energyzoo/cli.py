@@ -1,0 +1,66 @@
+"""The `energyzoo` command: `energyzoo quickstart | bench`."""
+
+import argparse
+import json
+import sys
+
+
+def _quickstart(args) -> int:
+    from .training.loop import LoopSettings
+    from .training.quickstart import run_quickstart
+
+    report = run_quickstart(args.output_dir, preset=args.preset, settings=LoopSettings(steps=args.steps))
+    print(f"\ntrain loss      {report.train_loss:.3f}  (last 20 steps)")
+    print(f"validation loss {report.validation_loss:.3f}  perplexity {report.validation_perplexity:.1f}"
+          f"  (untrained: {report.initial_validation_loss:.3f})")
+    print(f"sample          {report.sample!r}")
+    print(f"saved to        {report.output_dir}  ({report.seconds:.0f} s)")
+    print(f"load it with    AutoModelForCausalLM.from_pretrained({str(report.output_dir)!r})  (after `import energyzoo`,"
+          " or with trust_remote_code=True)")
+    return 0
+
+
+def _bench(args) -> int:
+    from .eval.speed import BenchSettings, format_table, run_fem_vs_llama
+
+    settings = BenchSettings(preset=args.preset, baseline=args.baseline, batch_size=args.batch_size,
+                             seq_len=args.seq_len, repeats=args.repeats, device=args.device, dtype=args.dtype)
+    result = run_fem_vs_llama(settings)
+    print(format_table(result))
+    if args.output:
+        with open(args.output, "w") as handle:
+            json.dump(result, handle, indent=2)
+        print(f"saved {args.output}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="energyzoo", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    quickstart = commands.add_parser("quickstart", help="train a tiny FEM-LM on the embedded Python docs")
+    quickstart.add_argument("--output-dir", default="runs/quickstart")
+    quickstart.add_argument("--preset", default="fem-lm-tiny")
+    quickstart.add_argument("--steps", type=int, default=500)
+    quickstart.set_defaults(run=_quickstart)
+
+    bench = commands.add_parser("bench", help="FEM-LM vs its Llama baseline: forward, train step, peak memory")
+    bench.add_argument("--preset", default="fem-lm-table5", help="FEM preset (default: fem.txt Table 5 shape)")
+    bench.add_argument("--baseline", default=None, help="Llama preset (default: the preset card's baseline)")
+    bench.add_argument("--batch-size", type=int, default=4)
+    bench.add_argument("--seq-len", type=int, default=1024)
+    bench.add_argument("--repeats", type=int, default=5)
+    bench.add_argument("--device", default="cpu")
+    bench.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    bench.add_argument("--output", default="bench.json", help="JSON file for the results ('' to skip)")
+    bench.set_defaults(run=_bench)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Evaluation: speed benchmarks (and, later, lm-eval integration and synthetic benchmarks)."""

@@ -1,0 +1,205 @@
+"""`energyzoo bench`: FEM-LM against the Llama baseline of the same shape (DESIGN.md performance targets).
+
+Rows: forward time (full sequence, no cache), train-step time (forward + backward + AdamW step), peak
+memory of a train step, and cached greedy decoding throughput. Times are medians over ``repeats`` runs,
+FEM and Llama interleaved in one process so that machine noise hits both; ratios are FEM / Llama (for
+decoding, tokens/s FEM / Llama). On CPU, peak memory is the peak resident set of a fresh process that
+builds the model and runs train steps, minus that process's footprint before the model exists; on CUDA it
+is the allocator's peak. (Linux: the resident high-water mark is reset after imports.)
+"""
+
+import json
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+from ..presets import model_from_preset, preset_card
+
+TARGETS = {"forward": 1.10, "train_step": 1.20, "peak_memory": 1.20, "decode_tokens_per_s": 0.85}
+
+
+@dataclass
+class BenchSettings:
+    preset: str = "fem-lm-table5"
+    baseline: str | None = None
+    batch_size: int = 4
+    seq_len: int = 1024
+    repeats: int = 5
+    decode_tokens: int = 64
+    device: str = "cpu"
+    dtype: str = "float32"
+    seed: int = 0
+
+    def resolved_baseline(self) -> str:
+        baseline = self.baseline or preset_card(self.preset).get("baseline")
+        if baseline is None:
+            raise ValueError(f"preset {self.preset!r} names no baseline; pass baseline=")
+        return baseline
+
+
+def _build(preset: str, settings: BenchSettings):
+    torch.manual_seed(settings.seed)
+    model = model_from_preset(preset, max_position_embeddings=max(4096, settings.seq_len + settings.decode_tokens))
+    return model.to(device=settings.device, dtype=getattr(torch, settings.dtype))
+
+
+def _batch(model, settings: BenchSettings) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(settings.seed)
+    ids = torch.randint(0, model.config.vocab_size, (settings.batch_size, settings.seq_len), generator=generator)
+    return ids.to(settings.device)
+
+
+def _synchronize(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _timed(fn, device: str) -> float:
+    _synchronize(device)
+    start = time.perf_counter()
+    fn()
+    _synchronize(device)
+    return time.perf_counter() - start
+
+
+def _forward_fn(model, ids):
+    def forward():
+        model.eval()
+        with torch.no_grad():
+            model(input_ids=ids, use_cache=False)
+
+    return forward
+
+
+def _train_step_fn(model, ids):
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def train_step():
+        model.train()
+        model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return train_step
+
+
+def _decode_fn(model, ids, tokens: int):
+    prompt = ids[:1, :32]
+
+    def decode():
+        model.eval()
+        model.generate(prompt, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False, use_cache=True,
+                       pad_token_id=0)
+
+    return decode
+
+
+def _status_bytes(field: str) -> int:
+    with open("/proc/self/status") as handle:
+        for line in handle:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def _reset_peak_resident() -> None:
+    """Reset the kernel's resident high-water mark (VmHWM) so import-time peaks do not count."""
+    with open("/proc/self/clear_refs", "w") as handle:
+        handle.write("5")
+
+
+def measure_peak_memory(preset: str, settings: BenchSettings) -> int:
+    """Peak bytes a train step of ``preset`` needs (parameters, gradients, optimiser state, activations)."""
+    if settings.device.startswith("cuda"):
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        model = _build(preset, settings)
+        step = _train_step_fn(model, _batch(model, settings))
+        step()
+        step()
+        peak = torch.cuda.max_memory_allocated() - before
+        del model, step
+        return peak
+    probe = json.dumps({"preset": preset, "settings": asdict(settings)})
+    result = subprocess.run([sys.executable, "-m", "energyzoo.eval.speed", probe], capture_output=True, text=True,
+                            check=True)
+    return int(result.stdout.strip().splitlines()[-1])
+
+
+def _memory_probe(payload: str) -> None:
+    request = json.loads(payload)
+    settings = BenchSettings(**request["settings"])
+    with torch.device("meta"):  # import every module the model needs before taking the baseline
+        _train_step_fn(model_from_preset(request["preset"]), None)
+    before = _status_bytes("VmRSS")
+    _reset_peak_resident()
+    model = _build(request["preset"], settings)
+    step = _train_step_fn(model, _batch(model, settings))
+    step()
+    step()
+    print(_status_bytes("VmHWM") - before)
+
+
+def run_fem_vs_llama(settings: BenchSettings) -> dict:
+    """Measure the preset and its baseline; returns a JSON-ready dict of medians, ratios and targets."""
+    torch.set_grad_enabled(True)
+    names = {"fem": settings.preset, "llama": settings.resolved_baseline()}
+    models = {key: _build(name, settings) for key, name in names.items()}
+    ids = _batch(models["fem"], settings)
+    workloads = {
+        "forward": {key: _forward_fn(model, ids) for key, model in models.items()},
+        "train_step": {key: _train_step_fn(model, ids) for key, model in models.items()},
+        "decode": {key: _decode_fn(model, ids, settings.decode_tokens) for key, model in models.items()},
+    }
+    times = {workload: {key: [] for key in models} for workload in workloads}
+    for workload, fns in workloads.items():
+        for fn in fns.values():  # warm-up
+            fn()
+        for _ in range(settings.repeats):
+            for key, fn in fns.items():
+                times[workload][key].append(_timed(fn, settings.device))
+    medians = {workload: {key: statistics.median(values) for key, values in per.items()} for workload, per in times.items()}
+    del models, workloads
+    memory = {key: measure_peak_memory(name, settings) for key, name in names.items()}
+
+    rows = {
+        "forward": {"unit": "s", **medians["forward"], "ratio": medians["forward"]["fem"] / medians["forward"]["llama"]},
+        "train_step": {"unit": "s", **medians["train_step"],
+                       "ratio": medians["train_step"]["fem"] / medians["train_step"]["llama"]},
+        "peak_memory": {"unit": "MiB", "fem": memory["fem"] / 2**20, "llama": memory["llama"] / 2**20,
+                        "ratio": memory["fem"] / memory["llama"]},
+    }
+    tokens_per_s = {key: settings.decode_tokens / value for key, value in medians["decode"].items()}
+    rows["decode_tokens_per_s"] = {"unit": "tok/s", **tokens_per_s, "ratio": tokens_per_s["fem"] / tokens_per_s["llama"]}
+    for name, row in rows.items():
+        row["target"] = TARGETS[name]
+        row["meets_target"] = row["ratio"] >= row["target"] if name == "decode_tokens_per_s" else row["ratio"] <= row["target"]
+    return {"settings": asdict(settings), "models": names, "torch": torch.__version__,
+            "threads": torch.get_num_threads(), "rows": rows, "raw_seconds": times}
+
+
+def format_table(result: dict) -> str:
+    models = result["models"]
+    settings = result["settings"]
+    lines = [
+        f"{models['fem']} vs {models['llama']}  (batch {settings['batch_size']}, seq {settings['seq_len']}, "
+        f"{settings['dtype']} on {settings['device']}, median of {settings['repeats']})",
+        f"| {'metric':<20} | {'FEM':>10} | {'Llama':>10} | {'ratio':>6} | {'target':>7} | ok  |",
+        f"|{'-' * 22}|{'-' * 12}|{'-' * 12}|{'-' * 8}|{'-' * 9}|-----|",
+    ]
+    for name, row in result["rows"].items():
+        bound = ">=" if name == "decode_tokens_per_s" else "<="
+        lines.append(
+            f"| {name + ' (' + row['unit'] + ')':<20} | {row['fem']:>10.4g} | {row['llama']:>10.4g} | "
+            f"{row['ratio']:>6.3f} | {bound}{row['target']:>5.2f} | {'yes' if row['meets_target'] else 'NO':<3} |"
+        )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    _memory_probe(sys.argv[1])

@@ -1,0 +1,1 @@
+"""Training code: offline data (embedded corpus, local tokenizer), training loops."""

@@ -1,0 +1,59 @@
+"""The two user-facing jobs of the foundation: `energyzoo quickstart` and `energyzoo bench`."""
+
+import json
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from energyzoo.cli import main
+from energyzoo.eval.speed import BenchSettings, format_table, measure_peak_memory, run_fem_vs_llama
+from energyzoo.training.data import pack_into_blocks, python_docs_corpus, train_bpe_tokenizer
+from energyzoo.training.loop import LoopSettings
+from energyzoo.training.quickstart import run_quickstart
+
+
+def test_corpus_split_is_disjoint_and_tokenizer_round_trips():
+    train, validation = python_docs_corpus(validation_fraction=0.1)
+    assert validation and not set(train) & set(validation)
+    tokenizer = train_bpe_tokenizer(train[:20], vocab_size=400)
+    text = "def f(x):\n    return x ** 2  # ünïcode"
+    assert tokenizer.decode(tokenizer(text)["input_ids"]) == text
+    blocks = pack_into_blocks(train[:20], tokenizer, block_size=64)
+    assert blocks.shape[1] == 64 and (blocks == tokenizer.eos_token_id).any()
+
+
+def test_short_quickstart_learns_and_saves_a_loadable_folder(tmp_path):
+    report = run_quickstart(tmp_path / "qs", settings=LoopSettings(steps=40, batch_size=8), progress=False)
+    assert report.validation_loss < report.initial_validation_loss - 1.0
+    assert report.sample.startswith("The assert statement")
+    model = AutoModelForCausalLM.from_pretrained(report.output_dir)
+    tokenizer = AutoTokenizer.from_pretrained(report.output_dir)
+    ids = tokenizer("The assert statement", return_tensors="pt")
+    assert model.generate(**ids, max_new_tokens=5, do_sample=False).shape[1] == ids["input_ids"].shape[1] + 5
+
+
+def test_bench_reports_medians_ratios_and_targets(tmp_path):
+    settings = BenchSettings(preset="fem-lm-tiny", batch_size=1, seq_len=32, repeats=2, decode_tokens=4)
+    result = run_fem_vs_llama(settings)
+    assert result["models"] == {"fem": "fem-lm-tiny", "llama": "llama-tiny"}
+    for name in ("forward", "train_step", "peak_memory", "decode_tokens_per_s"):
+        row = result["rows"][name]
+        assert row["fem"] > 0 and row["llama"] > 0
+        assert abs(row["ratio"] - row["fem"] / row["llama"]) < 1e-9
+        assert isinstance(row["meets_target"], bool)
+    assert len(result["raw_seconds"]["forward"]["fem"]) == 2
+    assert "| forward (s)" in format_table(result)
+
+
+def test_peak_memory_grows_with_the_model():
+    small = measure_peak_memory("fem-lm-tiny", BenchSettings(batch_size=1, seq_len=16))
+    large = measure_peak_memory("fem-lm-table5", BenchSettings(batch_size=1, seq_len=16))
+    # fem-lm-table5 has ~46M parameters: weights, gradients and two AdamW moments are >= 700 MB in fp32
+    assert large > 4 * 46e6 * 4 * 0.9 and small < 0.2 * large
+
+
+def test_bench_command_writes_json(tmp_path):
+    output = tmp_path / "bench.json"
+    code = main(["bench", "--preset", "fem-lm-tiny", "--seq-len", "16", "--batch-size", "1", "--repeats", "1",
+                 "--output", str(output)])
+    assert code == 0 and json.loads(output.read_text())["rows"]["forward"]["ratio"] > 0
