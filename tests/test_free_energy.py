@@ -167,3 +167,18 @@ def test_decayed_cumsum_in_pieces_equals_whole_and_survives_long_strong_decay():
     assert torch.isfinite(whole).all()
     torch.testing.assert_close(torch.cat([first, second], dim=1), whole)
     torch.testing.assert_close(final_pieces, final)
+
+
+def test_low_rank_modulation_is_equation_34_with_exact_gradients():
+    from energyzoo.modeling.time_decay import TimeDecayConditioner, _LowRankModulation
+
+    g = torch.Generator().manual_seed(0)
+    conditioner = TimeDecayConditioner(hidden_size=6, rank=3, out_features=7)
+    with torch.no_grad():
+        conditioner.out_proj.normal_(generator=g)
+    x, y, features = torch.randn(2, 5, 4, generator=g), torch.randn(2, 5, 3, generator=g), torch.randn(2, 5, 3, generator=g)
+    modulated = torch.cat(conditioner.modulate([x, y], features), dim=-1)
+    torch.testing.assert_close(modulated, torch.cat([x, y], -1) * (1 + features @ conditioner.out_proj))
+    inputs = (x.double().requires_grad_(), features.double().requires_grad_(),
+              torch.randn(3, 4, generator=g, dtype=torch.float64, requires_grad=True))
+    assert torch.autograd.gradcheck(_LowRankModulation.apply, inputs)

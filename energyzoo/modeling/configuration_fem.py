@@ -84,7 +84,7 @@ class FEMConfig(PreTrainedConfig):
     use_outer_gate: bool = True
     beta_max_init: float = math.log1p(math.exp(1.8))
     time_decay_rank: int | None = None
-    time_decay_chunk_size: int = 16
+    time_decay_chunk_size: int = 8
     layer_types: list[str] | None = None
 
     def __post_init__(self, **kwargs):

@@ -14,8 +14,8 @@ Numerics (FEM App. G.2 "numerical stability", and the public reference layer):
 - values are clipped to |beta v| <= ``EXP_ARGUMENT_CAP`` (40) before the read. Then beta v - M >= -80
   and exp never underflows to zero in fp32/bf16 for a valid row. Below the cap the read is exact; above
   it both mu and F^max are those of the clipped values (a documented saturation, as in the reference);
-- the log is restored in fp32 (or the inputs' wider float) with a floor at the smallest normal
-  float, so it is never -inf;
+- the log is restored in fp32 (or the inputs' wider float); with the cap every exp term is >= e^-80, a
+  normal float, so a row's partition is never 0 and its log never -inf;
 - rounding can put F^max a hair below mu where Jensen says F^max >= mu; we return max(F^max, mu);
 - query rows with no visible key (fully padded) return mu = F^max = 0 instead of NaN.
 """
@@ -42,7 +42,7 @@ def beta_to_value_shape(beta: torch.Tensor, value: torch.Tensor) -> torch.Tensor
 def clip_values_for_exp(value: torch.Tensor, beta: torch.Tensor, cap: float = EXP_ARGUMENT_CAP) -> torch.Tensor:
     """Clip values to |beta * v| <= cap, so that exp(beta v - M) stays within floating-point range."""
     limit = (cap / beta).to(value.dtype)
-    return torch.maximum(torch.minimum(value, limit), -limit)
+    return torch.clamp(value, -limit, limit)
 
 
 def _bottom_right_causal_mask(query_len: int, key_len: int, device: torch.device) -> torch.Tensor:
@@ -59,7 +59,7 @@ def _visibility(attention_mask: torch.Tensor) -> torch.Tensor:
     return attention_mask > torch.finfo(attention_mask.dtype).min / 2
 
 
-def _attend(query, key, value, attention_mask, causal, scale):
+def attend(query, key, value, attention_mask=None, causal=True, scale=None):
     """softmax(q k^T * scale + mask) @ value; flash-attn on CUDA for unmasked fp16/bf16 when installed."""
     use_flash = (
         flash_attn_func is not None
@@ -83,6 +83,8 @@ class PreparedMask:
     itself, which query rows see no key (they get zeros, not NaN), and which keys some query sees."""
 
     def __init__(self, query_len, key_len, attention_mask, causal, device):
+        if causal and attention_mask is None and query_len == 1:
+            causal = False  # the last position sees every key: no mask at all (cached decoding)
         if causal and (attention_mask is not None or query_len != key_len):
             causal_mask = _bottom_right_causal_mask(query_len, key_len, device)
             if attention_mask is None:
@@ -112,11 +114,34 @@ class PreparedMask:
         return tensor if self.empty_rows is None else tensor.masked_fill(self.empty_rows, 0.0)
 
 
-def softmax_prior_expectation(q, k, v, attention_mask=None, causal=True, scale=None) -> torch.Tensor:
-    """mu = E_p[v] alone under the masked softmax prior (FEM eq. 27): the read with the LSE branch
-    ablated, which is exactly softmax attention. Same arguments and masking as `softmax_prior_read`."""
-    mask = PreparedMask(q.shape[-2], k.shape[-2], attention_mask, causal, q.device)
-    return mask.zero_empty_rows(_attend(q, k, v, mask.attention_mask, mask.causal, scale))
+def exp_branch(
+    value: torch.Tensor,
+    beta: torch.Tensor,
+    key_is_visible: torch.Tensor | None = None,
+    running_shift: torch.Tensor | None = None,
+):
+    """The augmented values of the one-pass read (FEM App. F.4): ``(value_clipped, exp_values, shift)``
+    with exp_values = exp(beta v - M) and M the detached max of beta v per channel over the visible keys
+    (and over ``running_shift``, the M of values already cached, when decoding).
+    ``beta`` is already broadcastable to ``value``; ``key_is_visible`` is (..., k_len, 1) or None."""
+    work_dtype = torch.promote_types(value.dtype, torch.float32)  # fp32 for half precision, else v's own
+    value = clip_values_for_exp(value, beta)
+    scaled = beta * value.to(work_dtype)
+    scaled_for_max = scaled if key_is_visible is None else scaled.masked_fill(~key_is_visible, -EXP_ARGUMENT_CAP)
+    shift = scaled_for_max.amax(dim=-2, keepdim=True).detach()
+    if running_shift is not None:
+        shift = torch.maximum(shift, running_shift)
+    return value, torch.exp(scaled - shift).to(value.dtype), shift
+
+
+def restore_free_energy(mu: torch.Tensor, shifted_partition: torch.Tensor, shift: torch.Tensor, beta: torch.Tensor):
+    """f_max = beta^-1 (log E_p[exp(beta v - M)] + M) in fp32 (or wider), and >= mu.
+
+    With |beta v| <= 40 every term exp(beta v - M) is >= e^-80, a normal float, so the partition of a
+    row is never 0; and should a kernel ever flush it, the Jensen bound max(., mu) replaces -inf by mu."""
+    work_dtype = torch.promote_types(mu.dtype, torch.float32)
+    log_partition = torch.log(shifted_partition.to(work_dtype)) + shift
+    return torch.maximum(log_partition / beta, mu.to(work_dtype)).to(mu.dtype)  # Jensen: fixes rounding only
 
 
 def softmax_prior_read(
@@ -145,22 +170,11 @@ def softmax_prior_read(
         f_max >= mu everywhere and no inf/NaN (see the module docstring for the numerics).
     """
     mask = PreparedMask(q.shape[-2], k.shape[-2], attention_mask, causal, q.device)
-    work_dtype = torch.promote_types(v.dtype, torch.float32)  # fp32 for half precision, else v's own
-    beta = beta_to_value_shape(beta.to(work_dtype), v)
-    v = clip_values_for_exp(v, beta)
-    scaled = beta * v.to(work_dtype)
-    if mask.key_is_visible is not None:
-        scaled_for_max = scaled.masked_fill(~mask.key_is_visible, -EXP_ARGUMENT_CAP)
-    else:
-        scaled_for_max = scaled
-    shift = scaled_for_max.amax(dim=-2, keepdim=True).detach()  # M: (b, h, 1, v_dim)
-    exp_branch = torch.exp(scaled - shift).to(v.dtype)
-
-    read = _attend(q, k, torch.cat([v, exp_branch], dim=-1), mask.attention_mask, mask.causal, scale)
+    beta = beta_to_value_shape(beta.to(torch.promote_types(v.dtype, torch.float32)), v)
+    v, exp_values, shift = exp_branch(v, beta, mask.key_is_visible)
+    read = attend(q, k, torch.cat([v, exp_values], dim=-1), mask.attention_mask, mask.causal, scale)
     mu, shifted_partition = read.split(v.shape[-1], dim=-1)
-    floor = torch.finfo(work_dtype).tiny
-    log_partition = torch.log(shifted_partition.to(work_dtype).clamp_min(floor)) + shift
-    f_max = torch.maximum(log_partition / beta, mu.to(work_dtype)).to(mu.dtype)  # Jensen: fixes rounding only
+    f_max = restore_free_energy(mu, shifted_partition, shift, beta)
     return mask.zero_empty_rows(mu), mask.zero_empty_rows(f_max)
 
 
@@ -189,5 +203,4 @@ def outer_gate_activation(logits: torch.Tensor, eps: float = 1e-6) -> torch.Tens
     """g = RMSNorm(softplus(logits)) over the last (per-head channel) dimension, without gain (FEM §2.3.2):
     strictly positive and of unit RMS per head, so it rescales channels without distorting the norm of o."""
     gate = F.softplus(logits.float())
-    gate = gate * torch.rsqrt(gate.pow(2).mean(dim=-1, keepdim=True) + eps)
-    return gate.to(logits.dtype)
+    return F.rms_norm(gate, gate.shape[-1:], eps=eps).to(logits.dtype)

@@ -10,6 +10,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 from transformers.generation import GenerationMixin
@@ -26,20 +27,27 @@ from transformers.utils.output_capturing import capture_outputs
 
 from .configuration_fem import FEMConfig, fem_layer_type
 from .free_energy import (
+    PreparedMask,
+    attend,
+    beta_to_value_shape,
+    exp_branch,
     gated_free_energy,
     outer_gate_activation,
-    softmax_prior_expectation,
-    softmax_prior_read,
+    restore_free_energy,
 )
 from .outputs import BaseModelOutputWithEnergies, CausalLMOutputWithEnergies, EnergyTrace
 from .time_decay import TimeDecayConditioner
 
 
 class FEMSoftmaxCacheLayer(DynamicLayer):
-    """Decoding state of one FEM layer with the softmax prior: the prior's keys and the raw values (the
-    value cache is d/H wide per head, half of Llama's under budget (i)), plus the time-decay conditioner's
-    O(H_c) state. The exp branch is recomputed from the cached values at every step, with the shift over
-    all of them, so cached decoding is exact (not an approximation of the shift)."""
+    """Decoding state of one FEM layer with the softmax prior: the prior's keys, the augmented values
+    [v, exp(beta v - M)] of the one-pass read (FEM App. F.4), the running shift M, and the time-decay
+    conditioner's O(H_c) state (App. I, Prop. I.1).
+
+    The shift is the running maximum of beta v per channel. When new values raise it, the cached exp
+    values are rescaled by exp(M_old - M_new) (online-softmax style), so cached decoding computes the same
+    read as one full forward while each step only exponentiates its own values. With the default budget
+    (i), [v, exp(beta v)] has the Q/K head width: the value cache has the size of Llama's."""
 
     _layer_type = fem_layer_type("softmax")
     is_croppable = False
@@ -47,26 +55,42 @@ class FEMSoftmaxCacheLayer(DynamicLayer):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self.time_decay_state: torch.Tensor | None = None
+        self.exp_shift: torch.Tensor | None = None
 
-    def _map_state(self, fn) -> None:
+    def update(self, key_states, value_states, *args, exp_shift: torch.Tensor | None = None, **kwargs):
+        """Append keys and augmented values; ``exp_shift`` is the shift the new exp values were taken at
+        (at least the cached one), and the cached exp values are brought to it first."""
+        if exp_shift is not None:
+            grown = self.exp_shift is not None and self.get_seq_length() > 0 and bool((exp_shift > self.exp_shift).any())
+            if grown:
+                half = self.values.shape[-1] // 2
+                rescale = torch.exp(self.exp_shift - exp_shift).to(self.values.dtype)
+                self.values = torch.cat([self.values[..., :half], self.values[..., half:] * rescale], dim=-1)
+            self.exp_shift = exp_shift
+        return super().update(key_states, value_states, *args, **kwargs)
+
+    def _map_states(self, fn) -> None:
         if self.time_decay_state is not None:
             self.time_decay_state = fn(self.time_decay_state)
+        if self.exp_shift is not None:
+            self.exp_shift = fn(self.exp_shift)
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         super().reorder_cache(beam_idx)
-        self._map_state(lambda state: state.index_select(0, beam_idx.to(state.device)))
+        self._map_states(lambda state: state.index_select(0, beam_idx.to(state.device)))
 
     def batch_repeat_interleave(self, repeats: int) -> None:
         super().batch_repeat_interleave(repeats)
-        self._map_state(lambda state: state.repeat_interleave(repeats, dim=0))
+        self._map_states(lambda state: state.repeat_interleave(repeats, dim=0))
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         super().batch_select_indices(indices)
-        self._map_state(lambda state: state[indices])
+        self._map_states(lambda state: state[indices])
 
     def reset(self) -> None:
         super().reset()
         self.time_decay_state = None
+        self.exp_shift = None
 
     def crop(self, tokens_to_remove: int) -> None:
         raise NotImplementedError("FEM caches cannot be cropped: the time-decay state cannot be rewound.")
@@ -102,17 +126,14 @@ class FEMAttention(nn.Module):
         if config.use_lse:
             self.beta_max_offset = math.log(math.expm1(config.beta_max_init))  # softplus^-1
             self.beta_max_raw = nn.Parameter(torch.zeros(value_width))
-        # Modulated quantities, in the order the conditioner's output is split (App. I.2, eq. 34a-d).
-        self.modulated_widths = [qk_width, qk_width, value_width]
-        if self.temperature_proj is not None:
-            self.modulated_widths.append(value_width)
-        if self.outer_gate_proj is not None:
-            self.modulated_widths.append(value_width)
+        # The conditioner modulates q, k, v and the gate logits, in the order of the projections (eq. 34a-d).
+        gates = (self.temperature_proj is not None) + (self.outer_gate_proj is not None)
+        modulated_width = 2 * qk_width + (1 + gates) * value_width
         self.time_decay = (
             TimeDecayConditioner(
                 config.hidden_size,
                 config.time_decay_rank,
-                sum(self.modulated_widths),
+                modulated_width,
                 config.time_decay_chunk_size,
                 config.rms_norm_eps,
             )
@@ -135,6 +156,7 @@ class FEMAttention(nn.Module):
         **kwargs,
     ) -> torch.Tensor:
         batch, length, _ = hidden_states.shape
+        cache_layer = self._cache_layer(past_key_values)
         projections = [self.q_proj(hidden_states), self.k_proj(hidden_states), self.v_proj(hidden_states)]
         if self.temperature_proj is not None:
             projections.append(self.temperature_proj(hidden_states))
@@ -142,40 +164,69 @@ class FEMAttention(nn.Module):
             projections.append(self.outer_gate_proj(hidden_states))
 
         if self.time_decay is not None:
-            cache_layer = self._cache_layer(past_key_values)
             initial_state = cache_layer.time_decay_state if cache_layer is not None else None
-            conditioning, final_state = self.time_decay(hidden_states, padding_mask, initial_state)
+            features, final_state = self._recomputed_in_backward(
+                self.time_decay, hidden_states, padding_mask, initial_state
+            )
             if cache_layer is not None:
                 cache_layer.time_decay_state = final_state
-            modulators = conditioning.split(self.modulated_widths, dim=-1)
-            projections = [p * (1 + m) for p, m in zip(projections, modulators)]  # eq. 34a-d
+            projections = self.time_decay.modulate(projections, features)  # p (1 + c), eq. 34
 
-        query, key, value = (
-            x.view(batch, length, self.num_heads, -1).transpose(1, 2) for x in projections[:3]
-        )
+        query, key, value = (x.view(batch, length, self.num_heads, -1).transpose(1, 2) for x in projections[:3])
         cos, sin = position_embeddings
         query, key = apply_rotary_pos_emb(query, key, cos, sin)
-        if past_key_values is not None:
-            key, value = past_key_values.update(key, value, self.layer_idx)
+        past_length = cache_layer.get_seq_length() if cache_layer is not None else 0
+        mask = PreparedMask(length, past_length + length, attention_mask, attention_mask is None, query.device)
 
-        causal = attention_mask is None
+        shift = beta = None
         if self.config.use_lse:
-            mu, f_max = softmax_prior_read(query, key, value, self.beta_max(), attention_mask, causal)
-            f_max = self._merge_heads(f_max)
-        else:
-            mu, f_max = softmax_prior_expectation(query, key, value, attention_mask, causal), None
-        mu = self._merge_heads(mu)
+            beta = beta_to_value_shape(self.beta_max(), value)
+            new_keys_visible = None if mask.key_is_visible is None else mask.key_is_visible[..., -length:, :]
+            running_shift = cache_layer.exp_shift if cache_layer is not None else None
+            value, exp_values, shift = exp_branch(value, beta, new_keys_visible, running_shift)
+            # Concatenate in the (batch, seq, heads, dim) memory layout q and k have: SDPA is much slower on
+            # mixed layouts.
+            value = torch.cat([value.transpose(1, 2), exp_values.transpose(1, 2)], dim=-1).transpose(1, 2)
+        if cache_layer is not None:
+            key, value = past_key_values.update(key, value, self.layer_idx, exp_shift=shift)
+        read = attend(query, key, value, mask.attention_mask, mask.causal)
 
-        gates = iter(projections[3:])
-        temperature_gate = torch.sigmoid(next(gates)) if self.temperature_proj is not None else None
-        outer_gate = None
-        if self.outer_gate_proj is not None:
-            logits = next(gates).view(batch, length, self.num_heads, self.value_head_dim)
-            outer_gate = outer_gate_activation(logits, self.config.rms_norm_eps).view(batch, length, -1)
-        output = gated_free_energy(mu, f_max, temperature_gate, outer_gate)
+        output, mu, f_max, temperature_gate = self._recomputed_in_backward(
+            self._read_out, read, shift, beta, mask, *projections[3:]
+        )
         if energy_records is not None:
             energy_records.append(self._energy_record(mu, f_max, temperature_gate))
         return self.o_proj(output)
+
+    def _recomputed_in_backward(self, fn, *args):
+        """Run ``fn``; when training, keep only its inputs for backward and recompute it there. Used for
+        the cheap per-token work around the prior (conditioner, log restore, gates), whose intermediates
+        would otherwise dominate FEM's activation memory."""
+        if self.training and torch.is_grad_enabled():
+            return checkpoint(fn, *args, use_reentrant=False)
+        return fn(*args)
+
+    def _read_out(self, read, shift, beta, mask: PreparedMask, *gate_logits):
+        """From the prior's read of [v, exp(beta v - M)] to the gated output (FEM eq. 9-11).
+
+        Works in the (batch, seq, heads, dim) layout SDPA returns, so the heads merge without a copy."""
+        batch, _, length, _ = read.shape
+        read = mask.zero_empty_rows(read).transpose(1, 2)
+        f_max = None
+        if self.config.use_lse:
+            mu, shifted_partition = read.split(self.value_head_dim, dim=-1)
+            f_max = restore_free_energy(mu, shifted_partition, shift.transpose(1, 2), beta.transpose(1, 2))
+            f_max = mask.zero_empty_rows(f_max.transpose(1, 2)).transpose(1, 2)
+        else:
+            mu = read
+        gate_logits = iter(gate_logits)
+        heads = (batch, length, self.num_heads, self.value_head_dim)
+        temperature_gate = torch.sigmoid(next(gate_logits)).view(heads) if self.temperature_proj is not None else None
+        outer_gate = None
+        if self.outer_gate_proj is not None:
+            outer_gate = outer_gate_activation(next(gate_logits).view(heads), self.config.rms_norm_eps)
+        output = gated_free_energy(mu, f_max, temperature_gate, outer_gate).reshape(batch, length, -1)
+        return output, mu, f_max, temperature_gate
 
     def _cache_layer(self, past_key_values: Cache | None) -> FEMSoftmaxCacheLayer | None:
         if past_key_values is None:
@@ -189,20 +240,16 @@ class FEMAttention(nn.Module):
             )
         return layer
 
-    @staticmethod
-    def _merge_heads(x: torch.Tensor) -> torch.Tensor:
-        batch, _, length, _ = x.shape
-        return x.transpose(1, 2).reshape(batch, length, -1)
-
     @torch.no_grad()
     def _energy_record(self, mu, f_max, temperature_gate) -> dict[str, torch.Tensor]:
         record = {}
         if f_max is not None:
             record["inverse_temperature"] = self.beta_max().detach()
-            record["free_energy_gain"] = (f_max - mu).float().mean(dim=-1)  # KL(p||q)/beta, eq. 6: (b, s)
+            record["free_energy_gain"] = (f_max - mu).float().mean(dim=(-2, -1))  # KL(p||q)/beta, eq. 6: (b, s)
         if temperature_gate is not None:
-            record["temperature_gate"] = temperature_gate.float().mean(dim=-1)  # lambda, eq. 10: (b, s)
-            record["temperature_gate_std"] = temperature_gate.float().std(dim=-1)
+            gate = temperature_gate.float().flatten(-2)
+            record["temperature_gate"] = gate.mean(dim=-1)  # lambda, eq. 10: (b, s)
+            record["temperature_gate_std"] = gate.std(dim=-1)
         return record
 
 

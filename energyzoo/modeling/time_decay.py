@@ -20,7 +20,7 @@ def decayed_cumsum(
     log_decay: torch.Tensor,
     inputs: torch.Tensor,
     initial_state: torch.Tensor | None = None,
-    chunk_size: int = 16,
+    chunk_size: int = 8,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """h_t = exp(log_decay_t) * h_{t-1} + inputs_t for every t, without a loop over positions.
 
@@ -38,6 +38,9 @@ def decayed_cumsum(
     batch, length, channels = inputs.shape
     work_dtype = torch.promote_types(inputs.dtype, torch.float32)
     log_decay, inputs = log_decay.to(work_dtype), inputs.to(work_dtype)
+    if length == 1 and initial_state is not None:  # one decoding step: the recurrence itself
+        state = torch.exp(log_decay[:, 0]) * initial_state.to(work_dtype) + inputs[:, 0]
+        return state[:, None], state
     chunk = max(1, min(chunk_size, length))
     num_chunks = -(-length // chunk)
     padding = num_chunks * chunk - length
@@ -66,10 +69,31 @@ def decayed_cumsum(
     return states, states[:, -1]
 
 
+class _LowRankModulation(torch.autograd.Function):
+    """x * (1 + features @ weight) that keeps the rank-H_c features for backward instead of the full-width
+    modulator, which it recomputes there (a matmul with inner size H_c): the modulator is as wide as
+    q, k, v and both gates together, and storing it dominated FEM's activation memory."""
+
+    @staticmethod
+    def forward(ctx, x, features, weight):
+        ctx.save_for_backward(x, features, weight)
+        return torch.addcmul(x, x, features @ weight)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_output):
+        x, features, weight = ctx.saved_tensors
+        grad_x = torch.addcmul(grad_output, grad_output, features @ weight)
+        grad_modulator = grad_output * x
+        grad_features = grad_modulator @ weight.T
+        grad_weight = features.flatten(0, -2).T @ grad_modulator.flatten(0, -2)
+        return grad_x, grad_features, grad_weight
+
+
 class TimeDecayConditioner(nn.Module):
     """FEM App. I time-decay conditioner, producing ``out_features`` modulation channels per token."""
 
-    def __init__(self, hidden_size: int, rank: int, out_features: int, chunk_size: int = 16, eps: float = 1e-6):
+    def __init__(self, hidden_size: int, rank: int, out_features: int, chunk_size: int = 8, eps: float = 1e-6):
         super().__init__()
         self.rank = rank
         self.chunk_size = chunk_size
@@ -88,10 +112,10 @@ class TimeDecayConditioner(nn.Module):
         padding_mask: torch.Tensor | None = None,
         initial_state: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns ``(c, final_state)``: c is (batch, seq, out_features); final_state (batch, rank) is h~ at
-        the last position, the O(H_c) streaming state of Prop. I.1. Padded positions (``padding_mask``
-        False) neither decay nor feed the state, so a left-padded sequence conditions like the unpadded one.
-        """
+        """Returns ``(h, final_state)``: the features h (batch, seq, rank) with c = h W_c, and the O(H_c)
+        streaming state h~ at the last position (Prop. I.1), (batch, rank). Padded positions
+        (``padding_mask`` False) neither decay nor feed the state, so a left-padded sequence conditions like
+        the unpadded one."""
         normed = self.input_norm(hidden_states)
         log_decay = -F.softplus(self.decay_proj(normed).float())
         inputs = self.input_proj(normed)
@@ -100,7 +124,11 @@ class TimeDecayConditioner(nn.Module):
             log_decay = log_decay * keep
             inputs = inputs * keep
         states, final_state = decayed_cumsum(log_decay, inputs, initial_state, self.chunk_size)
-        shortcut = F.softplus(self.shortcut_proj(normed).float())
-        shortcut = shortcut * torch.rsqrt(shortcut.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+        shortcut = F.rms_norm(F.softplus(self.shortcut_proj(normed).float()), (self.rank,), eps=self.eps)
         features = F.silu(shortcut).to(hidden_states.dtype) * self.state_norm(states.to(hidden_states.dtype))
-        return features @ self.out_proj, final_state
+        return features, final_state
+
+    def modulate(self, tensors: list[torch.Tensor], features: torch.Tensor) -> list[torch.Tensor]:
+        """x_i * (1 + c_i) for consecutive column blocks c_i of c = h W_c, one per tensor (FEM eq. 34a-d)."""
+        blocks = self.out_proj.split([tensor.shape[-1] for tensor in tensors], dim=-1)
+        return [_LowRankModulation.apply(tensor, features, block) for tensor, block in zip(tensors, blocks)]
