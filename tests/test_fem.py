@@ -123,3 +123,32 @@ def test_cache_from_a_plain_dynamic_cache_is_refused_with_advice():
 
     with pytest.raises(TypeError, match="DynamicCache\\(config=model.config\\)"):
         tiny_fem()(torch.randint(3, 97, (1, 4)), past_key_values=DynamicCache(), use_cache=True)
+
+
+def test_cached_exp_shift_moves_only_past_its_headroom_and_rescales_exactly():
+    model = tiny_fem()
+    ids = torch.randint(3, 97, (2, 30))
+
+    def decode(lower_shift_by: float):
+        step = model(ids[:, :10], use_cache=True)
+        cache = step.past_key_values
+        layer = cache.layers[0]
+        # An equivalent cache state with a lower shift: the exp half scaled up to match it.
+        layer.exp_shift = layer.exp_shift - lower_shift_by
+        half = layer.values.shape[-1] // 2
+        layer.values[..., half:] *= torch.exp(torch.tensor(lower_shift_by))
+        start = layer.exp_shift.clone()
+        pieces = [step.logits]
+        for t in range(10, 30):
+            step = model(ids[:, t : t + 1], past_key_values=cache, use_cache=True)
+            pieces.append(step.logits)
+        return torch.cat(pieces, dim=1), start, layer.exp_shift
+
+    with torch.no_grad():
+        full = model(ids, use_cache=False).logits
+        kept_logits, kept_start, kept_end = decode(0.0)
+        moved_logits, moved_start, moved_end = decode(25.0)  # now new values exceed it by more than 20
+    assert torch.equal(kept_start, kept_end)
+    assert (moved_end > moved_start).any()
+    torch.testing.assert_close(kept_logits, full, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(moved_logits, full, rtol=1e-4, atol=1e-4)

@@ -29,6 +29,9 @@ except ImportError:
     flash_attn_func = None
 
 EXP_ARGUMENT_CAP = 40.0
+# A cached shift stays while new values exceed it by at most this much: exp(beta v - M) <= e^20 is far from
+# overflow, and since |beta v| <= 40 the shift then moves only a few times in a whole generation.
+EXP_SHIFT_HEADROOM = 20.0
 
 
 def beta_to_value_shape(beta: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
@@ -122,7 +125,8 @@ def exp_branch(
 ):
     """The augmented values of the one-pass read (FEM App. F.4): ``(value_clipped, exp_values, shift)``
     with exp_values = exp(beta v - M) and M the detached max of beta v per channel over the visible keys
-    (and over ``running_shift``, the M of values already cached, when decoding).
+    (when decoding, ``running_shift`` is the M of the values already cached; it is kept unless a channel
+    outgrows it by more than ``EXP_SHIFT_HEADROOM``, so the cached exp values rarely need rescaling).
     ``beta`` is already broadcastable to ``value``; ``key_is_visible`` is (..., k_len, 1) or None."""
     work_dtype = torch.promote_types(value.dtype, torch.float32)  # fp32 for half precision, else v's own
     value = clip_values_for_exp(value, beta)
@@ -130,8 +134,9 @@ def exp_branch(
     scaled_for_max = scaled if key_is_visible is None else scaled.masked_fill(~key_is_visible, -EXP_ARGUMENT_CAP)
     shift = scaled_for_max.amax(dim=-2, keepdim=True).detach()
     if running_shift is not None:
-        shift = torch.maximum(shift, running_shift)
-    return value, torch.exp(scaled - shift).to(value.dtype), shift
+        shift = torch.where(shift > running_shift + EXP_SHIFT_HEADROOM, shift, running_shift)
+    # In place is safe: the shift is detached and exp keeps its own output for backward.
+    return value, scaled.sub_(shift).exp_().to(value.dtype), shift
 
 
 def restore_free_energy(mu: torch.Tensor, shifted_partition: torch.Tensor, shift: torch.Tensor, beta: torch.Tensor):
@@ -140,8 +145,9 @@ def restore_free_energy(mu: torch.Tensor, shifted_partition: torch.Tensor, shift
     With |beta v| <= 40 every term exp(beta v - M) is >= e^-80, a normal float, so the partition of a
     row is never 0; and should a kernel ever flush it, the Jensen bound max(., mu) replaces -inf by mu."""
     work_dtype = torch.promote_types(mu.dtype, torch.float32)
-    log_partition = torch.log(shifted_partition.to(work_dtype)) + shift
-    return torch.maximum(log_partition / beta, mu.to(work_dtype)).to(mu.dtype)  # Jensen: fixes rounding only
+    inverse_beta = 1 / beta
+    f_max = torch.addcmul(shift * inverse_beta, torch.log(shifted_partition.to(work_dtype)), inverse_beta)
+    return torch.maximum(f_max, mu.to(work_dtype)).to(mu.dtype)  # Jensen: fixes rounding only
 
 
 def softmax_prior_read(

@@ -44,9 +44,9 @@ class FEMSoftmaxCacheLayer(DynamicLayer):
     [v, exp(beta v - M)] of the one-pass read (FEM App. F.4), the running shift M, and the time-decay
     conditioner's O(H_c) state (App. I, Prop. I.1).
 
-    The shift is the running maximum of beta v per channel. When new values raise it, the cached exp
-    values are rescaled by exp(M_old - M_new) (online-softmax style), so cached decoding computes the same
-    read as one full forward while each step only exponentiates its own values. With the default budget
+    The shift follows the maximum of beta v per channel (with headroom, see `exp_branch`). When it moves,
+    the cached exp values are rescaled by exp(M_old - M_new) (online-softmax style), so cached decoding
+    computes the same read as one full forward while each step only exponentiates its own values. With the default budget
     (i), [v, exp(beta v)] has the Q/K head width: the value cache has the size of Llama's."""
 
     _layer_type = fem_layer_type("softmax")
@@ -58,11 +58,11 @@ class FEMSoftmaxCacheLayer(DynamicLayer):
         self.exp_shift: torch.Tensor | None = None
 
     def update(self, key_states, value_states, *args, exp_shift: torch.Tensor | None = None, **kwargs):
-        """Append keys and augmented values; ``exp_shift`` is the shift the new exp values were taken at
-        (at least the cached one), and the cached exp values are brought to it first."""
+        """Append keys and augmented values; ``exp_shift`` is the shift the new exp values were taken at,
+        and the cached exp values are brought to it first when it moved."""
         if exp_shift is not None:
-            grown = self.exp_shift is not None and self.get_seq_length() > 0 and bool((exp_shift > self.exp_shift).any())
-            if grown:
+            moved = self.exp_shift is not None and self.get_seq_length() > 0 and not torch.equal(exp_shift, self.exp_shift)
+            if moved:
                 half = self.values.shape[-1] // 2
                 rescale = torch.exp(self.exp_shift - exp_shift).to(self.values.dtype)
                 self.values = torch.cat([self.values[..., :half], self.values[..., half:] * rescale], dim=-1)

@@ -99,9 +99,7 @@ class TimeDecayConditioner(nn.Module):
         self.chunk_size = chunk_size
         self.eps = eps
         self.input_norm = nn.LayerNorm(hidden_size, eps=eps)
-        self.decay_proj = nn.Linear(hidden_size, rank, bias=False)  # W_f
-        self.input_proj = nn.Linear(hidden_size, rank, bias=False)  # W_x
-        self.shortcut_proj = nn.Linear(hidden_size, rank, bias=False)  # W_s
+        self.in_proj = nn.Linear(hidden_size, 3 * rank, bias=False)  # [W_f | W_x | W_s] in one matmul
         self.state_norm = nn.LayerNorm(rank, eps=eps)
         # W_c as a bare parameter: zero-initialised (FEM App. K), so every modulator starts at exactly 1.
         self.out_proj = nn.Parameter(torch.zeros(rank, out_features))
@@ -116,19 +114,22 @@ class TimeDecayConditioner(nn.Module):
         streaming state h~ at the last position (Prop. I.1), (batch, rank). Padded positions
         (``padding_mask`` False) neither decay nor feed the state, so a left-padded sequence conditions like
         the unpadded one."""
-        normed = self.input_norm(hidden_states)
-        log_decay = -F.softplus(self.decay_proj(normed).float())
-        inputs = self.input_proj(normed)
+        decay_logits, inputs, shortcut_logits = self.in_proj(self.input_norm(hidden_states)).chunk(3, dim=-1)
+        log_decay = -F.softplus(decay_logits.float())
         if padding_mask is not None:
             keep = padding_mask[..., None]
             log_decay = log_decay * keep
             inputs = inputs * keep
         states, final_state = decayed_cumsum(log_decay, inputs, initial_state, self.chunk_size)
-        shortcut = F.rms_norm(F.softplus(self.shortcut_proj(normed).float()), (self.rank,), eps=self.eps)
+        shortcut = F.rms_norm(F.softplus(shortcut_logits.float()), (self.rank,), eps=self.eps)
         features = F.silu(shortcut).to(hidden_states.dtype) * self.state_norm(states.to(hidden_states.dtype))
         return features, final_state
 
     def modulate(self, tensors: list[torch.Tensor], features: torch.Tensor) -> list[torch.Tensor]:
         """x_i * (1 + c_i) for consecutive column blocks c_i of c = h W_c, one per tensor (FEM eq. 34a-d)."""
-        blocks = self.out_proj.split([tensor.shape[-1] for tensor in tensors], dim=-1)
+        widths = [tensor.shape[-1] for tensor in tensors]
+        if not torch.is_grad_enabled():  # nothing to keep for backward: one matmul serves every tensor
+            modulators = (features @ self.out_proj).split(widths, dim=-1)
+            return [torch.addcmul(tensor, tensor, modulator) for tensor, modulator in zip(tensors, modulators)]
+        blocks = self.out_proj.split(widths, dim=-1)
         return [_LowRankModulation.apply(tensor, features, block) for tensor, block in zip(tensors, blocks)]
