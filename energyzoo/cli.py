@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--baseline", default=None, help="Llama preset (default: the preset card's baseline)")
     bench.add_argument("--batch-size", type=int, default=4)
     bench.add_argument("--seq-len", type=int, default=1024)
-    bench.add_argument("--repeats", type=int, default=5)
+    bench.add_argument("--repeats", type=int, default=9)
     bench.add_argument("--device", default="cpu")
     bench.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     bench.add_argument("--output", default="bench.json", help="JSON file for the results ('' to skip)")
