@@ -50,3 +50,16 @@ class TestFEMContract(ModelContract):
         generator = torch.Generator().manual_seed(seed)
         ids = torch.randint(3, config.vocab_size, (batch_size, 16), generator=generator)
         return {"input_ids": ids, "labels": ids.clone()}
+
+
+class TestFEMGLAContract(TestFEMContract):
+    """FEM-LM with the gated-linear-attention prior (FEM H.2): the same contract, recurrent cache."""
+
+    invalid_config_values = TestFEMContract.invalid_config_values + [
+        ("gla_decay", "token"),
+        ("gla_decay_normalizer", 0.0),
+        ("prior_chunk_size", 0),
+    ]
+
+    def make_config(self, **overrides):
+        return super().make_config(**{"prior": "gla", "prior_chunk_size": 4, **overrides})

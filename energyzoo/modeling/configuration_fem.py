@@ -6,7 +6,8 @@ from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
 from transformers.activations import ACT2FN
 
-FEM_PRIORS = ("softmax",)
+FEM_PRIORS = ("softmax", "gla")
+GLA_DECAY_KINDS = ("head", "channel")
 
 
 def fem_layer_type(prior: str) -> str:
@@ -29,7 +30,13 @@ class FEMConfig(PreTrainedConfig):
     full width D (``qk_ratio=1``), the value/FEM path at d = D/2 (``value_ratio=0.5``).
 
     FEM-specific fields:
-        prior: selection prior p_t (FEM App. H): "softmax" (H.1).
+        prior: selection prior p_t (FEM App. H): "softmax" (H.1, O(T^2)) or "gla" (H.2, O(T), a
+            fixed-size decoding state).
+        gla_decay: GLA decay gate g <= 0 "head" (one per head, default) or "channel" (per key channel).
+        gla_decay_normalizer: g = logsigmoid(x W_g) / normalizer (16, as in GLA, Yang et al. 2024), so the
+            initial per-step decay is about exp(-0.043).
+        prior_chunk_size: chunk length of the chunkwise linear-attention form (speed/memory only).
+        feature_eps: the eps of the nonnegative features ReLU(.) + eps (H.2).
         qk_ratio: total Q (and K) width / hidden_size. Per-head width must be even (RoPE).
         value_ratio: value-path width d / hidden_size; also the width of lambda, g and beta_max.
         use_time_decay: (C) the low-rank time-decay conditioner of App. I modulates q, k, v, lambda, g.
@@ -85,6 +92,10 @@ class FEMConfig(PreTrainedConfig):
     beta_max_init: float = math.log1p(math.exp(1.8))
     time_decay_rank: int | None = None
     time_decay_chunk_size: int = 8
+    gla_decay: str = "head"
+    gla_decay_normalizer: float = 16.0
+    prior_chunk_size: int = 64
+    feature_eps: float = 1e-6
     layer_types: list[str] | None = None
 
     def __post_init__(self, **kwargs):
@@ -124,6 +135,10 @@ class FEMConfig(PreTrainedConfig):
         if self.time_decay_rank is not None:
             _require(self.time_decay_rank > 0, "time_decay_rank", "a positive integer or None", self.time_decay_rank)
         _require(self.time_decay_chunk_size > 0, "time_decay_chunk_size", "a positive integer", self.time_decay_chunk_size)
+        _require(self.gla_decay in GLA_DECAY_KINDS, "gla_decay", f"one of {GLA_DECAY_KINDS}", self.gla_decay)
+        _require(self.gla_decay_normalizer > 0, "gla_decay_normalizer", "> 0", self.gla_decay_normalizer)
+        _require(self.prior_chunk_size > 0, "prior_chunk_size", "a positive integer", self.prior_chunk_size)
+        _require(self.feature_eps > 0, "feature_eps", "> 0", self.feature_eps)
         _require(self.rms_norm_eps > 0, "rms_norm_eps", "> 0", self.rms_norm_eps)
         _require(0 <= self.initializer_range <= 1, "initializer_range", "in [0, 1]", self.initializer_range)
         _require(self.max_position_embeddings > 0, "max_position_embeddings", "a positive integer", self.max_position_embeddings)

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 from transformers import initialization as init
-from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
+from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache, DynamicLayer
 from transformers.generation import GenerationMixin
 from transformers.masking_utils import create_causal_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
@@ -35,22 +35,59 @@ from .free_energy import (
     outer_gate_activation,
     restore_free_energy,
 )
+from .prior_gla import gla_free_energy_read
 from .outputs import BaseModelOutputWithEnergies, CausalLMOutputWithEnergies, EnergyTrace
 from .time_decay import TimeDecayConditioner
 
 
-class FEMSoftmaxCacheLayer(DynamicLayer):
+class _FEMStateMixin:
+    """Per-sequence states a FEM cache layer keeps besides keys/values (tensors or tuples of tensors, or
+    None), kept in step with beam search and batch edits."""
+
+    state_names: tuple[str, ...] = ()
+
+    def _map_states(self, fn) -> None:
+        for name in self.state_names:
+            state = getattr(self, name)
+            if isinstance(state, tuple):
+                setattr(self, name, tuple(fn(tensor) for tensor in state))
+            elif state is not None:
+                setattr(self, name, fn(state))
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        super().reorder_cache(beam_idx)
+        self._map_states(lambda state: state.index_select(0, beam_idx.to(state.device)))
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        super().batch_repeat_interleave(repeats)
+        self._map_states(lambda state: state.repeat_interleave(repeats, dim=0))
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        super().batch_select_indices(indices)
+        self._map_states(lambda state: state[indices])
+
+    def reset(self) -> None:
+        super().reset()
+        for name in self.state_names:
+            setattr(self, name, None)
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise NotImplementedError("FEM caches cannot be cropped: their recurrent states cannot be rewound.")
+
+
+class FEMSoftmaxCacheLayer(_FEMStateMixin, DynamicLayer):
     """Decoding state of one FEM layer with the softmax prior: the prior's keys, the augmented values
-    [v, exp(beta v - M)] of the one-pass read (FEM App. F.4), the running shift M, and the time-decay
-    conditioner's O(H_c) state (App. I, Prop. I.1).
+    [v, exp(beta v - M)] of the one-pass read (FEM App. F.4), the shift M, and the time-decay conditioner's
+    O(H_c) state (App. I, Prop. I.1).
 
     The shift follows the maximum of beta v per channel (with headroom, see `exp_branch`). When it moves,
     the cached exp values are rescaled by exp(M_old - M_new) (online-softmax style), so cached decoding
-    computes the same read as one full forward while each step only exponentiates its own values. With the default budget
-    (i), [v, exp(beta v)] has the Q/K head width: the value cache has the size of Llama's."""
+    computes the same read as one full forward while each step only exponentiates its own values. With the
+    default budget (i), [v, exp(beta v)] has the Q/K head width: the value cache has the size of Llama's."""
 
     _layer_type = fem_layer_type("softmax")
     is_croppable = False
+    state_names = ("time_decay_state", "exp_shift")
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
@@ -69,31 +106,60 @@ class FEMSoftmaxCacheLayer(DynamicLayer):
             self.exp_shift = exp_shift
         return super().update(key_states, value_states, *args, **kwargs)
 
-    def _map_states(self, fn) -> None:
-        if self.time_decay_state is not None:
-            self.time_decay_state = fn(self.time_decay_state)
-        if self.exp_shift is not None:
-            self.exp_shift = fn(self.exp_shift)
+
+class _StateOnlyLayer(CacheLayerMixin):
+    """A cache layer without keys or values: the batch and beam hooks have nothing of their own to move."""
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        super().reorder_cache(beam_idx)
-        self._map_states(lambda state: state.index_select(0, beam_idx.to(state.device)))
+        pass
 
     def batch_repeat_interleave(self, repeats: int) -> None:
-        super().batch_repeat_interleave(repeats)
-        self._map_states(lambda state: state.repeat_interleave(repeats, dim=0))
+        pass
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
-        super().batch_select_indices(indices)
-        self._map_states(lambda state: state[indices])
+        pass
+
+
+class FEMRecurrentCacheLayer(_FEMStateMixin, _StateOnlyLayer):
+    """Fixed-size decoding state of one FEM layer with a recurrent prior (FEM App. H.2-H.4): the prior's
+    state (for GLA the decayed sums of k~ [v, exp(beta v - M), 1] and their shift M), the conditioner's
+    state and the number of tokens seen. Its size does not grow with the sequence."""
+
+    is_croppable = False
+    state_names = ("time_decay_state", "prior_state")
+
+    def __init__(self, **kwargs):
+        super().__init__()
+        self.time_decay_state: torch.Tensor | None = None
+        self.prior_state: tuple[torch.Tensor, ...] | None = None
+        self.seen_tokens = 0
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        raise NotImplementedError("recurrent FEM layers hold a state, not keys and values")
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        raise NotImplementedError("recurrent FEM layers hold a state, not keys and values; FEMAttention updates it")
+
+    def advance(self, prior_state: tuple[torch.Tensor, ...], new_tokens: int) -> None:
+        self.prior_state = prior_state
+        self.seen_tokens += new_tokens
+
+    def get_seq_length(self) -> int:
+        return self.seen_tokens
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.seen_tokens + query_length, 0
+
+    def get_max_length(self) -> int:
+        return -1
 
     def reset(self) -> None:
         super().reset()
-        self.time_decay_state = None
-        self.exp_shift = None
+        self.seen_tokens = 0
 
-    def crop(self, tokens_to_remove: int) -> None:
-        raise NotImplementedError("FEM caches cannot be cropped: the time-decay state cannot be rewound.")
+
+class FEMGLACacheLayer(FEMRecurrentCacheLayer):
+    _layer_type = fem_layer_type("gla")
 
 
 class FEMAttention(nn.Module):
@@ -123,12 +189,15 @@ class FEMAttention(nn.Module):
             else None
         )
         self.outer_gate_proj = nn.Linear(config.hidden_size, value_width, bias=bias) if config.use_outer_gate else None
+        decay_width = {"head": 1, "channel": self.head_dim}[config.gla_decay] * self.num_heads
+        self.decay_proj = nn.Linear(config.hidden_size, decay_width, bias=True) if config.prior == "gla" else None
         if config.use_lse:
             self.beta_max_offset = math.log(math.expm1(config.beta_max_init))  # softplus^-1
             self.beta_max_raw = nn.Parameter(torch.zeros(value_width))
-        # The conditioner modulates q, k, v and the gate logits, in the order of the projections (eq. 34a-d).
+        # The conditioner modulates q, k, v, the gate logits and the prior's decay logits, in the order of
+        # the projections (eq. 34a-d).
         gates = (self.temperature_proj is not None) + (self.outer_gate_proj is not None)
-        modulated_width = 2 * qk_width + (1 + gates) * value_width
+        modulated_width = 2 * qk_width + (1 + gates) * value_width + (decay_width if self.decay_proj is not None else 0)
         self.time_decay = (
             TimeDecayConditioner(
                 config.hidden_size,
@@ -158,10 +227,9 @@ class FEMAttention(nn.Module):
         batch, length, _ = hidden_states.shape
         cache_layer = self._cache_layer(past_key_values)
         projections = [self.q_proj(hidden_states), self.k_proj(hidden_states), self.v_proj(hidden_states)]
-        if self.temperature_proj is not None:
-            projections.append(self.temperature_proj(hidden_states))
-        if self.outer_gate_proj is not None:
-            projections.append(self.outer_gate_proj(hidden_states))
+        for gate in (self.temperature_proj, self.outer_gate_proj, self.decay_proj):
+            if gate is not None:
+                projections.append(gate(hidden_states))
 
         if self.time_decay is not None:
             initial_state = cache_layer.time_decay_state if cache_layer is not None else None
@@ -175,12 +243,30 @@ class FEMAttention(nn.Module):
         query, key, value = (x.view(batch, length, self.num_heads, -1).transpose(1, 2) for x in projections[:3])
         cos, sin = position_embeddings
         query, key = apply_rotary_pos_emb(query, key, cos, sin)
+        gate_logits = projections[3:]
+        beta = beta_to_value_shape(self.beta_max(), value) if self.config.use_lse else None
+        if self.decay_proj is None:
+            read = self._softmax_read(query, key, value, beta, attention_mask, cache_layer, past_key_values)
+            output, mu, f_max, temperature_gate = self._recomputed_in_backward(
+                self._softmax_output, *read, beta, *gate_logits
+            )
+        else:
+            *gate_logits, decay_logits = gate_logits
+            mu, f_max = self._gla_read(query, key, value, beta, decay_logits, padding_mask, cache_layer)
+            output, mu, f_max, temperature_gate = self._recomputed_in_backward(
+                self._gated_output, mu, f_max, *gate_logits
+            )
+        if energy_records is not None:
+            energy_records.append(self._energy_record(mu, f_max, temperature_gate))
+        return self.o_proj(output)
+
+    def _softmax_read(self, query, key, value, beta, attention_mask, cache_layer, past_key_values):
+        """The softmax prior's read of [v, exp(beta v - M)] (FEM H.1, App. F.4): ``(read, shift, mask)``."""
+        length = query.shape[2]
         past_length = cache_layer.get_seq_length() if cache_layer is not None else 0
         mask = PreparedMask(length, past_length + length, attention_mask, attention_mask is None, query.device)
-
-        shift = beta = None
-        if self.config.use_lse:
-            beta = beta_to_value_shape(self.beta_max(), value)
+        shift = None
+        if beta is not None:
             new_keys_visible = None if mask.key_is_visible is None else mask.key_is_visible[..., -length:, :]
             running_shift = cache_layer.exp_shift if cache_layer is not None else None
             value, exp_values, shift = exp_branch(value, beta, new_keys_visible, running_shift)
@@ -189,14 +275,30 @@ class FEMAttention(nn.Module):
             value = torch.cat([value.transpose(1, 2), exp_values.transpose(1, 2)], dim=-1).transpose(1, 2)
         if cache_layer is not None:
             key, value = past_key_values.update(key, value, self.layer_idx, exp_shift=shift)
-        read = attend(query, key, value, mask.attention_mask, mask.causal)
+        return attend(query, key, value, mask.attention_mask, mask.causal), shift, mask
 
-        output, mu, f_max, temperature_gate = self._recomputed_in_backward(
-            self._read_out, read, shift, beta, mask, *projections[3:]
+    def _softmax_output(self, read, shift, mask: PreparedMask, beta, *gate_logits):
+        f_max = None
+        if beta is not None:
+            read, shifted_partition = read.split(self.value_head_dim, dim=-1)
+            f_max = mask.zero_empty_rows(restore_free_energy(read, shifted_partition, shift, beta))
+        return self._gated_output(mask.zero_empty_rows(read), f_max, *gate_logits)
+
+    def _gla_read(self, query, key, value, beta, decay_logits, padding_mask, cache_layer):
+        """The GLA prior's read (FEM H.2) with its streaming state: ``(mu, f_max)``; f_max is None
+        without the LSE branch."""
+        batch, _, length, _ = query.shape
+        log_decay = F.logsigmoid(decay_logits.float()) / self.config.gla_decay_normalizer
+        log_decay = log_decay.view(batch, length, self.num_heads, -1).transpose(1, 2)
+        read_beta = beta if beta is not None else torch.ones(1, self.num_heads, 1, self.value_head_dim)
+        state = cache_layer.prior_state if cache_layer is not None else None
+        mu, f_max, state = gla_free_energy_read(
+            query, key, value, read_beta, log_decay, padding_mask, state,
+            self.config.prior_chunk_size, self.config.feature_eps,
         )
-        if energy_records is not None:
-            energy_records.append(self._energy_record(mu, f_max, temperature_gate))
-        return self.o_proj(output)
+        if cache_layer is not None:
+            cache_layer.advance(state, length)
+        return mu, (f_max if beta is not None else None)
 
     def _recomputed_in_backward(self, fn, *args):
         """Run ``fn``; when training, keep only its inputs for backward and recompute it there. Used for
@@ -206,19 +308,13 @@ class FEMAttention(nn.Module):
             return checkpoint(fn, *args, use_reentrant=False)
         return fn(*args)
 
-    def _read_out(self, read, shift, beta, mask: PreparedMask, *gate_logits):
-        """From the prior's read of [v, exp(beta v - M)] to the gated output (FEM eq. 9-11).
+    def _gated_output(self, mu, f_max, *gate_logits):
+        """mu and f_max, (batch, heads, seq, value_head_dim), gated into the output (FEM eq. 10-11).
 
         Works in the (batch, seq, heads, dim) layout SDPA returns, so the heads merge without a copy."""
-        batch, _, length, _ = read.shape
-        read = mask.zero_empty_rows(read).transpose(1, 2)
-        f_max = None
-        if self.config.use_lse:
-            mu, shifted_partition = read.split(self.value_head_dim, dim=-1)
-            f_max = restore_free_energy(mu, shifted_partition, shift.transpose(1, 2), beta.transpose(1, 2))
-            f_max = mask.zero_empty_rows(f_max.transpose(1, 2)).transpose(1, 2)
-        else:
-            mu = read
+        batch, _, length, _ = mu.shape
+        mu = mu.transpose(1, 2)
+        f_max = f_max.transpose(1, 2) if f_max is not None else None
         gate_logits = iter(gate_logits)
         heads = (batch, length, self.num_heads, self.value_head_dim)
         temperature_gate = torch.sigmoid(next(gate_logits)).view(heads) if self.temperature_proj is not None else None
@@ -228,15 +324,16 @@ class FEMAttention(nn.Module):
         output = gated_free_energy(mu, f_max, temperature_gate, outer_gate).reshape(batch, length, -1)
         return output, mu, f_max, temperature_gate
 
-    def _cache_layer(self, past_key_values: Cache | None) -> FEMSoftmaxCacheLayer | None:
+    def _cache_layer(self, past_key_values: Cache | None):
         if past_key_values is None:
             return None
         layers = past_key_values.layers
         layer = layers[self.layer_idx] if self.layer_idx < len(layers) else None
-        if not isinstance(layer, FEMSoftmaxCacheLayer):
+        expected = FEMSoftmaxCacheLayer if self.decay_proj is None else FEMGLACacheLayer
+        if not isinstance(layer, expected):
             raise TypeError(
-                f"FEM layer {self.layer_idx} needs a {FEMSoftmaxCacheLayer.__name__} cache layer (it keeps the "
-                f"time-decay state); got {type(layer).__name__}. Build caches with DynamicCache(config=model.config)."
+                f"FEM layer {self.layer_idx} needs a {expected.__name__} cache layer (it keeps the FEM states); "
+                f"got {type(layer).__name__}. Build caches with DynamicCache(config=model.config)."
             )
         return layer
 
@@ -324,15 +421,21 @@ class FEMModel(FEMPreTrainedModel):
         if use_cache and past_key_values is None and not self.training:  # training builds no cache
             past_key_values = DynamicCache(config=self.config)
         past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
-        if position_ids is None:
+        if position_ids is None and attention_mask is not None and attention_mask.dim() == 2:
+            # Count real tokens only, as generate() does: RoPE followed by the GLA prior's ReLU features is
+            # not shift-invariant, so a left-padded sequence must see the positions it has alone.
+            position_ids = (attention_mask.long().cumsum(-1) - 1).clamp_min(0)[:, -inputs_embeds.shape[1] :]
+        elif position_ids is None:
             position_ids = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device)[None] + past_length
-        causal_mask = create_causal_mask(
-            config=self.config,
-            inputs_embeds=inputs_embeds,
-            attention_mask=attention_mask,
-            past_key_values=past_key_values,
-            position_ids=position_ids,
-        )
+        causal_mask = None
+        if self.config.prior == "softmax":  # recurrent priors are causal by construction and read padding_mask
+            causal_mask = create_causal_mask(
+                config=self.config,
+                inputs_embeds=inputs_embeds,
+                attention_mask=attention_mask,
+                past_key_values=past_key_values,
+                position_ids=position_ids,
+            )
         padding_mask = None
         if attention_mask is not None and attention_mask.dim() == 2 and not bool(attention_mask.all()):
             padding_mask = attention_mask[:, -inputs_embeds.shape[1] :].bool()

@@ -1,0 +1,120 @@
+"""The FEM read under the gated-linear-attention prior (FEM App. H.2, eq. 28-29), chunkwise in PyTorch.
+
+    q~ = ReLU(RoPE(q)) + eps,  k~ = ReLU(RoPE(k)) + eps,  g_tau <= 0 (per head or per key channel)
+    s_t(i) = exp(sum_{i<tau<=t} g_tau) <q~_t, k~_i>,   p_t(i) = s_t(i) / sum_r s_t(r)
+Values are read as [v, exp(beta v - M), 1] in ONE linear-attention pass: the ones column gives the
+normaliser (eq. 29, "a one-pass implementation appends a constant channel"), so
+    mu = num_v / den,   f_max = beta^-1 (log(num_exp / den) + M)            (FEM eq. 6, 9)
+
+Chunkwise form (no loop over tokens): inside a chunk the decay between positions is exp(G_t - G_i) with G
+the within-chunk cumulative log decay (an exponent <= 0); across chunks a state S (key dim x value
+columns) is carried by a loop over chunks, decayed by exp(G_last) and read by exp(G_t) q~_t, again
+exponents <= 0, so long cumulative decays never underflow to a wrong value.
+
+Streaming numerics: M is a running per-channel maximum of beta v, raised chunk by chunk; when it grows,
+the state's exp columns are rescaled by exp(M_old - M_new) (online-softmax style). The same code serves
+prefill, chunked prefill and one-token decoding, which therefore agree. Values are clipped to
+|beta v| <= 40 as for the softmax prior (`free_energy.clip_values_for_exp`). Padded positions (``valid``
+False) get k~ = 0 and no decay: they neither enter nor change the state.
+"""
+
+import torch
+import torch.nn.functional as F
+
+from .free_energy import EXP_ARGUMENT_CAP, clip_values_for_exp, restore_free_energy
+
+
+def gla_features(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """ReLU(x) + eps: nonnegative query/key features (FEM H.2)."""
+    return F.relu(x) + eps
+
+
+def _linear_attention_chunk(q, k, values, log_decay, state):
+    """One chunk: out_t = sum_{i<=t in chunk} exp(G_t - G_i) <q_t, k_i> values_i + exp(G_t) q_t . S_prev.
+
+    q, k: (b, h, L, m); values: (b, h, L, c); log_decay: (b, h, L, 1 or m); state: (b, h, m, c).
+    Returns (out (b, h, L, c), new state)."""
+    cumulative = log_decay.cumsum(dim=2)  # G_t within the chunk, <= 0
+    length = q.shape[2]
+    causal = torch.ones(length, length, dtype=torch.bool, device=q.device).tril()
+    if log_decay.shape[-1] == 1:  # per-head decay: a scalar factor per (t, i)
+        decay = torch.exp((cumulative - cumulative.transpose(2, 3)).masked_fill(~causal, float("-inf")))
+        scores = (q @ k.transpose(2, 3)) * decay
+    else:  # per-channel decay: the factor depends on the key channel
+        pairwise = cumulative[:, :, :, None, :] - cumulative[:, :, None, :, :]
+        decay = torch.exp(pairwise.masked_fill(~causal[:, :, None], float("-inf")))
+        scores = torch.einsum("bhtm,bhim,bhtim->bhti", q, k, decay)
+    out = scores @ values + (q * torch.exp(cumulative)) @ state
+    last = cumulative[:, :, -1:, :]
+    new_state = torch.exp(last).transpose(2, 3) * state + (k * torch.exp(last - cumulative)).transpose(2, 3) @ values
+    return out, new_state
+
+
+def gla_free_energy_read(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    log_decay: torch.Tensor,
+    valid: torch.Tensor | None = None,
+    state: tuple[torch.Tensor, torch.Tensor] | None = None,
+    chunk_size: int = 64,
+    eps: float = 1e-6,
+):
+    """FEM read (mu, f_max) under the GLA prior, with the streaming state.
+
+    Args:
+        q, k: (batch, heads, seq, key_dim), RoPE already applied (features are taken here).
+        v: (batch, heads, seq, v_dim) values; beta: (1, heads, 1, v_dim) inverse temperature.
+        log_decay: (batch, heads, seq, 1) per-head or (batch, heads, seq, key_dim) per-channel g <= 0.
+        valid: (batch, seq) bool, False at padding; None means all valid.
+        state: ``(S, M)`` from a previous call: S (batch, heads, key_dim, 2 v_dim + 1), the decayed sums
+            of k~ [v, exp(beta v - M), 1]; M (batch, heads, 1, v_dim) their exp shift. None starts empty.
+
+    Returns:
+        ``(mu, f_max, (S, M))`` with mu, f_max shaped like v (rows with nothing visible are 0).
+    """
+    batch, heads, length, v_dim = v.shape
+    out_dtype = v.dtype
+    work = torch.promote_types(v.dtype, torch.float32)
+    beta = beta.to(work)
+    q_features = gla_features(q.to(work), eps)
+    k_features = gla_features(k.to(work), eps)
+    v = clip_values_for_exp(v.to(work), beta)
+    scaled = beta * v
+    log_decay = log_decay.to(work)
+    if valid is not None:
+        keep = valid[:, None, :, None]
+        k_features = k_features * keep
+        log_decay = log_decay * keep
+        scaled_for_max = scaled.masked_fill(~keep, -EXP_ARGUMENT_CAP)
+    else:
+        scaled_for_max = scaled
+    if state is None:
+        num_state = q.new_zeros(batch, heads, q.shape[-1], 2 * v_dim + 1, dtype=work)
+        shift = torch.full((batch, heads, 1, v_dim), -EXP_ARGUMENT_CAP, dtype=work, device=q.device)
+    else:
+        num_state, shift = (tensor.to(work) for tensor in state)
+    ones = torch.ones_like(v[..., :1])
+
+    mus, f_maxes = [], []
+    for start in range(0, length, chunk_size):
+        piece = slice(start, start + chunk_size)
+        new_shift = torch.maximum(shift, scaled_for_max[:, :, piece].amax(dim=2, keepdim=True))
+        rescale = torch.cat([torch.ones_like(shift), torch.exp(shift - new_shift), ones[:, :, :1]], dim=-1)
+        num_state = num_state * rescale  # exp columns follow the raised shift
+        shift = new_shift
+        values = torch.cat([v[:, :, piece], torch.exp(scaled[:, :, piece] - shift), ones[:, :, piece]], dim=-1)
+        out, num_state = _linear_attention_chunk(
+            q_features[:, :, piece], k_features[:, :, piece], values, log_decay[:, :, piece], num_state
+        )
+        numerator_v, numerator_exp, denominator = out.split([v_dim, v_dim, 1], dim=-1)
+        empty = denominator <= 0
+        denominator = denominator.masked_fill(empty, 1.0)
+        mu = numerator_v / denominator
+        f_max = restore_free_energy(mu, numerator_exp / denominator, shift, beta)
+        mus.append(mu.masked_fill(empty, 0.0))
+        f_maxes.append(f_max.masked_fill(empty, 0.0))
+    mu = torch.cat(mus, dim=2).to(out_dtype)
+    f_max = torch.cat(f_maxes, dim=2).to(out_dtype)
+    return mu, f_max, (num_state, shift)
