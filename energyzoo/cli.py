@@ -21,8 +21,17 @@ def _quickstart(args) -> int:
 
 
 def _bench(args) -> int:
-    from .eval.speed import BenchSettings, format_table, run_fem_vs_llama
+    from .eval.speed import BenchSettings, format_scaling_table, format_table, run_fem_vs_llama, run_length_scaling
 
+    if args.scaling:
+        result = run_length_scaling(args.preset if args.preset != "fem-lm-table5" else "fem-lm-tiny",
+                                    priors=tuple(args.priors), repeats=args.repeats, device=args.device)
+        print(format_scaling_table(result))
+        if args.output:
+            with open(args.output, "w") as handle:
+                json.dump(result, handle, indent=2)
+            print(f"saved {args.output}")
+        return 0
     settings = BenchSettings(preset=args.preset, baseline=args.baseline, batch_size=args.batch_size,
                              seq_len=args.seq_len, repeats=args.repeats, device=args.device, dtype=args.dtype)
     result = run_fem_vs_llama(settings)
@@ -53,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--device", default="cpu")
     bench.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     bench.add_argument("--output", default="bench.json", help="JSON file for the results ('' to skip)")
+    bench.add_argument("--scaling", action="store_true",
+                       help="instead: forward time at T=1024 vs T=4096 per prior (default preset fem-lm-tiny)")
+    bench.add_argument("--priors", nargs="+", default=["softmax", "gla"], help="priors for --scaling")
     bench.set_defaults(run=_bench)
     return parser
 

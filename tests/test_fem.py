@@ -81,8 +81,8 @@ def test_energy_trace_gains_are_nonnegative_and_temperatures_are_beta_max():
     assert "free_energy_gain/layer_1" in trace.summary()
 
 
-@pytest.mark.parametrize("name,target", [("fem-lm-340m", 340e6), ("fem-lm-1.3b", 1.3e9),
-                                         ("llama-340m", 340e6), ("llama-1.3b", 1.3e9)])
+@pytest.mark.parametrize("name,target", [("fem-lm-340m", 340e6), ("fem-lm-1.3b", 1.3e9), ("fem-gla-340m", 340e6),
+                                         ("fem-gla-1.3b", 1.3e9), ("llama-340m", 340e6), ("llama-1.3b", 1.3e9)])
 def test_presets_have_their_nominal_size(name, target):
     with torch.device("meta"):
         model = model_from_preset(name)
@@ -99,7 +99,11 @@ def test_fem_presets_match_their_llama_baselines_in_shape():
             assert getattr(fem, field) == getattr(llama, field), field
     assert config_from_preset("fem-lm-340m").intermediate_size == 2816
     assert config_from_preset("fem-lm-1.3b").intermediate_size == 5440  # budgeted for the conditioner
-    assert {"fem-lm-tiny", "llama-tiny"} <= set(preset_names())
+    assert {"fem-lm-tiny", "llama-tiny", "fem-gla-tiny"} <= set(preset_names())
+    for size in ("340m", "1.3b", "tiny"):  # the GLA presets are the softmax ones with another prior
+        gla, softmax = config_from_preset(f"fem-gla-{size}"), config_from_preset(f"fem-lm-{size}")
+        assert gla.prior == "gla" and softmax.prior == "softmax"
+        assert {**gla.to_dict(), "prior": "softmax", "layer_types": None} == {**softmax.to_dict(), "layer_types": None}
 
 
 def test_unknown_preset_names_the_known_ones():

@@ -61,3 +61,14 @@ def test_bench_command_writes_json(tmp_path):
     code = main(["bench", "--preset", "fem-lm-tiny", "--seq-len", "16", "--batch-size", "1", "--repeats", "1",
                  "--output", str(output)])
     assert code == 0 and json.loads(output.read_text())["rows"]["forward"]["ratio"] > 0
+
+
+def test_length_scaling_reports_one_row_per_prior():
+    from energyzoo.eval.speed import format_scaling_table, run_length_scaling
+
+    result = run_length_scaling(priors=("softmax", "gla"), lengths=(32, 128), repeats=1)
+    assert set(result["rows"]) == {"softmax", "gla"}
+    for prior, row in result["rows"].items():
+        assert row["ratio"] == row["seconds"][128] / row["seconds"][32] > 0
+        assert (row["target"] is None) == (prior == "softmax")
+    assert "| gla" in format_scaling_table(result)

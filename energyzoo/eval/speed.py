@@ -18,9 +18,12 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ..presets import model_from_preset, preset_card
+from transformers import AutoModel
+
+from ..presets import config_from_preset, model_from_preset, preset_card
 
 TARGETS = {"forward": 1.10, "train_step": 1.20, "peak_memory": 1.20, "decode_tokens_per_s": 0.85}
+LINEAR_SCALING_TARGET = 4.5  # time(T=4096) / time(T=1024) for O(T) priors (DESIGN.md)
 
 
 @dataclass
@@ -205,6 +208,50 @@ def format_table(result: dict) -> str:
             f"| {name + ' (' + row['unit'] + ')':<20} | {row['fem']:>10.4g} | {row['llama']:>10.4g} | "
             f"{row['ratio']:>6.3f} | {bound}{row['target']:>5.2f} | {'yes' if row['meets_target'] else 'NO':<3} |"
         )
+    return "\n".join(lines)
+
+
+def run_length_scaling(
+    preset: str = "fem-lm-tiny",
+    priors: tuple[str, ...] = ("softmax", "gla"),
+    lengths: tuple[int, int] = (1024, 4096),
+    repeats: int = 5,
+    batch_size: int = 1,
+    device: str = "cpu",
+) -> dict:
+    """Forward time of the base model (no LM head, whose cost is linear in T for every prior) at two
+    lengths, per prior: the ratio is ~(long/short)^2 for softmax and ~long/short for recurrent priors."""
+    short, long = lengths
+    rows = {}
+    for prior in priors:
+        torch.manual_seed(0)
+        config = config_from_preset(preset, prior=prior, max_position_embeddings=max(lengths))
+        model = AutoModel.from_config(config).to(device).eval()
+        seconds = {}
+        for length in lengths:
+            ids = torch.randint(0, config.vocab_size, (batch_size, length), device=device)
+            fn = _forward_fn(model, ids)
+            fn()
+            seconds[length] = statistics.median(_timed(fn, device) for _ in range(repeats))
+        ratio = seconds[long] / seconds[short]
+        target = None if prior == "softmax" else LINEAR_SCALING_TARGET
+        rows[prior] = {"seconds": seconds, "ratio": ratio, "target": target,
+                       "meets_target": None if target is None else ratio <= target}
+    return {"preset": preset, "lengths": list(lengths), "batch_size": batch_size, "repeats": repeats, "rows": rows}
+
+
+def format_scaling_table(result: dict) -> str:
+    short, long = result["lengths"]
+    lines = [
+        f"forward time vs sequence length ({result['preset']} base model, batch {result['batch_size']}, "
+        f"median of {result['repeats']})",
+        f"| prior   | T={short} (s) | T={long} (s) | ratio | target  |",
+        "|---------|------------|------------|-------|---------|",
+    ]
+    for prior, row in result["rows"].items():
+        target = "~16 (O(T^2))" if row["target"] is None else f"<= {row['target']}"
+        lines.append(f"| {prior:<7} | {row['seconds'][short]:>10.4f} | {row['seconds'][long]:>10.4f} | "
+                     f"{row['ratio']:>5.2f} | {target} |")
     return "\n".join(lines)
 
 
