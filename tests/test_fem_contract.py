@@ -57,9 +57,18 @@ class TestFEMGLAContract(TestFEMContract):
 
     invalid_config_values = TestFEMContract.invalid_config_values + [
         ("gla_decay", "token"),
-        ("gla_decay_normalizer", 0.0),
+        ("decay_normalizer", 0.0),
         ("prior_chunk_size", 0),
     ]
 
     def make_config(self, **overrides):
         return super().make_config(**{"prior": "gla", "prior_chunk_size": 4, **overrides})
+
+
+class TestFEMAFTContract(TestFEMContract):
+    """FEM-LM with the AFT prior (FEM H.3) and its input-conditioned decay: no queries, recurrent cache."""
+
+    lora_target_modules = ["k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+    def make_config(self, **overrides):
+        return super().make_config(**{"prior": "aft", "aft_decay": True, "prior_chunk_size": 4, **overrides})

@@ -6,7 +6,7 @@ from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
 from transformers.activations import ACT2FN
 
-FEM_PRIORS = ("softmax", "gla")
+FEM_PRIORS = ("softmax", "gla", "aft")
 GLA_DECAY_KINDS = ("head", "channel")
 
 
@@ -30,10 +30,12 @@ class FEMConfig(PreTrainedConfig):
     full width D (``qk_ratio=1``), the value/FEM path at d = D/2 (``value_ratio=0.5``).
 
     FEM-specific fields:
-        prior: selection prior p_t (FEM App. H): "softmax" (H.1, O(T^2)) or "gla" (H.2, O(T), a
-            fixed-size decoding state).
+        prior: selection prior p_t (FEM App. H): "softmax" (H.1, O(T^2)); "gla" (H.2) or "aft" (H.3), O(T)
+            with a fixed-size decoding state. The AFT prior has per-channel logits k (k_proj of the value
+            width) and no queries: the outer gate plays the query's role.
         gla_decay: GLA decay gate g <= 0 "head" (one per head, default) or "channel" (per key channel).
-        gla_decay_normalizer: g = logsigmoid(x W_g) / normalizer (16, as in GLA, Yang et al. 2024), so the
+        aft_decay: add the AFT prior's input-conditioned decay (LRNN-decay, eq. 31); off is LRNN-softmax.
+        decay_normalizer: g = logsigmoid(x W_g) / normalizer (16, as in GLA, Yang et al. 2024), so the
             initial per-step decay is about exp(-0.043).
         prior_chunk_size: chunk length of the chunkwise linear-attention form (speed/memory only).
         feature_eps: the eps of the nonnegative features ReLU(.) + eps (H.2).
@@ -93,7 +95,8 @@ class FEMConfig(PreTrainedConfig):
     time_decay_rank: int | None = None
     time_decay_chunk_size: int = 8
     gla_decay: str = "head"
-    gla_decay_normalizer: float = 16.0
+    aft_decay: bool = False
+    decay_normalizer: float = 16.0
     prior_chunk_size: int = 64
     feature_eps: float = 1e-6
     layer_types: list[str] | None = None
@@ -136,7 +139,7 @@ class FEMConfig(PreTrainedConfig):
             _require(self.time_decay_rank > 0, "time_decay_rank", "a positive integer or None", self.time_decay_rank)
         _require(self.time_decay_chunk_size > 0, "time_decay_chunk_size", "a positive integer", self.time_decay_chunk_size)
         _require(self.gla_decay in GLA_DECAY_KINDS, "gla_decay", f"one of {GLA_DECAY_KINDS}", self.gla_decay)
-        _require(self.gla_decay_normalizer > 0, "gla_decay_normalizer", "> 0", self.gla_decay_normalizer)
+        _require(self.decay_normalizer > 0, "decay_normalizer", "> 0", self.decay_normalizer)
         _require(self.prior_chunk_size > 0, "prior_chunk_size", "a positive integer", self.prior_chunk_size)
         _require(self.feature_eps > 0, "feature_eps", "> 0", self.feature_eps)
         _require(self.rms_norm_eps > 0, "rms_norm_eps", "> 0", self.rms_norm_eps)

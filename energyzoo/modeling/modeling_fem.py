@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 from transformers import initialization as init
-from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache, DynamicLayer
+from transformers.cache_utils import Cache, DynamicCache
 from transformers.generation import GenerationMixin
 from transformers.masking_utils import create_causal_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
@@ -25,7 +25,8 @@ from transformers.models.llama.modeling_llama import (
 )
 from transformers.utils.output_capturing import capture_outputs
 
-from .configuration_fem import FEMConfig, fem_layer_type
+from .configuration_fem import FEMConfig
+from .fem_cache import FEMAFTCacheLayer, FEMGLACacheLayer, FEMSoftmaxCacheLayer
 from .free_energy import (
     PreparedMask,
     attend,
@@ -35,174 +36,62 @@ from .free_energy import (
     outer_gate_activation,
     restore_free_energy,
 )
+from .prior_aft import aft_free_energy_read
 from .prior_gla import gla_free_energy_read
 from .outputs import BaseModelOutputWithEnergies, CausalLMOutputWithEnergies, EnergyTrace
 from .time_decay import TimeDecayConditioner
 
 
-class _FEMStateMixin:
-    """Per-sequence states a FEM cache layer keeps besides keys/values (tensors or tuples of tensors, or
-    None), kept in step with beam search and batch edits."""
-
-    state_names: tuple[str, ...] = ()
-
-    def _map_states(self, fn) -> None:
-        for name in self.state_names:
-            state = getattr(self, name)
-            if isinstance(state, tuple):
-                setattr(self, name, tuple(fn(tensor) for tensor in state))
-            elif state is not None:
-                setattr(self, name, fn(state))
-
-    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        super().reorder_cache(beam_idx)
-        self._map_states(lambda state: state.index_select(0, beam_idx.to(state.device)))
-
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        super().batch_repeat_interleave(repeats)
-        self._map_states(lambda state: state.repeat_interleave(repeats, dim=0))
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        super().batch_select_indices(indices)
-        self._map_states(lambda state: state[indices])
-
-    def reset(self) -> None:
-        super().reset()
-        for name in self.state_names:
-            setattr(self, name, None)
-
-    def crop(self, tokens_to_remove: int) -> None:
-        raise NotImplementedError("FEM caches cannot be cropped: their recurrent states cannot be rewound.")
-
-
-class FEMSoftmaxCacheLayer(_FEMStateMixin, DynamicLayer):
-    """Decoding state of one FEM layer with the softmax prior: the prior's keys, the augmented values
-    [v, exp(beta v - M)] of the one-pass read (FEM App. F.4), the shift M, and the time-decay conditioner's
-    O(H_c) state (App. I, Prop. I.1).
-
-    The shift follows the maximum of beta v per channel (with headroom, see `exp_branch`). When it moves,
-    the cached exp values are rescaled by exp(M_old - M_new) (online-softmax style), so cached decoding
-    computes the same read as one full forward while each step only exponentiates its own values. With the
-    default budget (i), [v, exp(beta v)] has the Q/K head width: the value cache has the size of Llama's."""
-
-    _layer_type = fem_layer_type("softmax")
-    is_croppable = False
-    state_names = ("time_decay_state", "exp_shift")
-
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self.time_decay_state: torch.Tensor | None = None
-        self.exp_shift: torch.Tensor | None = None
-
-    def update(self, key_states, value_states, *args, exp_shift: torch.Tensor | None = None, **kwargs):
-        """Append keys and augmented values; ``exp_shift`` is the shift the new exp values were taken at,
-        and the cached exp values are brought to it first when it moved."""
-        if exp_shift is not None:
-            moved = self.exp_shift is not None and self.get_seq_length() > 0 and not torch.equal(exp_shift, self.exp_shift)
-            if moved:
-                half = self.values.shape[-1] // 2
-                rescale = torch.exp(self.exp_shift - exp_shift).to(self.values.dtype)
-                self.values = torch.cat([self.values[..., :half], self.values[..., half:] * rescale], dim=-1)
-            self.exp_shift = exp_shift
-        return super().update(key_states, value_states, *args, **kwargs)
-
-
-class _StateOnlyLayer(CacheLayerMixin):
-    """A cache layer without keys or values: the batch and beam hooks have nothing of their own to move."""
-
-    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        pass
-
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        pass
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        pass
-
-
-class FEMRecurrentCacheLayer(_FEMStateMixin, _StateOnlyLayer):
-    """Fixed-size decoding state of one FEM layer with a recurrent prior (FEM App. H.2-H.4): the prior's
-    state (for GLA the decayed sums of k~ [v, exp(beta v - M), 1] and their shift M), the conditioner's
-    state and the number of tokens seen. Its size does not grow with the sequence."""
-
-    is_croppable = False
-    state_names = ("time_decay_state", "prior_state")
-
-    def __init__(self, **kwargs):
-        super().__init__()
-        self.time_decay_state: torch.Tensor | None = None
-        self.prior_state: tuple[torch.Tensor, ...] | None = None
-        self.seen_tokens = 0
-
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        raise NotImplementedError("recurrent FEM layers hold a state, not keys and values")
-
-    def update(self, key_states, value_states, *args, **kwargs):
-        raise NotImplementedError("recurrent FEM layers hold a state, not keys and values; FEMAttention updates it")
-
-    def advance(self, prior_state: tuple[torch.Tensor, ...], new_tokens: int) -> None:
-        self.prior_state = prior_state
-        self.seen_tokens += new_tokens
-
-    def get_seq_length(self) -> int:
-        return self.seen_tokens
-
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.seen_tokens + query_length, 0
-
-    def get_max_length(self) -> int:
-        return -1
-
-    def reset(self) -> None:
-        super().reset()
-        self.seen_tokens = 0
-
-
-class FEMGLACacheLayer(FEMRecurrentCacheLayer):
-    _layer_type = fem_layer_type("gla")
+# The projections of a FEM layer, in the order the conditioner's modulators are laid out (FEM eq. 34a-d).
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "temperature_proj", "outer_gate_proj", "decay_proj")
+CACHE_LAYERS = {"softmax": FEMSoftmaxCacheLayer, "gla": FEMGLACacheLayer, "aft": FEMAFTCacheLayer}
 
 
 class FEMAttention(nn.Module):
     """The two-level gated Free Energy Mixer in place of attention (FEM eq. 10-11, 34-35).
 
     o_t = g~_t * [(1 - lambda~_t) * E_{p~_t}[v~] + lambda~_t * beta_max^-1 log E_{p~_t}[exp(beta_max v~)]]
-    with the softmax prior p over RoPE'd q, k (H.1), lambda = sigmoid (per channel), g = RMS-normalised
-    softplus, beta_max = softplus per channel, and ~ the time-decay modulation (1 + c) of App. I.2.
+    with lambda = sigmoid (per channel), g = RMS-normalised softplus, beta_max = softplus per channel, ~ the
+    time-decay modulation (1 + c) of App. I.2, and the prior p_t of ``config.prior``: softmax over RoPE'd
+    q, k (H.1), gated linear attention over ReLU(RoPE(q)), ReLU(RoPE(k)) (H.2), or AFT weights exp(k_i)
+    per channel with optional decay (H.3).
     """
 
     def __init__(self, config: FEMConfig, layer_idx: int):
         super().__init__()
         self.config = config
         self.layer_idx = layer_idx
+        self.prior = config.prior
         self.num_heads = config.num_attention_heads
         self.head_dim = config.head_dim
         self.value_head_dim = config.value_head_dim
         qk_width, value_width = self.num_heads * self.head_dim, config.value_width
-        bias = config.attention_bias
-        self.q_proj = nn.Linear(config.hidden_size, qk_width, bias=bias)
-        self.k_proj = nn.Linear(config.hidden_size, qk_width, bias=bias)
-        self.v_proj = nn.Linear(config.hidden_size, value_width, bias=bias)
-        self.o_proj = nn.Linear(value_width, config.hidden_size, bias=bias)
-        self.temperature_proj = (
-            nn.Linear(config.hidden_size, value_width, bias=bias)
-            if config.use_lse and config.use_temperature_gate
-            else None
-        )
-        self.outer_gate_proj = nn.Linear(config.hidden_size, value_width, bias=bias) if config.use_outer_gate else None
-        decay_width = {"head": 1, "channel": self.head_dim}[config.gla_decay] * self.num_heads
-        self.decay_proj = nn.Linear(config.hidden_size, decay_width, bias=True) if config.prior == "gla" else None
+        hidden, bias = config.hidden_size, config.attention_bias
+        if self.prior == "aft":  # per-channel logits, no queries (FEM H.3)
+            self.k_proj = nn.Linear(hidden, value_width, bias=bias)
+        else:
+            self.q_proj = nn.Linear(hidden, qk_width, bias=bias)
+            self.k_proj = nn.Linear(hidden, qk_width, bias=bias)
+        self.v_proj = nn.Linear(hidden, value_width, bias=bias)
+        self.o_proj = nn.Linear(value_width, hidden, bias=bias)
+        if config.use_lse and config.use_temperature_gate:
+            self.temperature_proj = nn.Linear(hidden, value_width, bias=bias)
+        if config.use_outer_gate:
+            self.outer_gate_proj = nn.Linear(hidden, value_width, bias=bias)
+        if self.prior == "gla":
+            per_head = {"head": 1, "channel": self.head_dim}[config.gla_decay]
+            self.decay_proj = nn.Linear(hidden, per_head * self.num_heads, bias=True)
+        elif self.prior == "aft" and config.aft_decay:
+            self.decay_proj = nn.Linear(hidden, value_width, bias=True)
         if config.use_lse:
             self.beta_max_offset = math.log(math.expm1(config.beta_max_init))  # softplus^-1
             self.beta_max_raw = nn.Parameter(torch.zeros(value_width))
-        # The conditioner modulates q, k, v, the gate logits and the prior's decay logits, in the order of
-        # the projections (eq. 34a-d).
-        gates = (self.temperature_proj is not None) + (self.outer_gate_proj is not None)
-        modulated_width = 2 * qk_width + (1 + gates) * value_width + (decay_width if self.decay_proj is not None else 0)
+        self.projection_names = [name for name in PROJECTIONS if hasattr(self, name)]
         self.time_decay = (
             TimeDecayConditioner(
-                config.hidden_size,
+                hidden,
                 config.time_decay_rank,
-                modulated_width,
+                sum(getattr(self, name).out_features for name in self.projection_names),
                 config.time_decay_chunk_size,
                 config.rms_norm_eps,
             )
@@ -226,11 +115,7 @@ class FEMAttention(nn.Module):
     ) -> torch.Tensor:
         batch, length, _ = hidden_states.shape
         cache_layer = self._cache_layer(past_key_values)
-        projections = [self.q_proj(hidden_states), self.k_proj(hidden_states), self.v_proj(hidden_states)]
-        for gate in (self.temperature_proj, self.outer_gate_proj, self.decay_proj):
-            if gate is not None:
-                projections.append(gate(hidden_states))
-
+        projections = [getattr(self, name)(hidden_states) for name in self.projection_names]
         if self.time_decay is not None:
             initial_state = cache_layer.time_decay_state if cache_layer is not None else None
             features, final_state = self._recomputed_in_backward(
@@ -239,23 +124,30 @@ class FEMAttention(nn.Module):
             if cache_layer is not None:
                 cache_layer.time_decay_state = final_state
             projections = self.time_decay.modulate(projections, features)  # p (1 + c), eq. 34
+        projected = dict(zip(self.projection_names, projections))
+        gate_logits = [projected[name] for name in ("temperature_proj", "outer_gate_proj") if name in projected]
+        beta = self.beta_max() if self.config.use_lse else None
 
-        query, key, value = (x.view(batch, length, self.num_heads, -1).transpose(1, 2) for x in projections[:3])
-        cos, sin = position_embeddings
-        query, key = apply_rotary_pos_emb(query, key, cos, sin)
-        gate_logits = projections[3:]
-        beta = beta_to_value_shape(self.beta_max(), value) if self.config.use_lse else None
-        if self.decay_proj is None:
-            read = self._softmax_read(query, key, value, beta, attention_mask, cache_layer, past_key_values)
-            output, mu, f_max, temperature_gate = self._recomputed_in_backward(
-                self._softmax_output, *read, beta, *gate_logits
-            )
+        if self.prior == "aft":
+            mu, f_max = self._aft_read(projected, beta, padding_mask, cache_layer)
+            output, mu, f_max, temperature_gate = self._recomputed_in_backward(self._gated_output, mu, f_max, *gate_logits)
         else:
-            *gate_logits, decay_logits = gate_logits
-            mu, f_max = self._gla_read(query, key, value, beta, decay_logits, padding_mask, cache_layer)
-            output, mu, f_max, temperature_gate = self._recomputed_in_backward(
-                self._gated_output, mu, f_max, *gate_logits
+            query, key, value = (
+                projected[name].view(batch, length, self.num_heads, -1).transpose(1, 2)
+                for name in ("q_proj", "k_proj", "v_proj")
             )
+            query, key = apply_rotary_pos_emb(query, key, *position_embeddings)
+            beta = beta_to_value_shape(beta, value) if beta is not None else None
+            if self.prior == "softmax":
+                read = self._softmax_read(query, key, value, beta, attention_mask, cache_layer, past_key_values)
+                output, mu, f_max, temperature_gate = self._recomputed_in_backward(
+                    self._softmax_output, *read, beta, *gate_logits
+                )
+            else:
+                mu, f_max = self._gla_read(query, key, value, beta, projected["decay_proj"], padding_mask, cache_layer)
+                output, mu, f_max, temperature_gate = self._recomputed_in_backward(
+                    self._gated_output, mu, f_max, *gate_logits
+                )
         if energy_records is not None:
             energy_records.append(self._energy_record(mu, f_max, temperature_gate))
         return self.o_proj(output)
@@ -284,21 +176,46 @@ class FEMAttention(nn.Module):
             f_max = mask.zero_empty_rows(restore_free_energy(read, shifted_partition, shift, beta))
         return self._gated_output(mask.zero_empty_rows(read), f_max, *gate_logits)
 
+    def _log_decay(self, decay_logits: torch.Tensor) -> torch.Tensor:
+        """g = logsigmoid(x W_g) / normaliser <= 0, the priors' input-conditioned decay (FEM H.2, H.3)."""
+        return F.logsigmoid(decay_logits.float()) / self.config.decay_normalizer
+
+    def _recurrent_beta(self, beta, shape):
+        """beta for the recurrent reads; without the LSE branch their f_max is computed at beta = 1 and dropped."""
+        return beta.view(shape) if beta is not None else torch.ones(shape)
+
     def _gla_read(self, query, key, value, beta, decay_logits, padding_mask, cache_layer):
         """The GLA prior's read (FEM H.2) with its streaming state: ``(mu, f_max)``; f_max is None
         without the LSE branch."""
         batch, _, length, _ = query.shape
-        log_decay = F.logsigmoid(decay_logits.float()) / self.config.gla_decay_normalizer
-        log_decay = log_decay.view(batch, length, self.num_heads, -1).transpose(1, 2)
-        read_beta = beta if beta is not None else torch.ones(1, self.num_heads, 1, self.value_head_dim)
+        log_decay = self._log_decay(decay_logits).view(batch, length, self.num_heads, -1).transpose(1, 2)
         state = cache_layer.prior_state if cache_layer is not None else None
         mu, f_max, state = gla_free_energy_read(
-            query, key, value, read_beta, log_decay, padding_mask, state,
-            self.config.prior_chunk_size, self.config.feature_eps,
+            query, key, value, self._recurrent_beta(beta, (1, self.num_heads, 1, self.value_head_dim)),
+            log_decay, padding_mask, state, self.config.prior_chunk_size, self.config.feature_eps,
         )
         if cache_layer is not None:
             cache_layer.advance(state, length)
         return mu, (f_max if beta is not None else None)
+
+    def _aft_read(self, projected, beta, padding_mask, cache_layer):
+        """The AFT prior's read (FEM H.3), per channel on (batch, seq, value_width), returned per head as
+        (batch, heads, seq, value_head_dim) views: ``(mu, f_max)``; f_max is None without the LSE branch."""
+        value = projected["v_proj"]
+        batch, length, width = value.shape
+        log_decay = self._log_decay(projected["decay_proj"]) if "decay_proj" in projected else None
+        state = cache_layer.prior_state if cache_layer is not None else None
+        mu, f_max, state = aft_free_energy_read(
+            projected["k_proj"], value, self._recurrent_beta(beta, (width,)), log_decay, padding_mask, state,
+            self.config.prior_chunk_size,
+        )
+        if cache_layer is not None:
+            cache_layer.advance(state, length)
+
+        def per_head(x):
+            return x.view(batch, length, self.num_heads, self.value_head_dim).transpose(1, 2)
+
+        return per_head(mu), (per_head(f_max) if beta is not None else None)
 
     def _recomputed_in_backward(self, fn, *args):
         """Run ``fn``; when training, keep only its inputs for backward and recompute it there. Used for
@@ -317,9 +234,9 @@ class FEMAttention(nn.Module):
         f_max = f_max.transpose(1, 2) if f_max is not None else None
         gate_logits = iter(gate_logits)
         heads = (batch, length, self.num_heads, self.value_head_dim)
-        temperature_gate = torch.sigmoid(next(gate_logits)).view(heads) if self.temperature_proj is not None else None
+        temperature_gate = torch.sigmoid(next(gate_logits)).view(heads) if hasattr(self, "temperature_proj") else None
         outer_gate = None
-        if self.outer_gate_proj is not None:
+        if hasattr(self, "outer_gate_proj"):
             outer_gate = outer_gate_activation(next(gate_logits).view(heads), self.config.rms_norm_eps)
         output = gated_free_energy(mu, f_max, temperature_gate, outer_gate).reshape(batch, length, -1)
         return output, mu, f_max, temperature_gate
@@ -329,7 +246,7 @@ class FEMAttention(nn.Module):
             return None
         layers = past_key_values.layers
         layer = layers[self.layer_idx] if self.layer_idx < len(layers) else None
-        expected = FEMSoftmaxCacheLayer if self.decay_proj is None else FEMGLACacheLayer
+        expected = CACHE_LAYERS[self.prior]
         if not isinstance(layer, expected):
             raise TypeError(
                 f"FEM layer {self.layer_idx} needs a {expected.__name__} cache layer (it keeps the FEM states); "

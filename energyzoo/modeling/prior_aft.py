@@ -1,0 +1,105 @@
+"""The FEM read under the AFT-style linear-RNN prior (FEM App. H.3, eq. 30-31), chunkwise in PyTorch.
+
+Per value channel e, with logits k_i and an optional input-conditioned decay g_tau <= 0 (LRNN-decay):
+    s_t(i) = exp(k_i + sum_{i<tau<=t} g_tau),   p_t(i) = s_t(i) / sum_{r<=t} s_t(r)
+(LRNN-softmax is g = 0). Values are read as [v, exp(beta v - M), 1] under the same weights, so
+    mu = num_v / den,   f_max = beta^-1 (log(num_exp / den) + M)                 (FEM eq. 6, 9)
+
+Stabilisation ("we stabilize with k_i - max_r k_r", H.3), done online: mu_t, the running maximum of the
+decayed logits k_i + G_t - G_i, obeys mu_t = max(mu_{t-1} + g_t, k_t); inside a chunk it is
+a_t + max(mu_prev, cummax_i(k_i - a_i)) with a the chunk-local cumulative decay. Every weight
+exp(k_i + a_t - a_i - mu_t) and the carry exp(mu_prev + a_t - mu_t) is then <= 1, and cumulative decays
+over the whole sequence are never formed, so nothing overflows or underflows for long sequences. The exp
+branch uses a running per-channel maximum M of beta v, rescaling the state when it grows (online-softmax
+style), exactly as the GLA prior does; prefill, chunked prefill and one-token decoding share the code.
+Padded positions (``valid`` False) get no weight and no decay.
+"""
+
+import torch
+
+from .free_energy import EXP_ARGUMENT_CAP, clip_values_for_exp, restore_free_energy
+
+# Logit given to padded positions: far below any real logit, yet finite so that differences stay defined.
+PADDING_LOGIT = -1e4
+
+
+def aft_free_energy_read(
+    logits: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    log_decay: torch.Tensor | None = None,
+    valid: torch.Tensor | None = None,
+    state: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    chunk_size: int = 16,
+):
+    """FEM read (mu, f_max) under the AFT prior, with the streaming state.
+
+    Args:
+        logits: (batch, seq, channels) the k_i of eq. 30, one per value channel.
+        v: (batch, seq, channels) values; beta: (channels,) inverse temperature.
+        log_decay: (batch, seq, channels) g <= 0 (LRNN-decay), or None for LRNN-softmax.
+        valid: (batch, seq) bool, False at padding; None means all valid.
+        state: ``(N, mu, M)`` from a previous call: N (batch, 3 channels) the weighted sums of
+            [v, exp(beta v - M), 1] normalised by exp(mu); mu (batch, channels) the running log-max;
+            M (batch, channels) the exp shift. None starts empty.
+
+    Returns:
+        ``(mu, f_max, (N, mu, M))``, mu and f_max shaped like v (rows with nothing visible are 0).
+    """
+    batch, length, channels = v.shape
+    out_dtype = v.dtype
+    work = torch.promote_types(v.dtype, torch.float32)
+    beta = beta.to(work)
+    v = clip_values_for_exp(v.to(work), beta)
+    scaled = beta * v
+    logits = logits.to(work)
+    log_decay = torch.zeros_like(v) if log_decay is None else log_decay.to(work)
+    if valid is not None:
+        keep = valid[..., None]
+        logits = logits.masked_fill(~keep, PADDING_LOGIT)
+        log_decay = log_decay * keep
+        scaled_for_max = scaled.masked_fill(~keep, -EXP_ARGUMENT_CAP)
+    else:
+        scaled_for_max = scaled
+    if state is None:
+        sums = v.new_zeros(batch, 3 * channels)
+        log_max = torch.full((batch, channels), float("-inf"), dtype=work, device=v.device)
+        shift = torch.full((batch, channels), -EXP_ARGUMENT_CAP, dtype=work, device=v.device)
+    else:
+        sums, log_max, shift = (tensor.to(work) for tensor in state)
+
+    mus, f_maxes = [], []
+    for start in range(0, length, chunk_size):
+        piece = slice(start, start + chunk_size)
+        size = scaled[:, piece].shape[1]
+        new_shift = torch.maximum(shift, scaled_for_max[:, piece].amax(dim=1))
+        exp_rescale = torch.exp(shift - new_shift)
+        sums = torch.cat([sums[:, :channels], sums[:, channels : 2 * channels] * exp_rescale, sums[:, 2 * channels :]], -1)
+        shift = new_shift
+        streams = torch.cat([v[:, piece], torch.exp(scaled[:, piece] - shift[:, None]), torch.ones_like(v[:, piece])], -1)
+
+        local_decay = log_decay[:, piece].cumsum(dim=1)  # a_t <= 0
+        adjusted = logits[:, piece] - local_decay  # k_i - a_i
+        running = torch.maximum(log_max[:, None], torch.cummax(adjusted, dim=1).values)
+        chunk_log_max = local_decay + running  # mu_t
+        causal = torch.ones(size, size, dtype=torch.bool, device=v.device).tril()[None, :, :, None]
+        exponent = adjusted[:, None, :, :] + (local_decay - chunk_log_max)[:, :, None, :]  # (b, t, i, c)
+        weights = torch.exp(exponent.masked_fill(~causal, float("-inf")))
+        carry = torch.exp(log_max[:, None] + local_decay - chunk_log_max)  # (b, t, c); 0 when nothing seen
+        streams = streams.view(batch, size, 3, channels)  # the three streams share each channel's weights
+        out = torch.einsum("btic,bisc->btsc", weights, streams) + carry[:, :, None] * sums.view(batch, 1, 3, channels)
+        out = out.reshape(batch, size, 3 * channels)
+        sums, log_max = out[:, -1], chunk_log_max[:, -1]
+
+        numerator_v, numerator_exp, denominator = out.split(channels, dim=-1)
+        empty = denominator <= 0
+        if valid is not None:
+            empty = empty | ~valid[:, piece, None]
+        denominator = denominator.masked_fill(empty, 1.0)
+        mu = numerator_v / denominator
+        f_max = restore_free_energy(mu, numerator_exp / denominator, shift[:, None], beta)
+        mus.append(mu.masked_fill(empty, 0.0))
+        f_maxes.append(f_max.masked_fill(empty, 0.0))
+    mu = torch.cat(mus, dim=1).to(out_dtype)
+    f_max = torch.cat(f_maxes, dim=1).to(out_dtype)
+    return mu, f_max, (sums, log_max, shift)
