@@ -20,26 +20,26 @@ def _quickstart(args) -> int:
     return 0
 
 
+def _print_and_save(table: str, result: dict, output: str) -> None:
+    print(table)
+    if output:
+        with open(output, "w") as handle:
+            json.dump(result, handle, indent=2)
+        print(f"saved {output}")
+
+
 def _bench(args) -> int:
     from .eval.speed import BenchSettings, format_scaling_table, format_table, run_fem_vs_llama, run_length_scaling
 
     if args.scaling:
         result = run_length_scaling(args.preset if args.preset != "fem-lm-table5" else "fem-lm-tiny",
                                     priors=tuple(args.priors), repeats=args.repeats, device=args.device)
-        print(format_scaling_table(result))
-        if args.output:
-            with open(args.output, "w") as handle:
-                json.dump(result, handle, indent=2)
-            print(f"saved {args.output}")
+        _print_and_save(format_scaling_table(result), result, args.output)
         return 0
     settings = BenchSettings(preset=args.preset, baseline=args.baseline, batch_size=args.batch_size,
                              seq_len=args.seq_len, repeats=args.repeats, device=args.device, dtype=args.dtype)
     result = run_fem_vs_llama(settings)
-    print(format_table(result))
-    if args.output:
-        with open(args.output, "w") as handle:
-            json.dump(result, handle, indent=2)
-        print(f"saved {args.output}")
+    _print_and_save(format_table(result), result, args.output)
     return 0
 
 

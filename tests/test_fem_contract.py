@@ -72,3 +72,13 @@ class TestFEMAFTContract(TestFEMContract):
 
     def make_config(self, **overrides):
         return super().make_config(**{"prior": "aft", "aft_decay": True, "prior_chunk_size": 4, **overrides})
+
+
+class TestFEMSSMContract(TestFEMContract):
+    """FEM-LM with the SSM prior (FEM H.4): Mamba-style nonnegative impulse response, recurrent cache."""
+
+    lora_target_modules = ["dt_proj", "bc_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    invalid_config_values = TestFEMContract.invalid_config_values + [("ssm_state_size", 0)]
+
+    def make_config(self, **overrides):
+        return super().make_config(**{"prior": "ssm", "ssm_state_size": 4, "prior_chunk_size": 4, **overrides})

@@ -6,7 +6,7 @@ from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
 from transformers.activations import ACT2FN
 
-FEM_PRIORS = ("softmax", "gla", "aft")
+FEM_PRIORS = ("softmax", "gla", "aft", "ssm")
 GLA_DECAY_KINDS = ("head", "channel")
 
 
@@ -31,10 +31,13 @@ class FEMConfig(PreTrainedConfig):
 
     FEM-specific fields:
         prior: selection prior p_t (FEM App. H): "softmax" (H.1, O(T^2)); "gla" (H.2) or "aft" (H.3), O(T)
-            with a fixed-size decoding state. The AFT prior has per-channel logits k (k_proj of the value
-            width) and no queries: the outer gate plays the query's role.
+            with a fixed-size decoding state, or "ssm" (H.4, Mamba-style nonnegative impulse response, O(T)).
+            The AFT prior has per-channel logits k (k_proj of the value width) and the SSM prior its step
+            sizes and input/output matrices (dt_proj, bc_proj); neither has queries: the outer gate plays
+            the query's role.
         gla_decay: GLA decay gate g <= 0 "head" (one per head, default) or "channel" (per key channel).
         aft_decay: add the AFT prior's input-conditioned decay (LRNN-decay, eq. 31); off is LRNN-softmax.
+        ssm_state_size: N, the state size per channel of the SSM prior (16, as in Mamba).
         decay_normalizer: g = logsigmoid(x W_g) / normalizer (16, as in GLA, Yang et al. 2024), so the
             initial per-step decay is about exp(-0.043).
         prior_chunk_size: chunk length of the chunkwise linear-attention form (speed/memory only).
@@ -97,6 +100,7 @@ class FEMConfig(PreTrainedConfig):
     gla_decay: str = "head"
     aft_decay: bool = False
     decay_normalizer: float = 16.0
+    ssm_state_size: int = 16
     prior_chunk_size: int = 64
     feature_eps: float = 1e-6
     layer_types: list[str] | None = None
@@ -140,6 +144,7 @@ class FEMConfig(PreTrainedConfig):
         _require(self.time_decay_chunk_size > 0, "time_decay_chunk_size", "a positive integer", self.time_decay_chunk_size)
         _require(self.gla_decay in GLA_DECAY_KINDS, "gla_decay", f"one of {GLA_DECAY_KINDS}", self.gla_decay)
         _require(self.decay_normalizer > 0, "decay_normalizer", "> 0", self.decay_normalizer)
+        _require(self.ssm_state_size > 0, "ssm_state_size", "a positive integer", self.ssm_state_size)
         _require(self.prior_chunk_size > 0, "prior_chunk_size", "a positive integer", self.prior_chunk_size)
         _require(self.feature_eps > 0, "feature_eps", "> 0", self.feature_eps)
         _require(self.rms_norm_eps > 0, "rms_norm_eps", "> 0", self.rms_norm_eps)

@@ -132,3 +132,7 @@ class FEMGLACacheLayer(FEMRecurrentCacheLayer):
 
 class FEMAFTCacheLayer(FEMRecurrentCacheLayer):
     _layer_type = fem_layer_type("aft")
+
+
+class FEMSSMCacheLayer(FEMRecurrentCacheLayer):
+    _layer_type = fem_layer_type("ssm")

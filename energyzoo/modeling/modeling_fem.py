@@ -26,7 +26,7 @@ from transformers.models.llama.modeling_llama import (
 from transformers.utils.output_capturing import capture_outputs
 
 from .configuration_fem import FEMConfig
-from .fem_cache import FEMAFTCacheLayer, FEMGLACacheLayer, FEMSoftmaxCacheLayer
+from .fem_cache import FEMAFTCacheLayer, FEMGLACacheLayer, FEMSoftmaxCacheLayer, FEMSSMCacheLayer
 from .free_energy import (
     PreparedMask,
     attend,
@@ -38,13 +38,15 @@ from .free_energy import (
 )
 from .prior_aft import aft_free_energy_read
 from .prior_gla import gla_free_energy_read
+from .prior_ssm import ssm_free_energy_read
 from .outputs import BaseModelOutputWithEnergies, CausalLMOutputWithEnergies, EnergyTrace
 from .time_decay import TimeDecayConditioner
 
 
 # The projections of a FEM layer, in the order the conditioner's modulators are laid out (FEM eq. 34a-d).
-PROJECTIONS = ("q_proj", "k_proj", "v_proj", "temperature_proj", "outer_gate_proj", "decay_proj")
-CACHE_LAYERS = {"softmax": FEMSoftmaxCacheLayer, "gla": FEMGLACacheLayer, "aft": FEMAFTCacheLayer}
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "temperature_proj", "outer_gate_proj", "decay_proj", "dt_proj", "bc_proj")
+CACHE_LAYERS = {"softmax": FEMSoftmaxCacheLayer, "gla": FEMGLACacheLayer, "aft": FEMAFTCacheLayer, "ssm": FEMSSMCacheLayer}
+SSM_INITIAL_STEP = 0.01  # Delta at initialisation (the middle of Mamba's [0.001, 0.1])
 
 
 class FEMAttention(nn.Module):
@@ -53,8 +55,8 @@ class FEMAttention(nn.Module):
     o_t = g~_t * [(1 - lambda~_t) * E_{p~_t}[v~] + lambda~_t * beta_max^-1 log E_{p~_t}[exp(beta_max v~)]]
     with lambda = sigmoid (per channel), g = RMS-normalised softplus, beta_max = softplus per channel, ~ the
     time-decay modulation (1 + c) of App. I.2, and the prior p_t of ``config.prior``: softmax over RoPE'd
-    q, k (H.1), gated linear attention over ReLU(RoPE(q)), ReLU(RoPE(k)) (H.2), or AFT weights exp(k_i)
-    per channel with optional decay (H.3).
+    q, k (H.1), gated linear attention over ReLU(RoPE(q)), ReLU(RoPE(k)) (H.2), AFT weights exp(k_i)
+    per channel with optional decay (H.3), or a nonnegative SSM impulse response per channel (H.4).
     """
 
     def __init__(self, config: FEMConfig, layer_idx: int):
@@ -69,6 +71,12 @@ class FEMAttention(nn.Module):
         hidden, bias = config.hidden_size, config.attention_bias
         if self.prior == "aft":  # per-channel logits, no queries (FEM H.3)
             self.k_proj = nn.Linear(hidden, value_width, bias=bias)
+        elif self.prior == "ssm":  # Delta, B, C from the token; a, D per channel (FEM H.4)
+            self.dt_proj = nn.Linear(hidden, value_width, bias=False)
+            self.bc_proj = nn.Linear(hidden, 2 * config.ssm_state_size, bias=False)
+            self.dt_bias = nn.Parameter(torch.full((value_width,), math.log(math.expm1(SSM_INITIAL_STEP))))
+            self.ssm_generator_raw = nn.Parameter(torch.zeros(value_width))
+            self.ssm_skip_raw = nn.Parameter(torch.zeros(value_width))
         else:
             self.q_proj = nn.Linear(hidden, qk_width, bias=bias)
             self.k_proj = nn.Linear(hidden, qk_width, bias=bias)
@@ -128,8 +136,8 @@ class FEMAttention(nn.Module):
         gate_logits = [projected[name] for name in ("temperature_proj", "outer_gate_proj") if name in projected]
         beta = self.beta_max() if self.config.use_lse else None
 
-        if self.prior == "aft":
-            mu, f_max = self._aft_read(projected, beta, padding_mask, cache_layer)
+        if self.prior in ("aft", "ssm"):
+            mu, f_max = self._channel_prior_read(projected, beta, padding_mask, cache_layer)
             output, mu, f_max, temperature_gate = self._recomputed_in_backward(self._gated_output, mu, f_max, *gate_logits)
         else:
             query, key, value = (
@@ -198,17 +206,27 @@ class FEMAttention(nn.Module):
             cache_layer.advance(state, length)
         return mu, (f_max if beta is not None else None)
 
-    def _aft_read(self, projected, beta, padding_mask, cache_layer):
-        """The AFT prior's read (FEM H.3), per channel on (batch, seq, value_width), returned per head as
-        (batch, heads, seq, value_head_dim) views: ``(mu, f_max)``; f_max is None without the LSE branch."""
+    def _channel_prior_read(self, projected, beta, padding_mask, cache_layer):
+        """The per-channel recurrent priors' read, AFT (FEM H.3) or SSM (H.4), on (batch, seq, value_width),
+        returned per head as (batch, heads, seq, value_head_dim) views: ``(mu, f_max)``; f_max is None
+        without the LSE branch."""
         value = projected["v_proj"]
         batch, length, width = value.shape
-        log_decay = self._log_decay(projected["decay_proj"]) if "decay_proj" in projected else None
+        read_beta = self._recurrent_beta(beta, (width,))
         state = cache_layer.prior_state if cache_layer is not None else None
-        mu, f_max, state = aft_free_energy_read(
-            projected["k_proj"], value, self._recurrent_beta(beta, (width,)), log_decay, padding_mask, state,
-            self.config.prior_chunk_size,
-        )
+        chunk_size = self.config.prior_chunk_size
+        if self.prior == "aft":
+            log_decay = self._log_decay(projected["decay_proj"]) if "decay_proj" in projected else None
+            mu, f_max, state = aft_free_energy_read(
+                projected["k_proj"], value, read_beta, log_decay, padding_mask, state, chunk_size
+            )
+        else:
+            delta = F.softplus(projected["dt_proj"].float() + self.dt_bias)
+            input_matrix, output_matrix = F.softplus(projected["bc_proj"].float()).chunk(2, dim=-1)
+            mu, f_max, state = ssm_free_energy_read(
+                value, read_beta, delta, -F.softplus(self.ssm_generator_raw), input_matrix, output_matrix,
+                F.softplus(self.ssm_skip_raw), padding_mask, state, chunk_size,
+            )
         if cache_layer is not None:
             cache_layer.advance(state, length)
 
@@ -292,10 +310,15 @@ class FEMPreTrainedModel(PreTrainedModel):
 
     def _init_weights(self, module):
         """N(0, 0.02) linear maps and embeddings, zero biases (FEM App. K); beta_max's raw parameter at 0
-        (App. K); the conditioner's output map at 0 so every modulator starts at 1."""
+        (App. K); the conditioner's output map at 0 so every modulator starts at 1; the SSM prior's a and D
+        at -softplus(0) and softplus(0), its step sizes at Delta = 0.01 (Mamba's range)."""
         super()._init_weights(module)
-        if isinstance(module, FEMAttention) and hasattr(module, "beta_max_raw"):
-            init.zeros_(module.beta_max_raw)
+        if isinstance(module, FEMAttention):
+            for name in ("beta_max_raw", "ssm_generator_raw", "ssm_skip_raw"):
+                if hasattr(module, name):
+                    init.zeros_(getattr(module, name))
+            if hasattr(module, "dt_bias"):
+                init.constant_(module.dt_bias, math.log(math.expm1(SSM_INITIAL_STEP)))
         elif isinstance(module, TimeDecayConditioner):
             init.zeros_(module.out_proj)
 

@@ -1,0 +1,108 @@
+"""The FEM read under a nonnegative impulse-response SSM prior (FEM App. H.4, eq. 32), chunkwise.
+
+Per value channel e, a selective (Mamba-style) state space model with state size N:
+    h_t = exp(Delta_t a) h_{t-1} + Delta_t B_t u_t,   y_t = C_t . h_t + D u_t
+with Delta_t = softplus(.) > 0 (per channel), B_t, C_t = softplus(.) >= 0 (per token, shared by the
+channels), a = -softplus(.) < 0 and D = softplus(.) >= 0 (per channel): "softplus for (Delta, B, C, D) and
+negative-softplus for the diagonal generator" (H.4). Its impulse response is nonnegative,
+    s_t(i) = exp(sum_{i<tau<=t} Delta_tau a) (C_t . B_i) Delta_i + D 1{i = t}  >= 0,
+and the prior is p_t(i) = s_t(i) / sum_r s_t(r), the denominator being the same scan over a ones stream.
+Values are read as [v, exp(beta v - M), 1] under it in one pass (FEM eq. 6, 9).
+
+Choice: the generator is one scalar per channel (A = a I_N, as in Mamba-2) rather than Mamba-1's
+per-(channel, state) diagonal; the decay then does not depend on the state index and the chunkwise form
+needs an (L x L x channels) weight per chunk instead of one per state dimension. ``N`` is configurable.
+
+Chunkwise form: inside a chunk exp(G_t - G_i) with G the chunk-local cumulative log decay (<= 0); across
+chunks a state (channels x N x 3 streams) carried by a loop over chunks with factors exp(G) <= 1. The exp
+branch keeps a running per-channel maximum M, rescaling the state when it grows (online-softmax style),
+so prefill, chunked prefill and one-token decoding share the code and agree. Padded positions
+(``valid`` False) neither enter the state nor decay it.
+"""
+
+import torch
+
+from .free_energy import EXP_ARGUMENT_CAP, clip_values_for_exp, restore_free_energy
+
+
+def ssm_free_energy_read(
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    delta: torch.Tensor,
+    generator: torch.Tensor,
+    input_matrix: torch.Tensor,
+    output_matrix: torch.Tensor,
+    skip: torch.Tensor,
+    valid: torch.Tensor | None = None,
+    state: tuple[torch.Tensor, torch.Tensor] | None = None,
+    chunk_size: int = 16,
+):
+    """FEM read (mu, f_max) under the SSM prior, with the streaming state.
+
+    Args:
+        v: (batch, seq, channels) values; beta: (channels,) inverse temperature.
+        delta: (batch, seq, channels) step sizes Delta > 0; generator: (channels,) a < 0.
+        input_matrix, output_matrix: (batch, seq, N) B_t and C_t, >= 0; skip: (channels,) D >= 0.
+        valid: (batch, seq) bool, False at padding; None means all valid.
+        state: ``(h, M)`` from a previous call: h (batch, channels, N, 3) the states of the streams
+            [v, exp(beta v - M), 1]; M (batch, channels) the exp shift. None starts empty.
+
+    Returns:
+        ``(mu, f_max, (h, M))``, mu and f_max shaped like v (rows with nothing visible are 0).
+    """
+    batch, length, channels = v.shape
+    out_dtype = v.dtype
+    work = torch.promote_types(v.dtype, torch.float32)
+    beta, generator, skip = beta.to(work), generator.to(work), skip.to(work)
+    v = clip_values_for_exp(v.to(work), beta)
+    scaled = beta * v
+    delta, input_matrix, output_matrix = delta.to(work), input_matrix.to(work), output_matrix.to(work)
+    if valid is not None:
+        keep = valid[..., None]
+        delta = delta * keep  # no decay and no input at padding
+        scaled_for_max = scaled.masked_fill(~keep, -EXP_ARGUMENT_CAP)
+    else:
+        scaled_for_max = scaled
+    log_decay = delta * generator  # (b, t, c) <= 0
+    if state is None:
+        hidden = v.new_zeros(batch, channels, input_matrix.shape[-1], 3)
+        shift = torch.full((batch, channels), -EXP_ARGUMENT_CAP, dtype=work, device=v.device)
+    else:
+        hidden, shift = (tensor.to(work) for tensor in state)
+
+    mus, f_maxes = [], []
+    for start in range(0, length, chunk_size):
+        piece = slice(start, start + chunk_size)
+        size = v[:, piece].shape[1]
+        new_shift = torch.maximum(shift, scaled_for_max[:, piece].amax(dim=1))
+        rescale = torch.stack([torch.ones_like(shift), torch.exp(shift - new_shift), torch.ones_like(shift)], -1)
+        hidden = hidden * rescale[:, :, None, :]
+        shift = new_shift
+        streams = torch.stack([v[:, piece], torch.exp(scaled[:, piece] - shift[:, None]), torch.ones_like(v[:, piece])], 2)
+        if valid is not None:
+            streams = streams * valid[:, piece, None, None]  # (b, t, 3, c)
+
+        cumulative = log_decay[:, piece].cumsum(dim=1)  # G_t, (b, t, c)
+        causal = torch.ones(size, size, dtype=torch.bool, device=v.device).tril()[None, :, :, None]
+        decay = torch.exp((cumulative[:, :, None] - cumulative[:, None]).masked_fill(~causal, float("-inf")))
+        contraction = output_matrix[:, piece] @ input_matrix[:, piece].transpose(1, 2)  # C_t . B_i, (b, t, i)
+        weights = decay * contraction[..., None] * delta[:, None, piece]  # (b, t, i, c)
+        out = torch.einsum("btic,bisc->btsc", weights, streams) + skip * streams
+        out = out + torch.einsum("btn,btc,bcns->btsc", output_matrix[:, piece], torch.exp(cumulative), hidden)
+        to_end = torch.exp(cumulative[:, -1:] - cumulative) * delta[:, piece]  # (b, i, c)
+        hidden = torch.exp(cumulative[:, -1])[:, :, None, None] * hidden + torch.einsum(
+            "bic,bin,bisc->bcns", to_end, input_matrix[:, piece], streams
+        )
+
+        numerator_v, numerator_exp, denominator = out.unbind(dim=2)
+        empty = denominator <= 0
+        if valid is not None:
+            empty = empty | ~valid[:, piece, None]
+        denominator = denominator.masked_fill(empty, 1.0)
+        mu = numerator_v / denominator
+        f_max = restore_free_energy(mu, numerator_exp / denominator, shift[:, None], beta)
+        mus.append(mu.masked_fill(empty, 0.0))
+        f_maxes.append(f_max.masked_fill(empty, 0.0))
+    mu = torch.cat(mus, dim=1).to(out_dtype)
+    f_max = torch.cat(f_maxes, dim=1).to(out_dtype)
+    return mu, f_max, (hidden, shift)
