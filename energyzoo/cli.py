@@ -64,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--output", default="bench.json", help="JSON file for the results ('' to skip)")
     bench.add_argument("--scaling", action="store_true",
                        help="instead: forward time at T=1024 vs T=4096 per prior (default preset fem-lm-tiny)")
-    bench.add_argument("--priors", nargs="+", default=["softmax", "gla"], help="priors for --scaling")
+    bench.add_argument("--priors", nargs="+", default=["softmax", "gla", "aft", "ssm"], help="priors for --scaling")
     bench.set_defaults(run=_bench)
     return parser
 

@@ -156,3 +156,17 @@ def test_cached_exp_shift_moves_only_past_its_headroom_and_rescales_exactly():
     assert (moved_end > moved_start).any()
     torch.testing.assert_close(kept_logits, full, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(moved_logits, full, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("prior", ["gla", "aft", "ssm"])
+def test_recurrent_decoding_state_does_not_grow_with_the_sequence(prior):
+    model = tiny_fem(prior=prior, max_position_embeddings=2048)
+
+    def state_bytes(length):
+        with torch.no_grad():
+            cache = model(torch.randint(3, 97, (1, length)), use_cache=True).past_key_values
+        assert cache.get_seq_length() == length
+        tensors = [t for layer in cache.layers for t in (*layer.prior_state, layer.time_decay_state)]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    assert state_bytes(16) == state_bytes(1024) > 0

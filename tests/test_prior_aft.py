@@ -7,6 +7,8 @@ from energyzoo import FEMConfig
 from energyzoo.modeling.modeling_fem import FEMAttention
 from energyzoo.modeling.prior_aft import aft_free_energy_read
 
+from streaming import assert_streaming_agrees
+
 
 def reference(logits, v, beta, log_decay):
     """p_t(i) ∝ exp(k_i + sum_{i<tau<=t} g_tau) per channel, i <= t, built explicitly."""
@@ -41,16 +43,12 @@ def test_aft_read_matches_float64_reference(decay, chunk):
 
 def test_prefill_chunked_prefill_and_token_steps_agree():
     logits, v, beta, log_decay = case(1, length=40)
-    full_mu, full_f, _ = aft_free_energy_read(logits, v, beta, log_decay, chunk_size=8)
-    for bounds in (((0, 13), (13, 14), (14, 31), (31, 40)), tuple((t, t + 1) for t in range(40))):
-        state, mus, fs = None, [], []
-        for start, stop in bounds:
-            mu, f_max, state = aft_free_energy_read(logits[:, start:stop], v[:, start:stop], beta,
-                                                    log_decay[:, start:stop], state=state, chunk_size=8)
-            mus.append(mu)
-            fs.append(f_max)
-        torch.testing.assert_close(torch.cat(mus, 1), full_mu, rtol=1e-4, atol=1e-4)
-        torch.testing.assert_close(torch.cat(fs, 1), full_f, rtol=1e-4, atol=1e-4)
+
+    def read(start, stop, state):
+        piece = slice(start, stop)
+        return aft_free_energy_read(logits[:, piece], v[:, piece], beta, log_decay[:, piece], state=state, chunk_size=8)
+
+    assert_streaming_agrees(read, 40, time_dim=1)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

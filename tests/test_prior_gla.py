@@ -3,7 +3,6 @@
 import pytest
 import torch
 
-from energyzoo import FEMConfig, FEMForCausalLM
 from energyzoo.modeling.prior_gla import gla_free_energy_read
 
 
@@ -97,18 +96,3 @@ def test_padding_neither_enters_nor_changes_the_state():
     torch.testing.assert_close(mu[0, :, 4:], alone_mu[0])
     torch.testing.assert_close(f_max[0, :, 4:], alone_f[0])
     assert (mu[0, :, :4] == 0).all() and (f_max[0, :, :4] == 0).all()
-
-
-def test_decoding_state_does_not_grow_with_the_sequence():
-    config = FEMConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                       time_decay_rank=4, prior="gla", max_position_embeddings=2048)
-    model = FEMForCausalLM(config).eval()
-
-    def state_bytes(length):
-        with torch.no_grad():
-            cache = model(torch.randint(0, 97, (1, length)), use_cache=True).past_key_values
-        tensors = [t for layer in cache.layers for t in (*layer.prior_state, layer.time_decay_state)]
-        assert cache.get_seq_length() == length
-        return sum(t.numel() * t.element_size() for t in tensors)
-
-    assert state_bytes(16) == state_bytes(1024) > 0

@@ -6,6 +6,8 @@ import torch.nn.functional as F
 
 from energyzoo.modeling.prior_ssm import ssm_free_energy_read
 
+from streaming import assert_streaming_agrees
+
 
 def reference(v, beta, delta, generator, input_matrix, output_matrix, skip):
     """s_t(i) = exp(sum_{i<tau<=t} Delta_tau a) (C_t . B_i) Delta_i + D 1{i=t}, built explicitly."""
@@ -47,17 +49,13 @@ def test_ssm_read_matches_float64_reference(chunk):
 
 def test_prefill_chunked_prefill_and_token_steps_agree():
     v, beta, delta, generator, input_matrix, output_matrix, skip = case(1, length=40)
-    full_mu, full_f, _ = ssm_free_energy_read(v, beta, delta, generator, input_matrix, output_matrix, skip, chunk_size=8)
-    for bounds in (((0, 13), (13, 14), (14, 31), (31, 40)), tuple((t, t + 1) for t in range(40))):
-        state, mus, fs = None, [], []
-        for start, stop in bounds:
-            piece = slice(start, stop)
-            mu, f_max, state = ssm_free_energy_read(v[:, piece], beta, delta[:, piece], generator, input_matrix[:, piece],
-                                                    output_matrix[:, piece], skip, state=state, chunk_size=8)
-            mus.append(mu)
-            fs.append(f_max)
-        torch.testing.assert_close(torch.cat(mus, 1), full_mu, rtol=1e-4, atol=1e-4)
-        torch.testing.assert_close(torch.cat(fs, 1), full_f, rtol=1e-4, atol=1e-4)
+
+    def read(start, stop, state):
+        piece = slice(start, stop)
+        return ssm_free_energy_read(v[:, piece], beta, delta[:, piece], generator, input_matrix[:, piece],
+                                    output_matrix[:, piece], skip, state=state, chunk_size=8)
+
+    assert_streaming_agrees(read, 40, time_dim=1)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -213,10 +213,10 @@ def format_table(result: dict) -> str:
 
 def run_length_scaling(
     preset: str = "fem-lm-tiny",
-    priors: tuple[str, ...] = ("softmax", "gla"),
+    priors: tuple[str, ...] = ("softmax", "gla", "aft", "ssm"),
     lengths: tuple[int, int] = (1024, 4096),
     repeats: int = 5,
-    batch_size: int = 1,
+    batch_size: int = 2,
     device: str = "cpu",
 ) -> dict:
     """Forward time of the base model (no LM head, whose cost is linear in T for every prior) at two

@@ -150,6 +150,17 @@ def restore_free_energy(mu: torch.Tensor, shifted_partition: torch.Tensor, shift
     return torch.maximum(f_max, mu.to(work_dtype)).to(mu.dtype)  # Jensen: fixes rounding only
 
 
+def normalized_free_energy(numerator_v, numerator_exp, denominator, shift, beta, empty=None):
+    """(mu, f_max) of a recurrent prior from its three read streams [v, exp(beta v - M), 1]: the ones
+    stream is the normaliser (FEM eq. 29, Prop. 2.9), mu = num_v / den, f_max from num_exp / den. Rows
+    with a zero denominator (nothing visible) or marked ``empty`` give 0."""
+    empty = denominator <= 0 if empty is None else (denominator <= 0) | empty
+    denominator = denominator.masked_fill(empty, 1.0)
+    mu = numerator_v / denominator
+    f_max = restore_free_energy(mu, numerator_exp / denominator, shift, beta)
+    return mu.masked_fill(empty, 0.0), f_max.masked_fill(empty, 0.0)
+
+
 def softmax_prior_read(
     q: torch.Tensor,
     k: torch.Tensor,

@@ -17,7 +17,7 @@ Padded positions (``valid`` False) get no weight and no decay.
 
 import torch
 
-from .free_energy import EXP_ARGUMENT_CAP, clip_values_for_exp, restore_free_energy
+from .free_energy import EXP_ARGUMENT_CAP, clip_values_for_exp, normalized_free_energy
 
 # Logit given to padded positions: far below any real logit, yet finite so that differences stay defined.
 PADDING_LOGIT = -1e4
@@ -91,15 +91,10 @@ def aft_free_energy_read(
         out = out.reshape(batch, size, 3 * channels)
         sums, log_max = out[:, -1], chunk_log_max[:, -1]
 
-        numerator_v, numerator_exp, denominator = out.split(channels, dim=-1)
-        empty = denominator <= 0
-        if valid is not None:
-            empty = empty | ~valid[:, piece, None]
-        denominator = denominator.masked_fill(empty, 1.0)
-        mu = numerator_v / denominator
-        f_max = restore_free_energy(mu, numerator_exp / denominator, shift[:, None], beta)
-        mus.append(mu.masked_fill(empty, 0.0))
-        f_maxes.append(f_max.masked_fill(empty, 0.0))
+        empty = None if valid is None else ~valid[:, piece, None]
+        mu, f_max = normalized_free_energy(*out.split(channels, dim=-1), shift[:, None], beta, empty)
+        mus.append(mu)
+        f_maxes.append(f_max)
     mu = torch.cat(mus, dim=1).to(out_dtype)
     f_max = torch.cat(f_maxes, dim=1).to(out_dtype)
     return mu, f_max, (sums, log_max, shift)

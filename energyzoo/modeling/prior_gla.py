@@ -21,7 +21,7 @@ False) get k~ = 0 and no decay: they neither enter nor change the state.
 import torch
 import torch.nn.functional as F
 
-from .free_energy import EXP_ARGUMENT_CAP, clip_values_for_exp, restore_free_energy
+from .free_energy import EXP_ARGUMENT_CAP, clip_values_for_exp, normalized_free_energy
 
 
 def gla_features(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -108,13 +108,9 @@ def gla_free_energy_read(
         out, num_state = _linear_attention_chunk(
             q_features[:, :, piece], k_features[:, :, piece], values, log_decay[:, :, piece], num_state
         )
-        numerator_v, numerator_exp, denominator = out.split([v_dim, v_dim, 1], dim=-1)
-        empty = denominator <= 0
-        denominator = denominator.masked_fill(empty, 1.0)
-        mu = numerator_v / denominator
-        f_max = restore_free_energy(mu, numerator_exp / denominator, shift, beta)
-        mus.append(mu.masked_fill(empty, 0.0))
-        f_maxes.append(f_max.masked_fill(empty, 0.0))
+        mu, f_max = normalized_free_energy(*out.split([v_dim, v_dim, 1], dim=-1), shift, beta)
+        mus.append(mu)
+        f_maxes.append(f_max)
     mu = torch.cat(mus, dim=2).to(out_dtype)
     f_max = torch.cat(f_maxes, dim=2).to(out_dtype)
     return mu, f_max, (num_state, shift)

@@ -22,7 +22,7 @@ so prefill, chunked prefill and one-token decoding share the code and agree. Pad
 
 import torch
 
-from .free_energy import EXP_ARGUMENT_CAP, clip_values_for_exp, restore_free_energy
+from .free_energy import EXP_ARGUMENT_CAP, clip_values_for_exp, normalized_free_energy
 
 
 def ssm_free_energy_read(
@@ -94,15 +94,10 @@ def ssm_free_energy_read(
             "bic,bin,bisc->bcns", to_end, input_matrix[:, piece], streams
         )
 
-        numerator_v, numerator_exp, denominator = out.unbind(dim=2)
-        empty = denominator <= 0
-        if valid is not None:
-            empty = empty | ~valid[:, piece, None]
-        denominator = denominator.masked_fill(empty, 1.0)
-        mu = numerator_v / denominator
-        f_max = restore_free_energy(mu, numerator_exp / denominator, shift[:, None], beta)
-        mus.append(mu.masked_fill(empty, 0.0))
-        f_maxes.append(f_max.masked_fill(empty, 0.0))
+        empty = None if valid is None else ~valid[:, piece, None]
+        mu, f_max = normalized_free_energy(*out.unbind(dim=2), shift[:, None], beta, empty)
+        mus.append(mu)
+        f_maxes.append(f_max)
     mu = torch.cat(mus, dim=1).to(out_dtype)
     f_max = torch.cat(f_maxes, dim=1).to(out_dtype)
     return mu, f_max, (hidden, shift)
