@@ -136,26 +136,26 @@ class FEMAttention(nn.Module):
         gate_logits = [projected[name] for name in ("temperature_proj", "outer_gate_proj") if name in projected]
         beta = self.beta_max() if self.config.use_lse else None
 
-        if self.prior in ("aft", "ssm"):
-            mu, f_max = self._channel_prior_read(projected, beta, padding_mask, cache_layer)
-            output, mu, f_max, temperature_gate = self._recomputed_in_backward(self._gated_output, mu, f_max, *gate_logits)
-        else:
+        if self.prior in ("softmax", "gla"):  # the priors with queries and keys, rotated by RoPE
             query, key, value = (
                 projected[name].view(batch, length, self.num_heads, -1).transpose(1, 2)
                 for name in ("q_proj", "k_proj", "v_proj")
             )
             query, key = apply_rotary_pos_emb(query, key, *position_embeddings)
             beta = beta_to_value_shape(beta, value) if beta is not None else None
-            if self.prior == "softmax":
-                read = self._softmax_read(query, key, value, beta, attention_mask, cache_layer, past_key_values)
-                output, mu, f_max, temperature_gate = self._recomputed_in_backward(
-                    self._softmax_output, *read, beta, *gate_logits
-                )
-            else:
+        if self.prior == "softmax":
+            read = self._softmax_read(query, key, value, beta, attention_mask, cache_layer, past_key_values)
+            output, mu, f_max, temperature_gate = self._recomputed_in_backward(
+                self._softmax_output, *read, beta, *gate_logits
+            )
+        else:
+            if self.prior == "gla":
                 mu, f_max = self._gla_read(query, key, value, beta, projected["decay_proj"], padding_mask, cache_layer)
-                output, mu, f_max, temperature_gate = self._recomputed_in_backward(
-                    self._gated_output, mu, f_max, *gate_logits
-                )
+            else:
+                mu, f_max = self._channel_prior_read(projected, beta, padding_mask, cache_layer)
+            output, mu, f_max, temperature_gate = self._recomputed_in_backward(
+                self._gated_output, mu, f_max, *gate_logits
+            )
         if energy_records is not None:
             energy_records.append(self._energy_record(mu, f_max, temperature_gate))
         return self.o_proj(output)
@@ -190,7 +190,7 @@ class FEMAttention(nn.Module):
 
     def _recurrent_beta(self, beta, shape):
         """beta for the recurrent reads; without the LSE branch their f_max is computed at beta = 1 and dropped."""
-        return beta.view(shape) if beta is not None else torch.ones(shape)
+        return beta.view(shape) if beta is not None else torch.ones(shape, device=self.v_proj.weight.device)
 
     def _gla_read(self, query, key, value, beta, decay_logits, padding_mask, cache_layer):
         """The GLA prior's read (FEM H.2) with its streaming state: ``(mu, f_max)``; f_max is None
