@@ -2,7 +2,6 @@
 
 import json
 
-import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from energyzoo.cli import main
