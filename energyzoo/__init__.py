@@ -5,7 +5,17 @@ Importing the package registers every architecture with AutoConfig / AutoModel /
 
 from .modeling.configuration_fem import FEMConfig
 from .modeling.modeling_fem import FEMForCausalLM, FEMModel, FEMPreTrainedModel
+from .modeling.configuration_tel import TELGPT2Config, TELResNetConfig, TELViTConfig
+from .modeling.modeling_tel import (
+    TELGPT2LMHeadModel,
+    TELGPT2Model,
+    TELResNetForImageClassification,
+    TELResNetModel,
+    TELViTForImageClassification,
+    TELViTModel,
+)
 from .modeling.outputs import EnergyTrace
+from .modeling.tel import EquilibriumRefinement, TELSettings, ThermodynamicEquilibriumLayer
 from .presets import config_from_preset, model_from_preset, preset_card, preset_names
 from .registry import register_all
 
@@ -18,6 +28,18 @@ __all__ = [
     "FEMForCausalLM",
     "FEMModel",
     "FEMPreTrainedModel",
+    "EquilibriumRefinement",
+    "TELGPT2Config",
+    "TELGPT2LMHeadModel",
+    "TELGPT2Model",
+    "TELResNetConfig",
+    "TELResNetForImageClassification",
+    "TELResNetModel",
+    "TELSettings",
+    "TELViTConfig",
+    "TELViTForImageClassification",
+    "TELViTModel",
+    "ThermodynamicEquilibriumLayer",
     "config_from_preset",
     "model_from_preset",
     "preset_card",

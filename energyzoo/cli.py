@@ -1,4 +1,4 @@
-"""The `energyzoo` command: `energyzoo quickstart | bench`."""
+"""The `energyzoo` command: `energyzoo quickstart | bench | reproduce`."""
 
 import argparse
 import json
@@ -29,8 +29,21 @@ def _print_and_save(table: str, result: dict, output: str) -> None:
 
 
 def _bench(args) -> int:
-    from .eval.speed import BenchSettings, format_scaling_table, format_table, run_fem_vs_llama, run_length_scaling
+    from .eval.speed import (
+        BenchSettings,
+        format_scaling_table,
+        format_table,
+        format_tel_table,
+        run_fem_vs_llama,
+        run_length_scaling,
+        run_tel_vs_vanilla,
+    )
 
+    if args.tel:
+        result = run_tel_vs_vanilla(batch_size=args.batch_size, seq_len=args.seq_len, repeats=args.repeats,
+                                    device=args.device)
+        _print_and_save(format_tel_table(result), result, args.output)
+        return 0
     if args.scaling:
         result = run_length_scaling(args.preset if args.preset != "fem-lm-table5" else "fem-lm-tiny",
                                     priors=tuple(args.priors), repeats=args.repeats, device=args.device)
@@ -40,6 +53,18 @@ def _bench(args) -> int:
                              seq_len=args.seq_len, repeats=args.repeats, device=args.device, dtype=args.dtype)
     result = run_fem_vs_llama(settings)
     _print_and_save(format_table(result), result, args.output)
+    return 0
+
+
+def _reproduce(args) -> int:
+    from .eval.tel_stage1 import StageOneSettings, format_markdown, run_stage_one, write_report
+
+    settings = StageOneSettings(datasets=tuple(args.datasets), widths=tuple(args.widths), seeds=args.seeds,
+                                epochs=args.epochs)
+    report = run_stage_one(settings)
+    paths = write_report(report, args.output_dir)
+    print(format_markdown(report))
+    print(f"\n{report['seconds']:.0f} s; wrote " + ", ".join(str(path) for path in paths.values()))
     return 0
 
 
@@ -65,7 +90,20 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--scaling", action="store_true",
                        help="instead: forward time at T=1024 vs T=4096 per prior (default preset fem-lm-tiny)")
     bench.add_argument("--priors", nargs="+", default=["softmax", "gla", "aft", "ssm"], help="priors for --scaling")
+    bench.add_argument("--tel", action="store_true",
+                       help="instead: TEL-head and TEL-full GPT-2 (124M) vs GPT-2 forward time (e.g. --batch-size 2"
+                            " --seq-len 512)")
     bench.set_defaults(run=_bench)
+
+    reproduce = commands.add_parser("reproduce", help="a CPU-scale rerun of a paper experiment, with a report")
+    reproduce.add_argument("experiment", choices=["tel-stage1"],
+                           help="tel-stage1: tel.txt Stage I, Linear vs MLP vs TEL at matched width")
+    reproduce.add_argument("--output-dir", default="runs/tel-stage1")
+    reproduce.add_argument("--datasets", nargs="+", default=["digits", "wine", "diabetes", "swiss_roll", "s_curve"])
+    reproduce.add_argument("--widths", nargs="+", type=int, default=[16, 64, 256])
+    reproduce.add_argument("--seeds", type=int, default=5)
+    reproduce.add_argument("--epochs", type=int, default=60)
+    reproduce.set_defaults(run=_reproduce)
     return parser
 
 

@@ -3,15 +3,18 @@
     >>> from energyzoo import config_from_preset, model_from_preset
     >>> config = config_from_preset("fem-lm-340m")                # a FEMConfig
     >>> model = model_from_preset("fem-lm-tiny", vocab_size=512)  # an FEMForCausalLM, overrides applied
+    >>> model = model_from_preset("tel-vit-tiny")                  # a TELViTForImageClassification
 """
 
 import json
 from functools import cache
 from importlib import resources
 
-from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageClassification, PretrainedConfig
 
 from . import registry  # noqa: F401  (registers the zoo's model types with AutoConfig)
+
+TASK_AUTO_CLASSES = {"causal-lm": AutoModelForCausalLM, "image-classification": AutoModelForImageClassification}
 
 
 @cache
@@ -46,6 +49,8 @@ def config_from_preset(name: str, **overrides) -> PretrainedConfig:
     return AutoConfig.for_model(**fields)
 
 
-def model_from_preset(name: str, auto_class=AutoModelForCausalLM, **overrides):
-    """A randomly initialised model of a named preset (use the `meta` device context to only count)."""
+def model_from_preset(name: str, auto_class=None, **overrides):
+    """A randomly initialised model of a named preset (use the `meta` device context to only count); the Auto
+    class defaults to the one of the card's task (causal-lm, image-classification)."""
+    auto_class = auto_class or TASK_AUTO_CLASSES[preset_card(name)["task"]]
     return auto_class.from_config(config_from_preset(name, **overrides))

@@ -4,13 +4,26 @@
 model class for each Auto class it supports. Importing energyzoo registers all of them.
 """
 
-from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForImageClassification
 
 from .modeling.configuration_fem import FEMConfig
+from .modeling.configuration_tel import TELGPT2Config, TELResNetConfig, TELViTConfig
 from .modeling.modeling_fem import FEMForCausalLM, FEMModel
+from .modeling.modeling_tel import (
+    TELGPT2LMHeadModel,
+    TELGPT2Model,
+    TELResNetForImageClassification,
+    TELResNetModel,
+    TELViTForImageClassification,
+    TELViTModel,
+)
 
 ARCHITECTURES = {
     "fem": (FEMConfig, {AutoModel: FEMModel, AutoModelForCausalLM: FEMForCausalLM}),
+    "tel-gpt2": (TELGPT2Config, {AutoModel: TELGPT2Model, AutoModelForCausalLM: TELGPT2LMHeadModel}),
+    "tel-vit": (TELViTConfig, {AutoModel: TELViTModel, AutoModelForImageClassification: TELViTForImageClassification}),
+    "tel-resnet": (TELResNetConfig, {AutoModel: TELResNetModel,
+                                     AutoModelForImageClassification: TELResNetForImageClassification}),
 }
 
 

@@ -1,7 +1,8 @@
 """The model contract every energyzoo architecture passes (DESIGN.md, "The model contract", items 1-10).
 
-A new architecture adds a small tester: subclass `ModelContract` in a `test_*.py` file, set the class
-attributes and implement `make_config` / `make_inputs`. Kernel-level float64 checks (item 8, second half)
+A new architecture adds a small tester: subclass `ModelContract` (or `CausalLMContract` for causal LMs,
+which adds items 6-7 and random token inputs) in a `test_*.py` file, set the class attributes and implement
+`make_config` (and `make_inputs` for non-LMs). Kernel-level float64 checks (item 8, second half)
 live in each architecture's own test file.
 """
 
@@ -30,11 +31,12 @@ class ModelContract:
     head_class: type  # the class that takes `labels`
     head_auto_class: type
     causal_lm: bool = False
-    sequence_model: bool = True
     lora_target_modules: list[str]
     energy_names: set[str]
     invalid_config_values: list[tuple[str, object]]
     tolerance: float = 1e-5
+    supports_activation_checkpointing: bool = True
+    checkpointed_block: str | None = None  # class name of the checkpointed block; None: first `_no_split_modules`
 
     def make_config(self, **overrides):
         raise NotImplementedError
@@ -129,6 +131,11 @@ class ModelContract:
 
     def test_activation_checkpointing_keeps_loss_and_gradients(self):
         model = self.build().train()
+        if not self.supports_activation_checkpointing:
+            assert not model.supports_gradient_checkpointing
+            with pytest.raises(ValueError, match="does not support"):
+                model.activation_checkpointing_enable()
+            return
         inputs = self.make_inputs(model.config)
 
         def loss_and_grads():
@@ -140,7 +147,8 @@ class ModelContract:
         plain_loss, plain_grads = loss_and_grads()
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         calls = []
-        block = next(m for m in model.modules() if m.__class__.__name__ in model._no_split_modules)
+        block_names = [self.checkpointed_block] if self.checkpointed_block else model._no_split_modules
+        block = next(m for m in model.modules() if m.__class__.__name__ in block_names)
         # Checkpointing wraps the block's forward, so a child of the block runs again during backward.
         handle = next(block.children()).register_forward_hook(lambda *args: calls.append(1))
         checkpointed_loss, checkpointed_grads = loss_and_grads()
@@ -168,6 +176,9 @@ class ModelContract:
             assert any(f".{target}.lora_A" in n for n in trainable), f"LoRA missed {target}"
         optimizer = torch.optim.AdamW([p for p in lora.parameters() if p.requires_grad], lr=1e-2)
         lora.train()
+        for module in lora.modules():  # running statistics are buffers, not adapter weights: keep them frozen
+            if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
+                module.eval()
         for _ in range(3):
             optimizer.zero_grad()
             lora(**inputs).loss.backward()
@@ -186,75 +197,10 @@ class ModelContract:
             assert type(merged) is self.head_class
             torch.testing.assert_close(output_tensor(merged(**plain)), tuned_output, rtol=1e-4, atol=1e-4)
 
-    # 6. padding --------------------------------------------------------------------------------------
-    def test_left_padding_keeps_real_token_outputs(self):
-        if not self.sequence_model:
-            pytest.skip("not a sequence model")
-        model = self.build()
-        pad = model.config.pad_token_id
-        long_ids = self.make_inputs(model.config, batch_size=1, seed=1)["input_ids"]
-        short_ids = self.make_inputs(model.config, batch_size=1, seed=2)["input_ids"][:, : long_ids.shape[1] - 5]
-        padded = torch.cat([torch.full((1, 5), pad), short_ids], dim=1)
-        batch_ids = torch.cat([padded, long_ids])
-        mask = torch.ones_like(batch_ids)
-        mask[0, :5] = 0
-        with torch.no_grad():
-            alone = output_tensor(model(input_ids=short_ids))
-            batched = output_tensor(model(input_ids=batch_ids, attention_mask=mask))
-            long_alone = output_tensor(model(input_ids=long_ids))
-        torch.testing.assert_close(batched[0, 5:], alone[0], rtol=self.tolerance, atol=self.tolerance)
-        torch.testing.assert_close(batched[1], long_alone[0], rtol=self.tolerance, atol=self.tolerance)
-
-    # 7. generation -----------------------------------------------------------------------------------
-    def _left_padded_prompts(self, model):
-        ids = self.make_inputs(model.config, batch_size=2, seed=3)["input_ids"][:, :8]
-        mask = torch.ones_like(ids)
-        ids[0, :3] = model.config.pad_token_id
-        mask[0, :3] = 0
-        return {"input_ids": ids, "attention_mask": mask}
-
-    def test_greedy_generate_with_cache_equals_without_on_left_padded_batch(self):
-        if not self.causal_lm:
-            pytest.skip("not a causal LM")
-        model = self.build()
-        prompts = self._left_padded_prompts(model)
-        settings = dict(max_new_tokens=12, do_sample=False, pad_token_id=model.config.pad_token_id)
-        cached = model.generate(**prompts, use_cache=True, **settings)
-        uncached = model.generate(**prompts, use_cache=False, **settings)
-        assert cached.shape == (2, 20)
-        assert torch.equal(cached, uncached)
-
-    def test_prefill_then_single_token_steps_match_full_forward(self):
-        if not self.causal_lm:
-            pytest.skip("not a causal LM")
-        model = self.build()
-        ids = self.make_inputs(model.config, batch_size=2, seed=4)["input_ids"][:, :12]
-        with torch.no_grad():
-            full = model(input_ids=ids, use_cache=False).logits
-            step = model(input_ids=ids[:, :5], use_cache=True)
-            pieces, cache = [step.logits], step.past_key_values
-            for t in range(5, ids.shape[1]):
-                step = model(input_ids=ids[:, t : t + 1], past_key_values=cache, use_cache=True)
-                pieces.append(step.logits)
-                cache = step.past_key_values
-        torch.testing.assert_close(torch.cat(pieces, dim=1), full, rtol=1e-4, atol=1e-4)
-
-    def test_beam_search_with_cache_equals_without(self):
-        if not self.causal_lm:
-            pytest.skip("not a causal LM")
-        model = self.build()
-        prompts = self._left_padded_prompts(model)
-        settings = dict(max_new_tokens=6, num_beams=3, num_return_sequences=2, do_sample=False,
-                        pad_token_id=model.config.pad_token_id)
-        cached = model.generate(**prompts, use_cache=True, **settings)
-        uncached = model.generate(**prompts, use_cache=False, **settings)
-        assert cached.shape[0] == 4 and torch.equal(cached[:, :8], prompts["input_ids"].repeat_interleave(2, dim=0))
-        assert torch.equal(cached, uncached)
-
     # 8. bf16 -----------------------------------------------------------------------------------------
     def test_bf16_forward_and_loss_are_finite(self):
         model = self.build().to(torch.bfloat16)
-        inputs = self.make_inputs(model.config)
+        inputs = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in self.make_inputs(model.config).items()}
         with torch.no_grad():
             outputs = model(**inputs)
         assert output_tensor(outputs).dtype == torch.bfloat16
@@ -281,3 +227,73 @@ class ModelContract:
         for field, value in self.invalid_config_values:
             with pytest.raises(ValueError, match=field):
                 self.make_config(**{field: value})
+
+
+class CausalLMContract(ModelContract):
+    """The contract of causal language models: `ModelContract` plus items 6 (left padding) and 7 (cached
+    generation, prefill + steps, beam search). Inputs are random token ids."""
+
+    causal_lm = True
+
+    def make_inputs(self, config, batch_size=2, seed=0):
+        """Token ids (avoiding the special ids 0-2) as inputs and labels."""
+        generator = torch.Generator().manual_seed(seed)
+        ids = torch.randint(3, config.vocab_size, (batch_size, 16), generator=generator)
+        return {"input_ids": ids, "labels": ids.clone()}
+
+    # 6. padding --------------------------------------------------------------------------------------
+    def test_left_padding_keeps_real_token_outputs(self):
+        model = self.build()
+        pad = model.config.pad_token_id
+        long_ids = self.make_inputs(model.config, batch_size=1, seed=1)["input_ids"]
+        short_ids = self.make_inputs(model.config, batch_size=1, seed=2)["input_ids"][:, : long_ids.shape[1] - 5]
+        padded = torch.cat([torch.full((1, 5), pad), short_ids], dim=1)
+        batch_ids = torch.cat([padded, long_ids])
+        mask = torch.ones_like(batch_ids)
+        mask[0, :5] = 0
+        with torch.no_grad():
+            alone = output_tensor(model(input_ids=short_ids))
+            batched = output_tensor(model(input_ids=batch_ids, attention_mask=mask))
+            long_alone = output_tensor(model(input_ids=long_ids))
+        torch.testing.assert_close(batched[0, 5:], alone[0], rtol=self.tolerance, atol=self.tolerance)
+        torch.testing.assert_close(batched[1], long_alone[0], rtol=self.tolerance, atol=self.tolerance)
+
+    # 7. generation -----------------------------------------------------------------------------------
+    def _left_padded_prompts(self, model):
+        ids = self.make_inputs(model.config, batch_size=2, seed=3)["input_ids"][:, :8]
+        mask = torch.ones_like(ids)
+        ids[0, :3] = model.config.pad_token_id
+        mask[0, :3] = 0
+        return {"input_ids": ids, "attention_mask": mask}
+
+    def test_greedy_generate_with_cache_equals_without_on_left_padded_batch(self):
+        model = self.build()
+        prompts = self._left_padded_prompts(model)
+        settings = dict(max_new_tokens=12, do_sample=False, pad_token_id=model.config.pad_token_id)
+        cached = model.generate(**prompts, use_cache=True, **settings)
+        uncached = model.generate(**prompts, use_cache=False, **settings)
+        assert cached.shape == (2, 20)
+        assert torch.equal(cached, uncached)
+
+    def test_prefill_then_single_token_steps_match_full_forward(self):
+        model = self.build()
+        ids = self.make_inputs(model.config, batch_size=2, seed=4)["input_ids"][:, :12]
+        with torch.no_grad():
+            full = model(input_ids=ids, use_cache=False).logits
+            step = model(input_ids=ids[:, :5], use_cache=True)
+            pieces, cache = [step.logits], step.past_key_values
+            for t in range(5, ids.shape[1]):
+                step = model(input_ids=ids[:, t : t + 1], past_key_values=cache, use_cache=True)
+                pieces.append(step.logits)
+                cache = step.past_key_values
+        torch.testing.assert_close(torch.cat(pieces, dim=1), full, rtol=1e-4, atol=1e-4)
+
+    def test_beam_search_with_cache_equals_without(self):
+        model = self.build()
+        prompts = self._left_padded_prompts(model)
+        settings = dict(max_new_tokens=6, num_beams=3, num_return_sequences=2, do_sample=False,
+                        pad_token_id=model.config.pad_token_id)
+        cached = model.generate(**prompts, use_cache=True, **settings)
+        uncached = model.generate(**prompts, use_cache=False, **settings)
+        assert cached.shape[0] == 4 and torch.equal(cached[:, :8], prompts["input_ids"].repeat_interleave(2, dim=0))
+        assert torch.equal(cached, uncached)

@@ -1,20 +1,18 @@
 """FEM-LM through the shared model contract (tests/contract.py)."""
 
-import torch
 from transformers import AutoModel, AutoModelForCausalLM
 
 from energyzoo import FEMConfig, FEMForCausalLM, FEMModel
 
-from contract import ModelContract
+from contract import CausalLMContract
 
 
-class TestFEMContract(ModelContract):
+class TestFEMContract(CausalLMContract):
     model_type = "fem"
     config_class = FEMConfig
     auto_classes = {AutoModel: FEMModel, AutoModelForCausalLM: FEMForCausalLM}
     head_class = FEMForCausalLM
     head_auto_class = AutoModelForCausalLM
-    causal_lm = True
     lora_target_modules = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     energy_names = {"inverse_temperature", "free_energy_gain", "temperature_gate"}
     invalid_config_values = [
@@ -45,11 +43,6 @@ class TestFEMContract(ModelContract):
         )
         fields.update(overrides)
         return FEMConfig(**fields)
-
-    def make_inputs(self, config, batch_size=2, seed=0):
-        generator = torch.Generator().manual_seed(seed)
-        ids = torch.randint(3, config.vocab_size, (batch_size, 16), generator=generator)
-        return {"input_ids": ids, "labels": ids.clone()}
 
 
 class TestFEMGLAContract(TestFEMContract):

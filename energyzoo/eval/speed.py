@@ -1,4 +1,5 @@
-"""`energyzoo bench`: FEM-LM against the Llama baseline of the same shape (DESIGN.md performance targets).
+"""`energyzoo bench`: FEM-LM against the Llama baseline of the same shape, TEL GPT-2 against GPT-2 (DESIGN.md
+performance targets).
 
 Rows: forward time (full sequence, no cache), train-step time (forward + backward + AdamW step), peak
 memory of a train step, and cached greedy decoding throughput. FEM and Llama run in pairs, back to back
@@ -24,6 +25,7 @@ from ..presets import config_from_preset, model_from_preset, preset_card
 
 TARGETS = {"forward": 1.10, "train_step": 1.20, "peak_memory": 1.20, "decode_tokens_per_s": 0.85}
 LINEAR_SCALING_TARGET = 4.5  # time(T=4096) / time(T=1024) for O(T) priors (DESIGN.md)
+TEL_HEAD_FORWARD_TARGET = 1.05  # TEL-head GPT-2 / GPT-2 forward time (DESIGN.md)
 
 
 @dataclass
@@ -149,6 +151,20 @@ def _memory_probe(payload: str) -> None:
     print(_status_bytes("VmHWM") - before)
 
 
+def _paired_times(fns: dict, repeats: int, device: str) -> dict[str, list[float]]:
+    """Seconds per call of each function, run back to back `repeats` times after a warm-up, in an order that
+    rotates every repeat so no model always runs first."""
+    for fn in fns.values():
+        fn()
+    keys = list(fns)
+    times = {key: [] for key in keys}
+    for repeat in range(repeats):
+        shift = repeat % len(keys)
+        for key in keys[shift:] + keys[:shift]:
+            times[key].append(_timed(fns[key], device))
+    return times
+
+
 def run_fem_vs_llama(settings: BenchSettings) -> dict:
     """Measure the preset and its baseline; returns a JSON-ready dict of medians, ratios and targets."""
     torch.set_grad_enabled(True)
@@ -160,14 +176,7 @@ def run_fem_vs_llama(settings: BenchSettings) -> dict:
         "train_step": {key: _train_step_fn(model, ids) for key, model in models.items()},
         "decode": {key: _decode_fn(model, ids, settings.decode_tokens) for key, model in models.items()},
     }
-    times = {workload: {key: [] for key in models} for workload in workloads}
-    for workload, fns in workloads.items():
-        for fn in fns.values():  # warm-up
-            fn()
-        for repeat in range(settings.repeats):
-            order = list(fns) if repeat % 2 == 0 else list(fns)[::-1]
-            for key in order:
-                times[workload][key].append(_timed(fns[key], settings.device))
+    times = {workload: _paired_times(fns, settings.repeats, settings.device) for workload, fns in workloads.items()}
     del models, workloads
     memory = {key: measure_peak_memory(name, settings) for key, name in names.items()}
 
@@ -208,6 +217,47 @@ def format_table(result: dict) -> str:
             f"| {name + ' (' + row['unit'] + ')':<20} | {row['fem']:>10.4g} | {row['llama']:>10.4g} | "
             f"{row['ratio']:>6.3f} | {bound}{row['target']:>5.2f} | {'yes' if row['meets_target'] else 'NO':<3} |"
         )
+    return "\n".join(lines)
+
+
+def run_tel_vs_vanilla(
+    baseline: str = "gpt2-124m",
+    variants: tuple[str, ...] = ("tel-gpt2-head", "tel-gpt2-full"),
+    batch_size: int = 2,
+    seq_len: int = 512,
+    repeats: int = 9,
+    device: str = "cpu",
+) -> dict:
+    """Forward time of TEL models against their vanilla baseline of equal size (DESIGN.md: TEL-head GPT-2 <=
+    1.05x GPT-2); ratio = median over repeats of the per-repeat ratio variant / baseline."""
+    names = {"baseline": baseline, **{variant: variant for variant in variants}}
+    models, sizes = {}, {}
+    for key, name in names.items():
+        torch.manual_seed(0)
+        models[key] = model_from_preset(name).to(device)
+        sizes[key] = sum(p.numel() for p in models[key].parameters())
+    ids = torch.randint(0, models["baseline"].config.vocab_size, (batch_size, seq_len), device=device)
+    times = _paired_times({key: _forward_fn(model, ids) for key, model in models.items()}, repeats, device)
+    rows = {}
+    for key in names:
+        ratio = statistics.median(t / b for t, b in zip(times[key], times["baseline"]))
+        target = TEL_HEAD_FORWARD_TARGET if getattr(models[key].config, "tel_placement", None) == "head" else None
+        rows[names[key]] = {"seconds": statistics.median(times[key]), "parameters": sizes[key], "ratio": ratio,
+                            "target": target, "meets_target": None if target is None else ratio <= target}
+    return {"baseline": baseline, "batch_size": batch_size, "seq_len": seq_len, "repeats": repeats, "device": device,
+            "threads": torch.get_num_threads(), "rows": rows, "raw_seconds": times}
+
+
+def format_tel_table(result: dict) -> str:
+    lines = [
+        f"TEL vs {result['baseline']} forward (batch {result['batch_size']}, seq {result['seq_len']}, "
+        f"{result['device']}, median of {result['repeats']} paired repeats)",
+        "| model | parameters | forward (s) | ratio | target |",
+        "|---|---|---|---|---|",
+    ]
+    for name, row in result["rows"].items():
+        target = "" if row["target"] is None else f"<= {row['target']} ({'met' if row['meets_target'] else 'NOT met'})"
+        lines.append(f"| {name} | {row['parameters'] / 1e6:.2f}M | {row['seconds']:.4f} | {row['ratio']:.3f} | {target} |")
     return "\n".join(lines)
 
 

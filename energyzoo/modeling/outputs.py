@@ -12,7 +12,8 @@ step) under documented names, so that callbacks and plots work across architectu
 Architectures add their own keys (FEM adds ``temperature_gate``, the lambda of eq. 10).
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, make_dataclass
+from functools import cache
 
 import torch
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
@@ -66,3 +67,19 @@ class CausalLMOutputWithEnergies(CausalLMOutputWithPast):
     """`CausalLMOutputWithPast` plus the model's `EnergyTrace` (None unless `output_energies=True`)."""
 
     energies: EnergyTrace | None = None
+
+
+@cache
+def output_with_energies(output_class: type) -> type:
+    """`output_class` (a transformers ModelOutput dataclass) plus an ``energies`` field (default None)."""
+    extended = make_dataclass(f"{output_class.__name__}AndEnergies", [("energies", EnergyTrace | None, None)],
+                              bases=(output_class,))
+    extended.__module__ = __name__
+    return extended
+
+
+def attach_energies(outputs, energies: EnergyTrace | None):
+    """Return `outputs` with its `EnergyTrace` attached (appended when `return_dict=False` gave a tuple)."""
+    if isinstance(outputs, tuple):
+        return outputs if energies is None else (*outputs, energies)
+    return output_with_energies(type(outputs))(**outputs, energies=energies)

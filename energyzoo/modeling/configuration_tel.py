@@ -1,0 +1,86 @@
+"""Configurations of TEL-GPT2, TEL-ViT and TEL-ResNet: the transformers GPT-2, ViT and ResNet configs plus
+the TEL fields of `TELSettings` (tel.txt App. D, G.2) and `tel_placement`.
+
+`tel_placement` says which blocks get a TEL layer (tel.txt G.4): "head" (the first block; TEL-head, the
+paper's default), "full" (every block; TEL-full), or a list of block indices ([] gives the vanilla model).
+Blocks are GPT-2/ViT transformer layers (TEL replaces the FFN's first linear map + activation) and ResNet
+residual units counted across stages (TEL replaces the unit's first conv + norm + activation).
+"""
+
+from huggingface_hub.dataclasses import strict
+from transformers import GPT2Config, ResNetConfig, ViTConfig
+
+from .tel import TELSettings
+
+PLACEMENTS = ("head", "full")
+
+
+class TELPlacementMixin:
+    """`tel_placement` resolution and validation; a config defines `tel_block_count`."""
+
+    tel_placement: str | list[int]
+
+    def __post_init__(self, **kwargs):
+        kwargs.pop("model_type", None)  # a vanilla checkpoint's "gpt2" / "vit" / "resnet" must not stick
+        super().__post_init__(**kwargs)
+        self.validate_tel()
+
+    @property
+    def tel_block_count(self) -> int:
+        raise NotImplementedError
+
+    def tel_blocks(self) -> list[int]:
+        """Indices of the blocks that get a TEL layer."""
+        if self.tel_placement == "head":
+            return [0]
+        if self.tel_placement == "full":
+            return list(range(self.tel_block_count))
+        return sorted(self.tel_placement)
+
+    def validate_tel(self) -> None:
+        self.validate_tel_settings()
+        placement = self.tel_placement
+        count = self.tel_block_count
+        valid = placement in PLACEMENTS if isinstance(placement, str) else (
+            len(set(placement)) == len(placement) and all(0 <= index < count for index in placement))
+        if not valid:
+            raise ValueError(f"{type(self).__name__}.tel_placement must be 'head', 'full' or a list of distinct block "
+                             f"indices in [0, {count}), got {placement!r}")
+
+
+@strict
+class TELGPT2Config(TELPlacementMixin, GPT2Config, TELSettings):
+    r"""GPT-2 with TEL layers in place of the FFN's c_fc + activation (tel.txt G.4.3), `model_type` "tel-gpt2".
+    Every GPT-2 field keeps its meaning and default; the TEL fields are documented in `TELSettings`."""
+
+    model_type = "tel-gpt2"
+    tel_placement: str | list[int] = "head"
+
+    @property
+    def tel_block_count(self) -> int:
+        return self.n_layer
+
+
+@strict
+class TELViTConfig(TELPlacementMixin, ViTConfig, TELSettings):
+    r"""ViT with TEL layers in place of the MLP's fc1 + activation (tel.txt G.4.3), `model_type` "tel-vit"."""
+
+    model_type = "tel-vit"
+    tel_placement: str | list[int] = "head"
+
+    @property
+    def tel_block_count(self) -> int:
+        return self.num_hidden_layers
+
+
+@strict
+class TELResNetConfig(TELPlacementMixin, ResNetConfig, TELSettings):
+    r"""ResNet whose residual units' first conv + norm + activation become TEL layers (the anchor Wx is the
+    conv followed by its norm), `model_type` "tel-resnet"."""
+
+    model_type = "tel-resnet"
+    tel_placement: str | list[int] = "head"
+
+    @property
+    def tel_block_count(self) -> int:
+        return sum(self.depths)

@@ -1,0 +1,429 @@
+"""The Thermodynamic Equilibrium Layer (tel.txt §2, Algorithm 1).
+
+TEL replaces "linear map + activation" by K gradient steps on a Gibbs free energy (TEL eq. 2-5)
+
+    G(y; x, T) = 1/2 ||y - Wx||^2 - T S(y),      grad_y S = phi  (the activation is the entropy force),
+
+started at the anchor y0 = Wx (eq. 6), with a temperature T = exp(clip(tau)) (eq. 7) whose log tau follows
+a dual update driven by an entropy estimate of the activations during training (eq. 9):
+
+    y_{i+1} = y_i - eta_i [(y_i - Wx) - T_i phi(y_i)]                (eq. 8, Algorithm 1 lines 6-9)
+    tau_{i+1} = clip(tau_i + alpha g_beta(s_hat(phi(y_i))))          (eq. 9, Algorithm 1 lines 10-12)
+
+The fixed point of eq. 8 is y = Wx + T phi(y) (the "Wx - T phi" of Prop. C.4 is a sign slip).
+
+`EquilibriumRefinement` is the K-step part: it takes the anchor output Wx, so a model swaps it into the
+activation slot right after its linear map (GPT-2 `mlp.act`, ViT `mlp.activation_fn`, ResNet conv+norm's
+`activation`) and its checkpoints keep their weight names. `ThermodynamicEquilibriumLayer` wraps an anchor
+module (nn.Linear, Conv1D, nn.Conv2d, any module computing Wx) for standalone use.
+
+Choices where the paper is silent (all in `TELSettings`): eta_i initialised at 0.5 and T at 0.5; the entropy
+estimate is clipped to |s| <= 10 (the S_max of Prop. C.6); the EMA of eq. 35 runs over the refinement steps
+of one forward pass; the entropy estimator reads detached statistics (D.3: no feedback into y), so only the
+MLP estimator has trainable weights; statistics pool over every axis but the channel axis (D.4: batch and
+sequence/spatial axes), so in training mode T is a batch statistic, like BatchNorm's; at inference tau is
+frozen (Algorithm 1 line 14) and the layer acts on each position alone. Early exit (App. E) is per position.
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# Lipschitz constants L_phi = sup |phi'| (Assumption A1), computed numerically for silu and exact gelu.
+ACTIVATION_LIPSCHITZ = {"silu": 1.0998393, "gelu": 1.1289042, "relu": 1.0, "tanh": 1.0, "prelu": 1.0}
+ENTROPY_ESTIMATORS = ("gaussian", "robust_gaussian", "laplace", "student_t", "mlp")
+EXIT_RULES = ("gradient", "energy")
+STEP_SIZE_CEILING = 1.0  # eta_max of TEL eq. 31
+MAD_TO_STD = 1.4826  # kappa of the robust Gaussian estimator (D.4): sigma = kappa * MAD for Gaussian data
+VARIANCE_EPS = 1e-6
+
+
+@dataclass
+class TELSettings:
+    r"""Hyper-parameters of a TEL layer; defaults are tel.txt's (App. D, G.2). TEL configs inherit these fields.
+
+    tel_steps: K, refinement steps (G.2: 5).
+    tel_activation: phi, the entropy force: "silu" (D.2 default), "gelu", "relu", "tanh" or "prelu" (slope
+        learned, kept in [0, 1] so that L_phi = 1).
+    tel_temperature: "global" (one tau per layer, default) or "channel" (one per output channel).
+    tel_temperature_min: T_min (G.2: 0.05).
+    tel_temperature_max: T_max; None means 1 / L_phi, the largest value with T_max L_phi <= 1 (eq. 32).
+    tel_initial_temperature: T at initialisation, within [T_min, T_max].
+    tel_step_size_min: lower clip of eta_i (eq. 31: 1e-4); the upper clip is min(1, 2 / (1 + T_max L_phi))
+        (eq. 13), so every step is non-expansive (Prop. 2.1).
+    tel_initial_step_size: eta_i at initialisation (eta_i = exp(learned), eq. 30).
+    tel_estimator: entropy estimate s_hat (D.4, eq. 35): "gaussian" 1/2 log(var + eps) (default),
+        "robust_gaussian" (sigma = 1.4826 MAD), "laplace" (1 + log 2b), "student_t" (closed form at
+        `tel_student_t_dof`), or "mlp" (a tiny MLP on per-channel mean, log-variance and kurtosis).
+    tel_estimator_hidden: hidden width of the MLP estimator (E: 16-64).
+    tel_student_t_dof: degrees of freedom of the Student-t estimator (> 2).
+    tel_entropy_ema_half_life: half-life in steps of the EMA of s_hat (G.2: 5); None disables it.
+    tel_entropy_clip: S_max, |s_hat| <= S_max (Prop. C.6).
+    tel_dual_step: alpha of eq. 9 (G.2 grid {5e-3, 1e-2, 2e-2}; default 1e-2).
+    tel_entropy_scale, tel_entropy_shift: beta_1, beta_0 of g_beta(z) = beta_1 z + beta_0 (eq. 36: 1, 0).
+    tel_adapt_at_inference: keep the dual update in eval mode (Algorithm 1 note iii); off by default.
+    tel_early_exit: stop refining a position at inference once the exit rule held `tel_exit_patience` steps.
+    tel_exit_rule: "gradient" (||g_G|| <= tol, default) or "energy" (|Delta G| <= tol; needs a closed-form
+        S, i.e. not silu).
+    tel_exit_tolerance: eps_grad / eps_G.
+    tel_exit_patience: m (App. E: 1 or 2).
+    """
+
+    tel_steps: int = 5
+    tel_activation: str = "silu"
+    tel_temperature: str = "global"
+    tel_temperature_min: float = 0.05
+    tel_temperature_max: float | None = None
+    tel_initial_temperature: float = 0.5
+    tel_step_size_min: float = 1e-4
+    tel_initial_step_size: float = 0.5
+    tel_estimator: str = "gaussian"
+    tel_estimator_hidden: int = 16
+    tel_student_t_dof: float = 5.0
+    tel_entropy_ema_half_life: float | None = 5.0
+    tel_entropy_clip: float = 10.0
+    tel_dual_step: float = 1e-2
+    tel_entropy_scale: float = 1.0
+    tel_entropy_shift: float = 0.0
+    tel_adapt_at_inference: bool = False
+    tel_early_exit: bool = False
+    tel_exit_rule: str = "gradient"
+    tel_exit_tolerance: float = 1e-3
+    tel_exit_patience: int = 2
+
+    def __post_init__(self):
+        self.validate_tel_settings()
+
+    @property
+    def tel_lipschitz(self) -> float:
+        return ACTIVATION_LIPSCHITZ[self.tel_activation]
+
+    @property
+    def tel_resolved_temperature_max(self) -> float:
+        return self.tel_temperature_max if self.tel_temperature_max is not None else 1.0 / self.tel_lipschitz
+
+    @property
+    def tel_step_size_max(self) -> float:
+        """min(1, 2 / (1 + T_max L_phi)): the design rule of TEL eq. 13."""
+        return min(STEP_SIZE_CEILING, 2.0 / (1.0 + self.tel_resolved_temperature_max * self.tel_lipschitz))
+
+    def validate_tel_settings(self) -> None:
+        owner = type(self).__name__
+
+        def require(condition: bool, field: str, allowed: str) -> None:
+            if not condition:
+                raise ValueError(f"{owner}.{field} must be {allowed}, got {getattr(self, field)!r}")
+
+        require(self.tel_steps >= 1, "tel_steps", ">= 1")
+        require(self.tel_activation in ACTIVATION_LIPSCHITZ, "tel_activation", f"one of {sorted(ACTIVATION_LIPSCHITZ)}")
+        require(self.tel_temperature in ("global", "channel"), "tel_temperature", "'global' or 'channel'")
+        require(0 < self.tel_temperature_min < math.inf, "tel_temperature_min", "a finite number > 0")
+        bound = 1.0 / self.tel_lipschitz
+        require(self.tel_temperature_max is None
+                or self.tel_temperature_min < self.tel_temperature_max <= bound + 1e-12,
+                "tel_temperature_max", f"None or in (tel_temperature_min, 1/L_phi = {bound:.4g}] (eq. 32)")
+        require(self.tel_temperature_min <= self.tel_initial_temperature <= self.tel_resolved_temperature_max,
+                "tel_initial_temperature", f"in [tel_temperature_min, T_max = {self.tel_resolved_temperature_max:.4g}]")
+        require(0 < self.tel_step_size_min < self.tel_step_size_max, "tel_step_size_min",
+                f"in (0, {self.tel_step_size_max:.4g})")
+        require(self.tel_step_size_min <= self.tel_initial_step_size <= self.tel_step_size_max,
+                "tel_initial_step_size", f"in [tel_step_size_min, {self.tel_step_size_max:.4g}] (eq. 13)")
+        require(self.tel_estimator in ENTROPY_ESTIMATORS, "tel_estimator", f"one of {list(ENTROPY_ESTIMATORS)}")
+        require(self.tel_estimator_hidden >= 1, "tel_estimator_hidden", ">= 1")
+        require(self.tel_student_t_dof > 2, "tel_student_t_dof", "> 2 (finite variance)")
+        require(self.tel_entropy_ema_half_life is None or self.tel_entropy_ema_half_life > 0,
+                "tel_entropy_ema_half_life", "None or > 0")
+        require(self.tel_entropy_clip > 0, "tel_entropy_clip", "> 0")
+        require(0 <= self.tel_dual_step < self.tel_step_size_max, "tel_dual_step",
+                "in [0, eta_max): the dual step must be slower than the primal one (§2.3)")
+        require(math.isfinite(self.tel_entropy_scale) and self.tel_entropy_scale >= 0, "tel_entropy_scale",
+                "a finite number >= 0 (g_beta must be monotone)")
+        require(math.isfinite(self.tel_entropy_shift), "tel_entropy_shift", "finite")
+        require(self.tel_exit_rule in EXIT_RULES, "tel_exit_rule", f"one of {list(EXIT_RULES)}")
+        require(not (self.tel_exit_rule == "energy" and self.tel_activation == "silu"), "tel_exit_rule",
+                "'gradient' with tel_activation='silu' (its entropy S has no closed form)")
+        require(self.tel_exit_tolerance > 0, "tel_exit_tolerance", "> 0")
+        require(self.tel_exit_patience >= 1, "tel_exit_patience", ">= 1")
+
+    def tel_settings(self) -> "TELSettings":
+        """These fields as a plain `TELSettings` (configs inherit the fields)."""
+        return TELSettings(**{name: getattr(self, name) for name in TELSettings.__dataclass_fields__})
+
+
+class EntropyForce(nn.Module):
+    """phi = grad_y S (TEL eq. 4) and, where it has a closed form, the entropy S itself (per element)."""
+
+    def __init__(self, kind: str):
+        super().__init__()
+        self.kind = kind
+        if kind == "prelu":
+            self.tel_slope = nn.Parameter(torch.empty(()))
+            self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        if self.kind == "prelu":
+            nn.init.constant_(self.tel_slope, 0.25)
+
+    def _slope(self) -> torch.Tensor:
+        return self.tel_slope.clamp(0.0, 1.0)  # keeps 0 <= phi' <= 1 (Assumption A0)
+
+    def forward(self, y: torch.Tensor) -> torch.Tensor:
+        if self.kind == "silu":
+            return F.silu(y)
+        if self.kind == "gelu":
+            return F.gelu(y)
+        if self.kind == "relu":
+            return F.relu(y)
+        if self.kind == "tanh":
+            return torch.tanh(y)
+        return torch.where(y >= 0, y, self._slope() * y)
+
+    def entropy(self, y: torch.Tensor) -> torch.Tensor:
+        """S(y) elementwise, up to a constant (D.2); silu has none in closed form."""
+        if self.kind == "relu":
+            return 0.5 * F.relu(y).square()
+        if self.kind == "tanh":
+            return y.abs() + F.softplus(-2 * y.abs()) - math.log(2.0)  # log cosh, overflow-free
+        if self.kind == "gelu":
+            cdf = 0.5 * (1 + torch.erf(y / math.sqrt(2.0)))
+            pdf = torch.exp(-0.5 * y.square()) / math.sqrt(2 * math.pi)
+            return 0.5 * ((y.square() - 1) * cdf + y * pdf)
+        if self.kind == "prelu":
+            return 0.5 * y.square() * torch.where(y >= 0, torch.ones_like(y), self._slope())
+        raise ValueError(f"the entropy of tel_activation={self.kind!r} has no closed form; use the gradient exit rule")
+
+
+def _digamma(x: float) -> float:
+    """psi(x) for x > 0: recurrence up to x >= 6, then the asymptotic series (error < 1e-10). Plain Python, so
+    that models build on the meta device."""
+    shift = 0.0
+    while x < 6:
+        shift -= 1 / x
+        x += 1
+    inverse_square = 1 / (x * x)
+    series = inverse_square * (1 / 12 - inverse_square * (1 / 120 - inverse_square / 252))
+    return shift + math.log(x) - 0.5 / x - series
+
+
+def _student_t_entropy_offset(dof: float) -> float:
+    """Entropy of a unit-scale Student-t with `dof` degrees of freedom."""
+    log_beta = math.lgamma(dof / 2) + math.lgamma(0.5) - math.lgamma((dof + 1) / 2)
+    return (dof + 1) / 2 * (_digamma((dof + 1) / 2) - _digamma(dof / 2)) + 0.5 * math.log(dof) + log_beta
+
+
+class EntropyEstimator(nn.Module):
+    """s_hat(z) of TEL eq. 9 / eq. 35 per output channel, from statistics of the entropy force z = phi(y)
+    pooled over every axis but the channel axis (D.4). The statistics are detached (D.3)."""
+
+    def __init__(self, settings: TELSettings):
+        super().__init__()
+        self.kind = settings.tel_estimator
+        self.student_t_offset = _student_t_entropy_offset(settings.tel_student_t_dof)
+        self.student_t_scale = (settings.tel_student_t_dof - 2) / settings.tel_student_t_dof
+        if self.kind == "mlp":
+            hidden = settings.tel_estimator_hidden
+            self.tel_estimator_in = nn.Linear(3, hidden)
+            self.tel_estimator_out = nn.Linear(hidden, 1)
+            self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        if self.kind == "mlp":
+            for linear in (self.tel_estimator_in, self.tel_estimator_out):
+                nn.init.normal_(linear.weight, std=1.0 / math.sqrt(linear.in_features))
+                nn.init.zeros_(linear.bias)
+
+    def forward(self, z: torch.Tensor, channel_dim: int) -> torch.Tensor:
+        z = z.detach().float().movedim(channel_dim, -1).reshape(-1, z.shape[channel_dim])
+        if self.kind in ("robust_gaussian", "laplace"):
+            median = z.median(dim=0).values
+            deviation = (z - median).abs()
+            if self.kind == "laplace":
+                return 1 + torch.log(2 * deviation.mean(dim=0) + VARIANCE_EPS)
+            sigma = MAD_TO_STD * deviation.median(dim=0).values
+            return 0.5 * torch.log(sigma.square() + VARIANCE_EPS)
+        variance, mean = torch.var_mean(z, dim=0, correction=0)
+        log_variance = torch.log(variance + VARIANCE_EPS)
+        if self.kind == "gaussian":
+            return 0.5 * log_variance
+        if self.kind == "student_t":
+            return 0.5 * torch.log(variance * self.student_t_scale + VARIANCE_EPS) + self.student_t_offset
+        kurtosis = ((z - mean).pow(4).mean(dim=0) / (variance.square() + VARIANCE_EPS)).clamp(max=100.0)
+        moments = torch.stack([mean, 0.5 * log_variance, torch.log1p(kurtosis)], dim=-1)
+        weight = self.tel_estimator_in.weight
+        features = torch.tanh(F.linear(moments.to(weight.dtype), weight, self.tel_estimator_in.bias))
+        return self.tel_estimator_out(features).squeeze(-1).float()
+
+
+class EquilibriumRefinement(nn.Module):
+    """TEL Algorithm 1 on a given anchor output Wx: K steps of eq. 8 with the temperature of eq. 7 and the
+    dual update of eq. 9 (training, or `tel_adapt_at_inference`), optional early exit at inference (App. E).
+
+    Args:
+        width: n_out, the number of output channels.
+        channel_dim: the channel axis of Wx (-1 for Linear/Conv1D outputs, 1 for Conv2d outputs).
+        settings: a `TELSettings` (or a TEL config, which has the same fields).
+
+    Parameters: ``tel_log_step_sizes`` (K learned log eta_i, eq. 30), ``tel_log_temperature`` (tau^(0),
+    scalar or per channel), plus the PReLU slope or MLP estimator when chosen. Set ``record_trace = True``
+    to keep the per-step diagnostics of the next forward in ``last_trace`` (tel.txt §3.4, App. H.7).
+    """
+
+    def __init__(self, width: int, channel_dim: int, settings: TELSettings):
+        super().__init__()
+        self.width = width
+        self.channel_dim = channel_dim
+        self.settings = settings.tel_settings()
+        s = self.settings
+        self.log_temperature_bounds = (math.log(s.tel_temperature_min), math.log(s.tel_resolved_temperature_max))
+        self.step_size_bounds = (s.tel_step_size_min, s.tel_step_size_max)
+        self.ema_decay = 0.0 if s.tel_entropy_ema_half_life is None else 0.5 ** (1.0 / s.tel_entropy_ema_half_life)
+        self.entropy_force = EntropyForce(s.tel_activation)
+        self.entropy_estimator = EntropyEstimator(s)
+        self.tel_log_step_sizes = nn.Parameter(torch.empty(s.tel_steps))
+        self.tel_log_temperature = nn.Parameter(torch.empty(width if s.tel_temperature == "channel" else ()))
+        self.record_trace = False
+        self.last_trace: dict[str, torch.Tensor] | None = None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.constant_(self.tel_log_step_sizes, math.log(self.settings.tel_initial_step_size))
+        nn.init.constant_(self.tel_log_temperature, math.log(self.settings.tel_initial_temperature))
+        self.entropy_force.reset_parameters()
+        self.entropy_estimator.reset_parameters()
+
+    def extra_repr(self) -> str:
+        s = self.settings
+        return (f"width={self.width}, steps={s.tel_steps}, phi={s.tel_activation}, temperature={s.tel_temperature}, "
+                f"estimator={s.tel_estimator}")
+
+    def step_sizes(self) -> torch.Tensor:
+        """eta_i = exp(learned), clipped to [eta_min, min(1, 2 / (1 + T_max L_phi))] (eq. 30, 31, 13)."""
+        return self.tel_log_step_sizes.exp().clamp(*self.step_size_bounds)
+
+    def _per_channel(self, value: torch.Tensor, ndim: int) -> torch.Tensor:
+        """Broadcast a scalar or per-channel value against a tensor of `ndim` dims."""
+        if value.dim() == 0 or self.channel_dim in (-1, ndim - 1):
+            return value
+        return value.view(-1, *([1] * (ndim - 1 - self.channel_dim % ndim)))
+
+    def _channel_norm(self, value: torch.Tensor) -> torch.Tensor:
+        return torch.linalg.vector_norm(value, dim=self.channel_dim, dtype=torch.promote_types(value.dtype, torch.float32))
+
+    def free_energy(self, y: torch.Tensor, anchor: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+        """G(y; x, T) = 1/2 ||y - Wx||^2 - T S(y) per position (TEL eq. 2-3), where S has a closed form."""
+        wide = torch.promote_types(y.dtype, torch.float32)
+        enthalpy = 0.5 * (y - anchor).to(wide).square()
+        entropy = self.entropy_force.entropy(y.to(wide))
+        return (enthalpy - self._per_channel(temperature.to(wide), y.dim()) * entropy).sum(dim=self.channel_dim)
+
+    def step(self, y: torch.Tensor, anchor: torch.Tensor, eta: torch.Tensor, temperature: torch.Tensor,
+             force: torch.Tensor | None = None) -> torch.Tensor:
+        """One refinement step (TEL eq. 8, Algorithm 1 lines 6-9), written as
+        y - eta ((y - Wx) - T phi(y)) = lerp(y, Wx, eta) + eta T phi(y); `force` is phi(y) when already known."""
+        force = self.entropy_force(y) if force is None else force
+        gain = self._per_channel((eta * temperature).to(y.dtype), y.dim())
+        return torch.addcmul(torch.lerp(y, anchor, eta.to(y.dtype)), gain, force)
+
+    def _dual_update(self, tau: torch.Tensor, force: torch.Tensor, smoothed: torch.Tensor | None):
+        """tau <- clip(tau + alpha g_beta(EMA(s_hat(phi(y))))) (TEL eq. 9, Algorithm 1 lines 11-12)."""
+        s = self.settings
+        estimate = self.entropy_estimator(force, self.channel_dim).clamp(-s.tel_entropy_clip, s.tel_entropy_clip)
+        if tau.dim() == 0:
+            estimate = estimate.mean()
+        smoothed = estimate if smoothed is None else self.ema_decay * smoothed + (1 - self.ema_decay) * estimate
+        drive = s.tel_entropy_scale * smoothed + s.tel_entropy_shift
+        return (tau + s.tel_dual_step * drive.to(tau.dtype)).clamp(*self.log_temperature_bounds), smoothed
+
+    def _diagnostics(self, y, y_next, anchor, temperature, force, with_energy: bool) -> dict[str, torch.Tensor]:
+        """Per-position quantities of one step (§3.4, App. H.7): ||g_G||, rho, kappa and G, Delta G."""
+        wide = torch.promote_types(y.dtype, torch.float32)
+        enthalpy_gradient = (y - anchor).to(wide)  # g_H, Algorithm 1 line 6
+        entropy_term = self._per_channel(temperature.to(wide), y.dim()) * force.to(wide)  # T g_S
+        enthalpy_norm = self._channel_norm(enthalpy_gradient)
+        values = {
+            "gradient_norm": self._channel_norm(enthalpy_gradient - entropy_term),  # ||g_G||, line 8
+            "enthalpy_entropy_ratio": enthalpy_norm / self._channel_norm(entropy_term).clamp_min(1e-12),
+            "gradient_alignment": F.cosine_similarity(enthalpy_gradient, entropy_term, dim=self.channel_dim, eps=1e-12),
+        }
+        if with_energy:  # option B of Algorithm 1 line 17
+            values["free_energy"] = self.free_energy(y, anchor, temperature)
+            values["free_energy_change"] = self.free_energy(y_next, anchor, temperature) - values["free_energy"]
+        return values
+
+    def forward(self, anchor: torch.Tensor) -> torch.Tensor:
+        s = self.settings
+        adapt = s.tel_dual_step > 0 and (self.training or s.tel_adapt_at_inference)
+        early_exit = s.tel_early_exit and not self.training
+        record = self.record_trace
+        energy_available = s.tel_activation != "silu"
+        with_energy = energy_available and (record or early_exit and s.tel_exit_rule == "energy")
+        etas = self.step_sizes()
+        tau = self.tel_log_temperature.clamp(*self.log_temperature_bounds)  # Algorithm 1 line 2
+        smoothed_entropy = streak = active = steps_taken = None
+        trace = []
+        y = anchor
+        for i in range(s.tel_steps):
+            temperature = tau.exp()  # eq. 7 (tau is kept clipped)
+            force = self.entropy_force(y)  # g_S, line 7
+            y_next = self.step(y, anchor, etas[i], temperature, force)
+            if record or early_exit:
+                diagnostics = self._diagnostics(y, y_next, anchor, temperature, force, with_energy)
+            if early_exit:  # lines 16-25, per position
+                rule = "gradient_norm" if s.tel_exit_rule == "gradient" else "free_energy_change"
+                criterion = diagnostics[rule].abs()
+                if active is None:
+                    active = torch.ones_like(criterion, dtype=torch.bool)
+                    streak = torch.zeros_like(criterion, dtype=torch.long)
+                    steps_taken = torch.zeros_like(criterion)
+                y_next = torch.where(active.unsqueeze(self.channel_dim), y_next, y)
+                steps_taken = steps_taken + active
+                streak = torch.where(criterion <= s.tel_exit_tolerance, streak + 1, 0)
+                active = active & (streak < s.tel_exit_patience)
+            if record:
+                trace.append({"temperature": temperature.mean(), "step_size": etas[i],
+                              **{name: value.mean() for name, value in diagnostics.items()}})
+            if adapt:
+                tau, smoothed_entropy = self._dual_update(tau, force, smoothed_entropy)
+            y = y_next
+            if early_exit and not active.any():
+                break
+        if record:
+            self.last_trace = {name: torch.stack([step[name] for step in trace]).detach() for name in trace[0]}
+            iterations = steps_taken.float().mean() if steps_taken is not None else torch.tensor(float(s.tel_steps))
+            self.last_trace["iterations"] = iterations.detach().to(anchor.device)
+        return y
+
+
+class ThermodynamicEquilibriumLayer(nn.Module):
+    """A TEL layer (tel.txt §2.2, eq. 10): Phi(x) = y^(K) of `EquilibriumRefinement` started at y0 = anchor(x).
+
+    Args:
+        anchor: the module computing Wx: nn.Linear, GPT-2's Conv1D, nn.Conv2d (channel axis 1), or any module
+            whose output has its channels on `channel_dim`.
+        settings: `TELSettings` (defaults: tel.txt's).
+        channel_dim: None picks 1 for nn.Conv1d/2d/3d anchors and -1 otherwise.
+
+        >>> layer = ThermodynamicEquilibriumLayer(nn.Linear(8, 32), TELSettings(tel_steps=3))
+        >>> layer(torch.randn(4, 8)).shape
+        torch.Size([4, 32])
+    """
+
+    def __init__(self, anchor: nn.Module, settings: TELSettings | None = None, channel_dim: int | None = None):
+        super().__init__()
+        if channel_dim is None:
+            channel_dim = 1 if isinstance(anchor, (nn.Conv1d, nn.Conv2d, nn.Conv3d)) else -1
+        self.anchor = anchor
+        self.refinement = EquilibriumRefinement(_output_width(anchor), channel_dim, settings or TELSettings())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.refinement(self.anchor(x))
+
+
+def _output_width(anchor: nn.Module) -> int:
+    for attribute in ("out_features", "out_channels", "nf"):
+        if hasattr(anchor, attribute):
+            return getattr(anchor, attribute)
+    raise ValueError(f"cannot tell the output width of anchor {type(anchor).__name__}; give it `out_features`")

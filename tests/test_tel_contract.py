@@ -1,0 +1,93 @@
+"""TEL-GPT2, TEL-ViT and TEL-ResNet through the shared model contract (tests/contract.py)."""
+
+import torch
+from transformers import AutoModel, AutoModelForCausalLM, AutoModelForImageClassification
+
+from energyzoo import (
+    TELGPT2Config,
+    TELGPT2LMHeadModel,
+    TELGPT2Model,
+    TELResNetConfig,
+    TELResNetForImageClassification,
+    TELResNetModel,
+    TELViTConfig,
+    TELViTForImageClassification,
+    TELViTModel,
+)
+
+from contract import CausalLMContract, ModelContract
+
+TEL_ENERGIES = {"temperature", "step_size", "gradient_norm", "enthalpy_entropy_ratio", "gradient_alignment", "iterations"}
+INVALID_TEL_VALUES = [
+    ("tel_steps", 0),
+    ("tel_activation", "swish"),
+    ("tel_placement", [0, 0]),
+    ("tel_placement", "tail"),
+    ("tel_temperature", "layer"),
+    ("tel_temperature_max", 5.0),  # T_max L_phi > 1 breaks eq. 13
+    ("tel_initial_temperature", 0.01),  # below T_min
+    ("tel_initial_step_size", 2.0),
+    ("tel_estimator", "entropy"),
+    ("tel_dual_step", -0.1),
+    ("tel_exit_patience", 0),
+]
+
+
+class TestTELGPT2Contract(CausalLMContract):
+    model_type = "tel-gpt2"
+    config_class = TELGPT2Config
+    auto_classes = {AutoModel: TELGPT2Model, AutoModelForCausalLM: TELGPT2LMHeadModel}
+    head_class = TELGPT2LMHeadModel
+    head_auto_class = AutoModelForCausalLM
+    lora_target_modules = ["c_attn", "c_proj", "c_fc"]
+    energy_names = TEL_ENERGIES
+    invalid_config_values = INVALID_TEL_VALUES + [("tel_placement", [2])]
+
+    def make_config(self, **overrides):
+        fields = dict(vocab_size=97, n_positions=64, n_embd=32, n_layer=2, n_head=4, resid_pdrop=0.0, embd_pdrop=0.0,
+                      attn_pdrop=0.0, pad_token_id=0, bos_token_id=1, eos_token_id=2, tel_placement="full")
+        fields.update(overrides)
+        return TELGPT2Config(**fields)
+
+
+class VisionContract(ModelContract):
+    energy_names = TEL_ENERGIES
+
+    def make_inputs(self, config, batch_size=2, seed=0):
+        generator = torch.Generator().manual_seed(seed)
+        pixels = torch.randn(batch_size, 3, 32, 32, generator=generator)
+        return {"pixel_values": pixels, "labels": torch.randint(0, 3, (batch_size,), generator=generator)}
+
+
+class TestTELViTContract(VisionContract):
+    model_type = "tel-vit"
+    config_class = TELViTConfig
+    auto_classes = {AutoModel: TELViTModel, AutoModelForImageClassification: TELViTForImageClassification}
+    head_class = TELViTForImageClassification
+    head_auto_class = AutoModelForImageClassification
+    checkpointed_block = "ViTLayer"
+    lora_target_modules = ["q_proj", "v_proj", "fc1", "fc2"]
+    invalid_config_values = INVALID_TEL_VALUES + [("tel_placement", [2])]
+
+    def make_config(self, **overrides):
+        fields = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, image_size=32,
+                      patch_size=8, num_labels=3, tel_placement="head")
+        fields.update(overrides)
+        return TELViTConfig(**fields)
+
+
+class TestTELResNetContract(VisionContract):
+    model_type = "tel-resnet"
+    config_class = TELResNetConfig
+    auto_classes = {AutoModel: TELResNetModel, AutoModelForImageClassification: TELResNetForImageClassification}
+    head_class = TELResNetForImageClassification
+    head_auto_class = AutoModelForImageClassification
+    supports_activation_checkpointing = False  # transformers' ResNet has no checkpointable blocks
+    lora_target_modules = ["convolution"]
+    invalid_config_values = INVALID_TEL_VALUES + [("tel_placement", [4])]
+
+    def make_config(self, **overrides):
+        fields = dict(embedding_size=8, hidden_sizes=[8, 16], depths=[2, 2], layer_type="basic", num_labels=3,
+                      tel_placement="full")
+        fields.update(overrides)
+        return TELResNetConfig(**fields)
