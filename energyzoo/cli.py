@@ -1,4 +1,4 @@
-"""The `energyzoo` command: `energyzoo quickstart | bench | reproduce`."""
+"""The `energyzoo` command: `energyzoo quickstart | train | eval | export | bench | reproduce`."""
 
 import argparse
 import json
@@ -6,17 +6,55 @@ import sys
 
 
 def _quickstart(args) -> int:
-    from .training.loop import LoopSettings
     from .training.quickstart import run_quickstart
 
-    report = run_quickstart(args.output_dir, preset=args.preset, settings=LoopSettings(steps=args.steps))
+    report = run_quickstart(args.output_dir, steps=args.steps)
+    mc = report.local_results["energyzoo_pydoc_mc"]
+    ppl = report.local_results["energyzoo_pydoc_ppl"]
     print(f"\ntrain loss      {report.train_loss:.3f}  (last 20 steps)")
     print(f"validation loss {report.validation_loss:.3f}  perplexity {report.validation_perplexity:.1f}"
-          f"  (untrained: {report.initial_validation_loss:.3f})")
+          f"  (uniform over the vocabulary: {report.uniform_loss:.3f})")
+    print(f"local eval      pydoc_mc acc {mc['acc']:.3f} (chance 0.25), pydoc_ppl bits/byte {ppl['bits_per_byte']:.3f}")
     print(f"sample          {report.sample!r}")
-    print(f"saved to        {report.output_dir}  ({report.seconds:.0f} s)")
-    print(f"load it with    AutoModelForCausalLM.from_pretrained({str(report.output_dir)!r})  (after `import energyzoo`,"
-          " or with trust_remote_code=True)")
+    print(f"exported to     {report.export_dir}  ({report.seconds:.0f} s)")
+    print(f"load it with    AutoModelForCausalLM.from_pretrained({str(report.export_dir)!r}, trust_remote_code=True)")
+    print(f"push it with    energyzoo export {report.export_dir.parent / 'train' / 'model'} {report.export_dir} "
+          "--push <user>/<name>")
+    return 0
+
+
+def _train(args) -> int:
+    from .training.recipe import load_recipe
+    from .training.run import run_training
+
+    recipe = load_recipe(args.recipe, args.overrides)
+    result = run_training(recipe, resume=args.resume, stop_after=args.stop_after)
+    if result.model_dir is None:
+        print(f"stopped after step {result.last_step}; continue with --resume")
+    else:
+        print(f"trained {result.last_step} steps; {result.final_metrics}; model in {result.model_dir}")
+    return 0
+
+
+def _eval(args) -> int:
+    from .eval.harness import format_results_table, run_suite
+
+    for suite in args.suite:
+        results = run_suite(args.model_dir, suite, output_dir=args.output_dir, batch_size=args.batch_size,
+                            device=args.device, limit=args.limit)
+        print(f"\nsuite {suite}:\n{format_results_table(results)}")
+    return 0
+
+
+def _export(args) -> int:
+    from .hub_cards import export_folder
+
+    folder = export_folder(args.model_dir, args.output_dir, push_to=args.push, private=args.private)
+    print(f"exported {args.model_dir} to {folder}")
+    if args.push:
+        print(f"uploaded to https://huggingface.co/{args.push}")
+    else:
+        print(f"push it with: energyzoo export {args.model_dir} {folder} --push <user>/<name>")
     return 0
 
 
@@ -72,11 +110,35 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="energyzoo", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
 
-    quickstart = commands.add_parser("quickstart", help="train a tiny FEM-LM on the embedded Python docs")
+    quickstart = commands.add_parser("quickstart", help="train, evaluate and export a tiny FEM-LM (offline)")
     quickstart.add_argument("--output-dir", default="runs/quickstart")
-    quickstart.add_argument("--preset", default="fem-lm-tiny")
     quickstart.add_argument("--steps", type=int, default=500)
     quickstart.set_defaults(run=_quickstart)
+
+    train = commands.add_parser("train", help="train a zoo model from a recipe with accelerate")
+    train.add_argument("recipe", help="a recipe YAML file, or the name of one in energyzoo/configs (e.g. fem-lm-tiny)")
+    train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. training.steps=20 output_dir=runs/x")
+    train.add_argument("--resume", action="store_true", help="continue from the latest checkpoint of output_dir")
+    train.add_argument("--stop-after", type=int, default=None,
+                       help="stop this session after N steps without a final save (resume later with --resume)")
+    train.set_defaults(run=_train)
+
+    evaluate = commands.add_parser("eval", help="lm-evaluation-harness suites on a model folder")
+    evaluate.add_argument("model_dir")
+    evaluate.add_argument("--suite", nargs="+", default=["local"], choices=["local", "general", "leaderboard"],
+                          help="local: offline tasks shipped with energyzoo; general / leaderboard download datasets")
+    evaluate.add_argument("--output-dir", default=None, help="default: MODEL_DIR/eval")
+    evaluate.add_argument("--batch-size", type=int, default=8)
+    evaluate.add_argument("--device", default="cpu")
+    evaluate.add_argument("--limit", type=int, default=None, help="at most this many documents per task")
+    evaluate.set_defaults(run=_eval)
+
+    export = commands.add_parser("export", help="write a Hub-ready folder (remote code, tokenizer, model card)")
+    export.add_argument("model_dir")
+    export.add_argument("output_dir")
+    export.add_argument("--push", default=None, metavar="REPO_ID", help="upload the folder to this Hub repository")
+    export.add_argument("--private", action="store_true")
+    export.set_defaults(run=_export)
 
     bench = commands.add_parser("bench", help="FEM-LM vs its Llama baseline: forward, train step, peak memory")
     bench.add_argument("--preset", default="fem-lm-table5", help="FEM preset (default: fem.txt Table 5 shape)")

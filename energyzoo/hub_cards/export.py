@@ -1,8 +1,36 @@
-"""Write a folder that loads with `trust_remote_code=True` on a machine without energyzoo."""
+"""Hub-ready folders: `energyzoo export MODEL_DIR OUT_DIR [--push REPO_ID]`.
 
+The folder loads with `trust_remote_code=True` on a machine without energyzoo: safetensors weights, a
+config whose `auto_map` names every Auto class the architecture supports, the modeling files (copied by
+transformers through `register_for_auto_class`), the tokenizer, the generation config, and a model card
+rendered from this folder's per-paper templates (`fem.md`, `tel.md`) with the evaluation results that
+`energyzoo eval` left in ``MODEL_DIR/eval`` as `model-index` metadata. Nothing touches the network unless
+``push_to`` names a repository.
+"""
+
+import json
+import shutil
+from importlib import resources
 from pathlib import Path
 
-from ..registry import auto_map_for
+import yaml
+from huggingface_hub import EvalResult, HfApi, ModelCard, ModelCardData
+from transformers import AutoConfig, AutoTokenizer
+
+from ..registry import ARCHITECTURES, auto_map_for
+
+TEMPLATES = {"fem": "fem.md", "tel-gpt2": "tel.md", "tel-vit": "tel.md", "tel-resnet": "tel.md"}
+PIPELINE_TAGS = {"AutoModelForCausalLM": "text-generation", "AutoModelForImageClassification": "image-classification"}
+TEL_BACKBONES = {"tel-gpt2": "GPT-2", "tel-vit": "ViT", "tel-resnet": "ResNet"}
+LIMITATIONS = {
+    "fem": "Quality depends on the training run recorded below; small presets trained on the embedded corpus are "
+           "demonstrations, not useful language models. The GLA / SSM / AFT priors run energyzoo's chunkwise "
+           "PyTorch path (no fused CUDA kernels yet). Not aligned or filtered for harmful content.",
+    "tel": "In training mode TEL's temperature is a batch statistic (like BatchNorm's), so training-mode outputs "
+           "depend on the batch; at inference the layer acts on each position alone. TEL-full costs K refinement "
+           "steps in every block. The paper's large-scale results are not reproduced by this checkpoint.",
+}
+SKIPPED_CONFIG_KEYS = {"auto_map", "architectures", "transformers_version", "id2label", "label2id", "dtype"}
 
 
 def export_model(model, output_dir: str | Path, tokenizer=None) -> Path:
@@ -14,4 +42,122 @@ def export_model(model, output_dir: str | Path, tokenizer=None) -> Path:
     model.save_pretrained(output_dir)
     if tokenizer is not None:
         tokenizer.save_pretrained(output_dir)
+    return output_dir
+
+
+def head_auto_class(model_type: str, architectures: list[str] | None):
+    """The Auto class whose registered model is the saved architecture (its head), e.g. AutoModelForCausalLM."""
+    _, auto_models = ARCHITECTURES[model_type]
+    for auto_class, model_class in auto_models.items():
+        if architectures and model_class.__name__ in architectures:
+            return auto_class
+    return next(auto for auto in auto_models if auto.__name__ != "AutoModel")
+
+
+def load_for_export(model_dir: Path):
+    """(model, tokenizer or None, Auto class) of a zoo model folder."""
+    config = AutoConfig.from_pretrained(model_dir)
+    if config.model_type not in ARCHITECTURES:
+        raise ValueError(f"{model_dir} holds a {config.model_type!r} model; energyzoo exports {sorted(ARCHITECTURES)}")
+    auto_class = head_auto_class(config.model_type, config.architectures)
+    model = auto_class.from_pretrained(model_dir)
+    has_tokenizer = (model_dir / "tokenizer_config.json").exists()
+    return model, AutoTokenizer.from_pretrained(model_dir) if has_tokenizer else None, auto_class
+
+
+def eval_results(model_dir: Path) -> list[EvalResult]:
+    """Every numeric metric of the lm-eval result files in ``model_dir/eval``, and the validation accuracy of an
+    `energyzoo train` run of a classifier, as `EvalResult`s."""
+    results = []
+    metrics_path, recipe_path = model_dir / "training_metrics.json", model_dir / "recipe.yaml"
+    if metrics_path.exists() and recipe_path.exists():
+        accuracy = json.loads(metrics_path.read_text()).get("validation_accuracy")
+        source = yaml.safe_load(recipe_path.read_text())["data"]["source"]
+        if accuracy is not None:
+            results.append(EvalResult(task_type="image-classification", dataset_type=source, dataset_name=source,
+                                      dataset_split="validation", metric_type="accuracy", metric_value=accuracy))
+    for path in sorted((model_dir / "eval").glob("*.json")):
+        for task, metrics in json.loads(path.read_text()).get("results", {}).items():
+            for key, value in metrics.items():
+                if "," in key and "_stderr" not in key and isinstance(value, (int, float)):
+                    results.append(EvalResult(task_type="text-generation", dataset_type=task, dataset_name=task,
+                                              metric_type=key.split(",")[0], metric_value=float(value),
+                                              task_name=f"{path.stem} suite"))
+    return results
+
+
+def _config_table(config) -> str:
+    rows = ["| field | value |", "|---|---|"]
+    for key, value in sorted(config.to_diff_dict().items()):
+        if key not in SKIPPED_CONFIG_KEYS and isinstance(value, (int, float, str, bool, list)):
+            rows.append(f"| `{key}` | `{value}` |")
+    return "\n".join(rows)
+
+
+def _training_data(model_dir: Path) -> str:
+    recipe_path = model_dir / "recipe.yaml"
+    if not recipe_path.exists():
+        return "No training recipe in the folder: the weights were initialised or trained outside `energyzoo train`."
+    recipe = yaml.safe_load(recipe_path.read_text())
+    data, training = recipe["data"], recipe["training"]
+    source = {"python-docs": "the Python documentation shipped with CPython (`pydoc_data.topics`)",
+              "digits": "scikit-learn's 8x8 digits", "hf": f"the `datasets` source `{data.get('name')}`"}.get(
+        data["source"], f"local {data['source']} files")
+    return (f"Trained with `energyzoo train` on {source}: {training['steps']} steps of {training['batch_size']} "
+            f"examples (block size {data['block_size']}), AdamW lr {training['learning_rate']}, weight decay "
+            f"{training['weight_decay']}, seed {training['seed']}. The full recipe is `recipe.yaml` in this repository.")
+
+
+def _eval_table(model_dir: Path) -> str:
+    tables = [f"Suite `{path.stem}` (lm-evaluation-harness, `energyzoo eval`):\n\n{path.read_text().strip()}"
+              for path in sorted((model_dir / "eval").glob("*.md"))]
+    return "\n\n".join(tables) if tables else "No evaluation results in the folder (run `energyzoo eval` before exporting)."
+
+
+def render_card(model, model_dir: Path, auto_class, repo_id: str | None = None) -> ModelCard:
+    config = model.config
+    model_type = config.model_type
+    folder = Path(model_dir).resolve()
+    # `energyzoo train` writes runs/<name>/model: name the card after the run
+    name = repo_id.split("/")[-1] if repo_id else (folder.parent.name if folder.name == "model" else folder.name)
+    results = eval_results(model_dir)
+    pipeline_tag = PIPELINE_TAGS[auto_class.__name__]
+    card_data = ModelCardData(library_name="transformers", pipeline_tag=pipeline_tag, license="apache-2.0",
+                              tags=["energyzoo", model_type, "custom_code"], model_name=name,
+                              eval_results=results or None)
+    variables = dict(
+        model_name=name, model_type=model_type, architecture=type(model).__name__, auto_class=auto_class.__name__,
+        repo_id=repo_id or "path/to/this/folder", parameters=f"{sum(p.numel() for p in model.parameters()):,}",
+        config_table=_config_table(config), training_data=_training_data(model_dir), eval_table=_eval_table(model_dir),
+        limitations=LIMITATIONS["fem" if model_type == "fem" else "tel"],
+    )
+    if model_type == "fem":
+        variables["prior"] = config.prior
+    else:
+        variables.update(backbone=TEL_BACKBONES[model_type], tel_blocks=config.tel_blocks(),
+                         tel_placement=config.tel_placement, tel_steps=config.tel_steps,
+                         tel_activation=config.tel_activation,
+                         task_description="language modelling" if pipeline_tag == "text-generation" else "image classification")
+    template = resources.files("energyzoo") / "hub_cards" / TEMPLATES[model_type]
+    return ModelCard.from_template(card_data, template_str=template.read_text(), **variables)
+
+
+def export_folder(model_dir: str | Path, output_dir: str | Path, push_to: str | None = None, api: HfApi | None = None,
+                  private: bool = False) -> Path:
+    """Write the Hub-ready folder of a trained zoo model; with ``push_to``, upload it (card included)."""
+    model_dir, output_dir = Path(model_dir), Path(output_dir)
+    model, tokenizer, auto_class = load_for_export(model_dir)
+    export_model(model, output_dir, tokenizer)
+    render_card(model, model_dir, auto_class, push_to).save(output_dir / "README.md")
+    for extra in ("recipe.yaml", "training_metrics.json"):
+        if (model_dir / extra).exists():
+            shutil.copy(model_dir / extra, output_dir / extra)
+    if (model_dir / "eval").exists():
+        shutil.copytree(model_dir / "eval", output_dir / "eval", dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns("local_tasks"))
+    if push_to is not None:
+        api = api or HfApi()
+        api.create_repo(push_to, repo_type="model", exist_ok=True, private=private)
+        api.upload_folder(folder_path=str(output_dir), repo_id=push_to, repo_type="model",
+                          commit_message=f"Upload {type(model).__name__} exported by energyzoo")
     return output_dir

@@ -1,5 +1,8 @@
-"""Text that is always there (DESIGN.md, "Data that is always there"): the Python documentation shipped
-with CPython, a byte-level BPE tokenizer trained on it locally, and packing into fixed-length blocks."""
+"""Training data: the text that is always there (DESIGN.md, "Data that is always there": the Python
+documentation shipped with CPython, scikit-learn's digits), local text/JSONL files and `datasets` sources;
+a byte-level BPE tokenizer trained locally, and packing into fixed-length blocks."""
+
+import json
 
 import pydoc_data.topics
 import torch
@@ -14,11 +17,7 @@ def python_docs_corpus(validation_fraction: float = 0.05) -> tuple[list[str], li
     by name, every k-th topic held out) so validation text is never seen in training."""
     if not 0 < validation_fraction < 1:
         raise ValueError(f"validation_fraction must be in (0, 1), got {validation_fraction}")
-    topics = sorted(pydoc_data.topics.topics.items())
-    every = max(2, round(1 / validation_fraction))
-    train = [text for index, (_, text) in enumerate(topics) if index % every != every - 1]
-    validation = [text for index, (_, text) in enumerate(topics) if index % every == every - 1]
-    return train, validation
+    return split_documents([text for _, text in sorted(pydoc_data.topics.topics.items())], validation_fraction)
 
 
 def train_bpe_tokenizer(texts: list[str], vocab_size: int = 2048) -> PreTrainedTokenizerFast:
@@ -49,3 +48,88 @@ def pack_into_blocks(texts: list[str], tokenizer, block_size: int) -> torch.Tens
     if num_blocks == 0:
         raise ValueError(f"{len(stream)} tokens do not fill one block of {block_size}")
     return torch.tensor(stream[: num_blocks * block_size]).view(num_blocks, block_size)
+
+
+def split_documents(documents: list[str], validation_fraction: float) -> tuple[list[str], list[str]]:
+    """Every k-th document (k = 1 / fraction) held out for validation, the rest for training."""
+    every = max(2, round(1 / validation_fraction))
+    train = [text for index, text in enumerate(documents) if index % every != every - 1]
+    validation = [text for index, text in enumerate(documents) if index % every == every - 1]
+    return train, validation
+
+
+def read_documents(data) -> tuple[list[str], list[str]]:
+    """(train, validation) documents of an in-memory text source of a recipe's `DataSection`."""
+    if data.source == "python-docs":
+        return python_docs_corpus(data.validation_fraction)
+    documents = []
+    for path in data.paths:
+        with open(path, encoding="utf-8") as handle:
+            if data.source == "text":
+                documents.append(handle.read())
+            else:
+                documents.extend(json.loads(line)[data.text_field] for line in handle if line.strip())
+    return split_documents(documents, data.validation_fraction)
+
+
+class ArrowBlocks:
+    """Packed token blocks in a memory-mapped `datasets.Dataset`, indexable like a (N, block_size) tensor."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, indices: torch.Tensor) -> torch.Tensor:
+        return torch.tensor(self.dataset[indices.tolist()]["input_ids"])
+
+
+def _hub_dataset(data):
+    from datasets import load_dataset
+
+    files = {"data_files": data.paths} if data.paths else {}
+    return load_dataset(data.name, data.subset, split=data.split, **files)
+
+
+def _packed(dataset, tokenizer, data) -> ArrowBlocks:
+    def pack(batch):
+        stream = []
+        for text in batch[data.text_field]:
+            stream.extend(tokenizer(text, add_special_tokens=False)["input_ids"])
+            stream.append(tokenizer.eos_token_id)
+        usable = len(stream) // data.block_size * data.block_size  # the tail of each map batch is dropped
+        return {"input_ids": [stream[i : i + data.block_size] for i in range(0, usable, data.block_size)]}
+
+    return ArrowBlocks(dataset.map(pack, batched=True, remove_columns=dataset.column_names))
+
+
+def tokenizer_training_texts(data, limit: int = 50_000) -> list[str]:
+    """Texts to train a BPE tokenizer on: the training documents (the first `limit` of a `datasets` source)."""
+    if data.source == "hf":
+        dataset = _hub_dataset(data)
+        return dataset.select(range(min(limit, len(dataset))))[data.text_field]
+    return read_documents(data)[0]
+
+
+def language_model_blocks(data, tokenizer):
+    """(train, validation) blocks of `data.block_size` tokens: tensors for in-memory sources, `ArrowBlocks`
+    (tokenised and packed with `datasets.map`, cached on disk) for `datasets` sources."""
+    if data.source == "hf":
+        parts = _hub_dataset(data).train_test_split(test_size=data.validation_fraction, shuffle=False)
+        return _packed(parts["train"], tokenizer, data), _packed(parts["test"], tokenizer, data)
+    train, validation = read_documents(data)
+    return pack_into_blocks(train, tokenizer, data.block_size), pack_into_blocks(validation, tokenizer, data.block_size)
+
+
+def digits_split(validation_fraction: float, seed: int):
+    """scikit-learn's 8x8 digits as (N, 1, 8, 8) images scaled to [-1, 1], split by a seeded permutation:
+    (train images, train labels, validation images, validation labels)."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    images = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 8.0 - 1.0
+    labels = torch.tensor(digits.target, dtype=torch.long)
+    order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed))
+    cut = int(len(labels) * (1 - validation_fraction))
+    return images[order[:cut]], labels[order[:cut]], images[order[cut:]], labels[order[cut:]]

@@ -1,0 +1,140 @@
+"""`energyzoo eval MODEL_DIR --suite ...`: lm-evaluation-harness on a zoo LM (or any causal LM folder).
+
+Suites:
+- ``leaderboard``: the Open LLM Leaderboard v2 group of lm-eval (MMLU-Pro 5-shot, GPQA 0, BBH 3, MATH-hard 4,
+  MuSR 0, IFEval), each with the harness's own few-shot setting (fem.txt App. L).
+- ``general``: ARC-Challenge, ARC-Easy, HellaSwag, PIQA, BoolQ, WinoGrande, COPA, OpenBookQA, SciQ, 0-shot
+  (fem.txt Table 2).
+- ``local``: offline tasks energyzoo ships, built from held-out Python documentation topics (the ones the
+  quickstart never trains on): ``energyzoo_pydoc_mc``, 4-way multiple choice of the next four words of a
+  sentence; ``energyzoo_pydoc_ppl``, rolling perplexity (word / byte perplexity, bits per byte).
+The first two download their datasets (online); ``local`` needs nothing.
+
+Results: lm-eval's JSON in ``OUTPUT/<suite>.json`` and a markdown table in ``OUTPUT/<suite>.md`` (default
+OUTPUT: ``MODEL_DIR/eval``), which `energyzoo export` turns into the card's `model-index`.
+"""
+
+import json
+import random
+import re
+from pathlib import Path
+
+import yaml
+
+from ..training.data import python_docs_corpus
+
+SUITES = {
+    "leaderboard": {"tasks": ["leaderboard"], "num_fewshot": None},
+    "general": {"tasks": ["arc_challenge", "arc_easy", "hellaswag", "piqa", "boolq", "winogrande", "copa",
+                          "openbookqa", "sciq"], "num_fewshot": 0},
+    "local": {"tasks": ["energyzoo_pydoc_mc", "energyzoo_pydoc_ppl"], "num_fewshot": 0},
+}
+LOCAL_VALIDATION_FRACTION = 0.1  # the quickstart's held-out topics
+MC_CONTEXT_WORDS, MC_ANSWER_WORDS, MC_CHOICES = 8, 4, 4
+
+
+def _sentences(texts: list[str]) -> list[list[str]]:
+    words = []
+    for text in texts:
+        for sentence in re.split(r"(?<=[.!?])\s+", " ".join(text.split())):
+            tokens = sentence.split()
+            if len(tokens) >= MC_CONTEXT_WORDS + MC_ANSWER_WORDS:
+                words.append(tokens)
+    return words
+
+
+def local_task_documents(max_mc: int = 200, max_ppl: int = 30, ppl_chars: int = 2000) -> tuple[list[dict], list[dict]]:
+    """(multiple-choice items, perplexity documents) from the held-out Python documentation topics."""
+    _, held_out = python_docs_corpus(LOCAL_VALIDATION_FRACTION)
+    sentences = _sentences(held_out)
+    rng = random.Random(0)
+    items = []
+    for index, tokens in enumerate(sentences[:max_mc]):
+        answer = " " + " ".join(tokens[MC_CONTEXT_WORDS : MC_CONTEXT_WORDS + MC_ANSWER_WORDS])
+        others = [s for j, s in enumerate(sentences) if j != index]
+        distractors = set()
+        while len(distractors) < MC_CHOICES - 1:
+            other = rng.choice(others)
+            start = rng.randrange(0, len(other) - MC_ANSWER_WORDS + 1)
+            candidate = " " + " ".join(other[start : start + MC_ANSWER_WORDS])
+            if candidate != answer:
+                distractors.add(candidate)
+        choices = sorted(distractors)
+        label = rng.randrange(MC_CHOICES)
+        choices.insert(label, answer)
+        items.append({"context": " ".join(tokens[:MC_CONTEXT_WORDS]), "choices": choices, "label": label})
+    documents = [{"text": text[:ppl_chars]} for text in held_out[:max_ppl]]
+    return items, documents
+
+
+def write_local_tasks(directory: str | Path) -> Path:
+    """Write the local tasks (JSONL data and lm-eval YAML with absolute paths) into `directory`; pass it as
+    lm-eval's ``--include_path``."""
+    directory = Path(directory).resolve()
+    directory.mkdir(parents=True, exist_ok=True)
+    items, documents = local_task_documents()
+    for name, rows in (("pydoc_mc", items), ("pydoc_ppl", documents)):
+        (directory / f"{name}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    common = {"dataset_path": "json", "test_split": "test", "metadata": {"version": 1.0}}
+    tasks = {
+        "energyzoo_pydoc_mc": {
+            **common, "dataset_kwargs": {"data_files": {"test": str(directory / "pydoc_mc.jsonl")}},
+            "output_type": "multiple_choice", "doc_to_text": "{{context}}", "doc_to_choice": "choices",
+            "doc_to_target": "label",
+            "metric_list": [{"metric": "acc", "aggregation": "mean", "higher_is_better": True},
+                            {"metric": "acc_norm", "aggregation": "mean", "higher_is_better": True}],
+        },
+        "energyzoo_pydoc_ppl": {
+            **common, "dataset_kwargs": {"data_files": {"test": str(directory / "pydoc_ppl.jsonl")}},
+            "output_type": "loglikelihood_rolling", "doc_to_text": "", "doc_to_target": "{{text}}",
+            "metric_list": [{"metric": "word_perplexity"}, {"metric": "byte_perplexity"}, {"metric": "bits_per_byte"}],
+        },
+    }
+    for name, task in tasks.items():
+        (directory / f"{name}.yaml").write_text(yaml.safe_dump({"task": name, **task}, sort_keys=False))
+    return directory
+
+
+def format_results_table(results: dict) -> str:
+    """Markdown table of lm-eval's `results` (task, metric, value, stderr)."""
+    lines = ["| task | metric | value | stderr |", "|---|---|---|---|"]
+    for task, metrics in results["results"].items():
+        for key, value in metrics.items():
+            if "," not in key or key.startswith("alias") or "_stderr" in key or not isinstance(value, (int, float)):
+                continue
+            metric = key.split(",")[0]
+            stderr = metrics.get(f"{metric}_stderr,{key.split(',', 1)[1]}")
+            stderr_text = f"{stderr:.4f}" if isinstance(stderr, (int, float)) else ""
+            lines.append(f"| {task} | {metric} | {value:.4f} | {stderr_text} |")
+    return "\n".join(lines)
+
+
+def run_suite(model_dir: str | Path, suite: str, output_dir: str | Path | None = None, batch_size: int = 8,
+              device: str = "cpu", limit: int | None = None) -> dict:
+    """Evaluate the model folder on a suite in process; write ``<suite>.json`` and ``<suite>.md``."""
+    if suite not in SUITES:
+        raise ValueError(f"unknown suite {suite!r}; choose one of {sorted(SUITES)}")
+    import lm_eval
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from .. import registry  # noqa: F401  (zoo model types must be registered to load the folder)
+
+    model_dir = Path(model_dir)
+    output_dir = Path(output_dir) if output_dir is not None else model_dir / "eval"
+    output_dir.mkdir(parents=True, exist_ok=True)
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    language_model = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, device=device)
+    if suite == "local":
+        manager = TaskManager(include_path=str(write_local_tasks(output_dir / "local_tasks")), include_defaults=False)
+    else:
+        manager = TaskManager()
+    settings = SUITES[suite]
+    results = lm_eval.simple_evaluate(model=language_model, tasks=settings["tasks"], num_fewshot=settings["num_fewshot"],
+                                      task_manager=manager, limit=limit, log_samples=False)
+    results = json.loads(json.dumps(results, default=str))  # lm-eval's numpy / dtype values as JSON
+    (output_dir / f"{suite}.json").write_text(json.dumps(results, indent=2))
+    (output_dir / f"{suite}.md").write_text(format_results_table(results) + "\n")
+    return results

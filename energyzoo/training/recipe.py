@@ -1,0 +1,195 @@
+"""Run recipes (`energyzoo/configs/*.yaml`): what to train, on which data, how (DESIGN.md keeps recipes in
+`configs/`, model definitions in `models/`).
+
+A recipe is YAML with four sections and an output folder::
+
+    model:     {preset: fem-lm-tiny, overrides: {max_position_embeddings: 512}}   # or config: {model_type: ...}
+    data:      {source: python-docs, block_size: 128}
+    tokenizer: {train_vocab_size: 2048}                                           # or name: <Hub id / folder>
+    training:  {steps: 500, batch_size: 16, learning_rate: 3.0e-3, ...}
+    output_dir: runs/fem-lm-tiny
+
+Command-line overrides are dotted ``key=value`` pairs parsed as YAML values (``training.steps=20``).
+Token budgets (``total_tokens``, ``batch_tokens``, ``warmup_tokens``) may replace steps, batch size and
+warmup steps for language models: they are converted with the block size.
+"""
+
+from dataclasses import asdict, dataclass, field, fields
+from importlib import resources
+from pathlib import Path
+
+import yaml
+
+DATA_SOURCES = ("python-docs", "digits", "text", "jsonl", "hf")
+MIXED_PRECISION = ("no", "bf16", "fp16")
+
+
+def _fail(section: str, name: str, allowed: str, value) -> None:
+    raise ValueError(f"recipe {section}.{name} must be {allowed}, got {value!r}")
+
+
+@dataclass
+class ModelSection:
+    preset: str | None = None
+    config: dict | None = None
+    overrides: dict = field(default_factory=dict)
+
+    def validate(self) -> None:
+        if (self.preset is None) == (self.config is None):
+            _fail("model", "preset", "given, or else model.config (exactly one of them)", self.preset)
+
+
+@dataclass
+class DataSection:
+    """source: "python-docs" (embedded text), "digits" (embedded 8x8 images), "text" / "jsonl" (local files in
+    `paths`; JSONL reads `text_field`), or "hf" (a `datasets` name, streamed; needs the network)."""
+
+    source: str = "python-docs"
+    paths: list[str] = field(default_factory=list)
+    text_field: str = "text"
+    name: str | None = None
+    subset: str | None = None
+    split: str = "train"
+    block_size: int = 128
+    validation_fraction: float = 0.1
+
+    def validate(self) -> None:
+        if self.source not in DATA_SOURCES:
+            _fail("data", "source", f"one of {list(DATA_SOURCES)}", self.source)
+        if self.source in ("text", "jsonl") and not self.paths:
+            _fail("data", "paths", f"a non-empty list of files for source {self.source!r}", self.paths)
+        if self.source == "hf" and not self.name:
+            _fail("data", "name", "a `datasets` name for source 'hf'", self.name)
+        if self.block_size < 2:
+            _fail("data", "block_size", ">= 2", self.block_size)
+        if not 0 < self.validation_fraction < 1:
+            _fail("data", "validation_fraction", "in (0, 1)", self.validation_fraction)
+
+
+@dataclass
+class TokenizerSection:
+    """Either train a byte-level BPE locally (`train_vocab_size`) or load `name` (a Hub id or folder)."""
+
+    name: str | None = None
+    train_vocab_size: int = 2048
+
+
+@dataclass
+class TrainingSection:
+    steps: int | None = 500
+    batch_size: int | None = 16  # global: sequences (or images) per optimiser step, over all processes
+    gradient_accumulation: int = 1
+    learning_rate: float = 3e-3
+    warmup_steps: int | None = 30
+    weight_decay: float = 0.1
+    max_grad_norm: float = 1.0
+    adam_betas: tuple[float, float] = (0.9, 0.95)
+    mixed_precision: str = "no"
+    save_every: int = 100
+    eval_every: int = 100
+    log_every: int = 10
+    seed: int = 42
+    total_tokens: float | None = None
+    batch_tokens: float | None = None
+    warmup_tokens: float | None = None
+
+    def resolve_token_budget(self, block_size: int) -> None:
+        """Steps, batch size and warmup from token counts (fem.txt §3 states its runs in tokens)."""
+        if self.batch_tokens is not None:
+            self.batch_size = round(self.batch_tokens / block_size)
+        if self.total_tokens is not None:
+            self.steps = round(self.total_tokens / (self.batch_size * block_size))
+        if self.warmup_tokens is not None:
+            self.warmup_steps = round(self.warmup_tokens / (self.batch_size * block_size))
+
+    def validate(self) -> None:
+        for name in ("steps", "batch_size", "gradient_accumulation", "save_every", "eval_every", "log_every"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                _fail("training", name, "an integer >= 1", value)
+        if self.batch_size % self.gradient_accumulation:
+            _fail("training", "gradient_accumulation", f"a divisor of batch_size {self.batch_size}",
+                  self.gradient_accumulation)
+        if not self.learning_rate > 0:
+            _fail("training", "learning_rate", "> 0", self.learning_rate)
+        if self.warmup_steps is None or not 0 <= self.warmup_steps < self.steps:
+            _fail("training", "warmup_steps", f"in [0, steps={self.steps})", self.warmup_steps)
+        if self.mixed_precision not in MIXED_PRECISION:
+            _fail("training", "mixed_precision", f"one of {list(MIXED_PRECISION)}", self.mixed_precision)
+        if self.weight_decay < 0 or self.max_grad_norm <= 0:
+            _fail("training", "weight_decay / max_grad_norm", ">= 0 / > 0", (self.weight_decay, self.max_grad_norm))
+
+
+@dataclass
+class Recipe:
+    model: ModelSection = field(default_factory=ModelSection)
+    data: DataSection = field(default_factory=DataSection)
+    tokenizer: TokenizerSection = field(default_factory=TokenizerSection)
+    training: TrainingSection = field(default_factory=TrainingSection)
+    output_dir: str = "runs/train"
+
+    @property
+    def task(self) -> str:
+        return "image-classification" if self.data.source == "digits" else "causal-lm"
+
+    def validate(self) -> "Recipe":
+        self.model.validate()
+        self.data.validate()
+        self.training.resolve_token_budget(self.data.block_size)
+        self.training.validate()
+        return self
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+SECTIONS = {"model": ModelSection, "data": DataSection, "tokenizer": TokenizerSection, "training": TrainingSection}
+
+
+def _section(cls, values: dict, name: str):
+    known = {f.name for f in fields(cls)}
+    unknown = set(values) - known
+    if unknown:
+        raise ValueError(f"recipe section {name!r} has unknown keys {sorted(unknown)}; known: {sorted(known)}")
+    return cls(**values)
+
+
+def recipe_from_dict(raw: dict) -> Recipe:
+    unknown = set(raw) - {*SECTIONS, "output_dir"}
+    if unknown:
+        raise ValueError(f"recipe has unknown sections {sorted(unknown)}; known: {sorted(SECTIONS)} and output_dir")
+    sections = {name: _section(cls, raw.get(name) or {}, name) for name, cls in SECTIONS.items()}
+    if isinstance(sections["training"].adam_betas, list):
+        sections["training"].adam_betas = tuple(sections["training"].adam_betas)
+    return Recipe(**sections, output_dir=raw.get("output_dir", "runs/train")).validate()
+
+
+def apply_overrides(raw: dict, overrides: list[str]) -> dict:
+    """Apply dotted ``key=value`` overrides (values parsed as YAML) to a raw recipe dict."""
+    for override in overrides:
+        if "=" not in override:
+            raise ValueError(f"override {override!r} must look like section.key=value")
+        path, value = override.split("=", 1)
+        target = raw
+        *parents, leaf = path.split(".")
+        for key in parents:
+            target = target.setdefault(key, {})
+        target[leaf] = yaml.safe_load(value)
+    return raw
+
+
+def shipped_recipe_path(name: str) -> Path:
+    """A recipe shipped in `energyzoo/configs/` by name (``fem-lm-tiny`` or ``fem-lm-tiny.yaml``)."""
+    file = name if name.endswith(".yaml") else f"{name}.yaml"
+    return Path(str(resources.files("energyzoo") / "configs" / file))
+
+
+def load_recipe(path_or_name: str | Path, overrides: list[str] = ()) -> Recipe:
+    """Read a recipe file (or a shipped one by name) and apply overrides."""
+    path = Path(path_or_name)
+    if not path.exists():
+        path = shipped_recipe_path(str(path_or_name))
+        if not path.exists():
+            raise FileNotFoundError(f"no recipe file {path_or_name!r} (and no shipped recipe of that name)")
+    raw = yaml.safe_load(path.read_text()) or {}
+    return recipe_from_dict(apply_overrides(raw, list(overrides)))

@@ -1,0 +1,280 @@
+"""`energyzoo train RECIPE.yaml [overrides]`: train any zoo model with accelerate.
+
+One process or many (``accelerate launch --num_processes N ...``: data parallel, gloo on CPU, NCCL on GPUs,
+FSDP/DeepSpeed through the accelerate configs in `configs/`). AdamW with decoupled weight decay, linear
+warmup + cosine decay, gradient clipping, gradient accumulation, mixed precision where the device has it.
+
+Data order is a pure function of (seed, step): the global batch of step s is the s-th slice of a stream of
+seeded permutations of the training examples, and process p of P takes the p-th part of it. So a run
+resumed from a checkpoint continues with exactly the examples it would have seen, and P processes see
+the same global batches as one process (same global batch size, same loss curve up to float rounding).
+
+Outputs in ``output_dir``: ``metrics.jsonl`` (step, loss, learning rate, evaluation rows), ``loss_curve.png``,
+``checkpoints/step-NNNNNNN/`` every ``save_every`` steps (model, optimiser, scheduler, RNG states and the
+step, via `Accelerator.save_state`), ``tokenizer/`` and the final ``model/`` folder (``save_pretrained``,
+tokenizer and recipe included), which `energyzoo eval` and `energyzoo export` take.
+"""
+
+import json
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import yaml
+from accelerate import Accelerator
+from accelerate.utils import set_seed
+from tqdm.auto import tqdm
+from transformers import AutoConfig, AutoTokenizer, get_cosine_schedule_with_warmup
+
+from ..presets import TASK_AUTO_CLASSES, config_from_preset
+from ..registry import auto_map_for
+from .data import digits_split, language_model_blocks, tokenizer_training_texts, train_bpe_tokenizer
+from .recipe import Recipe
+
+CHECKPOINTS = "checkpoints"
+STATE_FILE = "trainer_state.json"
+
+
+@dataclass
+class TrainingData:
+    train_inputs: torch.Tensor
+    train_labels: torch.Tensor
+    validation_inputs: torch.Tensor
+    validation_labels: torch.Tensor
+
+
+def prepare_data(recipe: Recipe, output_dir: Path, is_main: bool, accelerator: Accelerator):
+    """(data, tokenizer or None). The tokenizer is trained once and kept in ``output_dir/tokenizer`` so a resumed
+    run uses the same one."""
+    if recipe.task == "image-classification":
+        inputs, labels, validation_inputs, validation_labels = digits_split(recipe.data.validation_fraction,
+                                                                            recipe.training.seed)
+        return TrainingData(inputs, labels, validation_inputs, validation_labels), None
+    tokenizer_dir = output_dir / "tokenizer"
+    if not tokenizer_dir.exists():
+        if is_main:
+            tokenizer = (AutoTokenizer.from_pretrained(recipe.tokenizer.name) if recipe.tokenizer.name else
+                         train_bpe_tokenizer(tokenizer_training_texts(recipe.data), recipe.tokenizer.train_vocab_size))
+            tokenizer.save_pretrained(tokenizer_dir)
+        accelerator.wait_for_everyone()
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    train, validation = language_model_blocks(recipe.data, tokenizer)
+    return TrainingData(train, train, validation, validation), tokenizer
+
+
+def build_model(recipe: Recipe, tokenizer):
+    if recipe.model.preset is not None:
+        config = config_from_preset(recipe.model.preset, **recipe.model.overrides)
+    else:
+        config = AutoConfig.for_model(**{**recipe.model.config, **recipe.model.overrides})
+    if tokenizer is not None:
+        for name, value in dict(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
+                                bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id).items():
+            setattr(config, name, value)
+    return TASK_AUTO_CLASSES[recipe.task].from_config(config)
+
+
+class BatchSchedule:
+    """Indices of the global batch of every step: consecutive slices of a stream of seeded permutations."""
+
+    def __init__(self, examples: int, batch_size: int, seed: int):
+        if batch_size > examples:
+            raise ValueError(f"training.batch_size {batch_size} exceeds the {examples} training examples")
+        self.examples, self.batch_size, self.seed = examples, batch_size, seed
+        self._permutations: dict[int, torch.Tensor] = {}
+
+    def _permutation(self, epoch: int) -> torch.Tensor:
+        if epoch not in self._permutations:
+            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+            self._permutations = {epoch: torch.randperm(self.examples, generator=generator)}
+        return self._permutations[epoch]
+
+    def global_batch(self, step: int) -> torch.Tensor:
+        positions = torch.arange(step * self.batch_size, (step + 1) * self.batch_size)
+        epochs = positions // self.examples
+        return torch.cat([self._permutation(int(epoch))[positions[epochs == epoch] % self.examples]
+                          for epoch in epochs.unique()])
+
+
+def _loss(model, inputs: torch.Tensor, labels: torch.Tensor, task: str) -> torch.Tensor:
+    if task == "image-classification":
+        return model(pixel_values=inputs, labels=labels).loss
+    return model(input_ids=inputs, labels=labels, use_cache=False).loss
+
+
+@torch.no_grad()
+def evaluate(model, data: TrainingData, task: str, accelerator: Accelerator, batch_size: int = 32) -> dict:
+    """Validation loss (and accuracy for classifiers), each process on its share, reduced over processes."""
+    model.eval()
+    totals = torch.zeros(3, device=accelerator.device)  # loss sum, correct, count
+    share = range(accelerator.process_index, len(data.validation_inputs), accelerator.num_processes)
+    indices = torch.tensor(list(share), dtype=torch.long)
+    for start in range(0, len(indices), batch_size):
+        chunk = indices[start : start + batch_size]
+        inputs = data.validation_inputs[chunk].to(accelerator.device)
+        labels = data.validation_labels[chunk].to(accelerator.device)
+        if task == "image-classification":
+            output = model(pixel_values=inputs, labels=labels)
+            totals += torch.stack([output.loss * len(chunk), (output.logits.argmax(-1) == labels).sum(),
+                                   torch.tensor(len(chunk), device=accelerator.device)]).float()
+        else:
+            loss = model(input_ids=inputs, labels=labels, use_cache=False).loss
+            totals += torch.stack([loss * len(chunk), torch.zeros((), device=accelerator.device),
+                                   torch.tensor(len(chunk), device=accelerator.device)]).float()
+    totals = accelerator.reduce(totals, reduction="sum")
+    model.train()
+    result = {"validation_loss": float(totals[0] / totals[2])}
+    if task == "image-classification":
+        result["validation_accuracy"] = float(totals[1] / totals[2])
+    return result
+
+
+def latest_checkpoint(output_dir: Path) -> Path | None:
+    checkpoints = sorted((output_dir / CHECKPOINTS).glob("step-*"))
+    return checkpoints[-1] if checkpoints else None
+
+
+def _append_metrics(path: Path, row: dict) -> None:
+    with path.open("a") as handle:
+        handle.write(json.dumps(row) + "\n")
+
+
+def _truncate_metrics(path: Path, last_step: int) -> None:
+    """Drop rows a killed run logged after its last checkpoint (they are recomputed on resume)."""
+    if path.exists():
+        rows = [line for line in path.read_text().splitlines() if json.loads(line)["step"] <= last_step]
+        path.write_text("".join(row + "\n" for row in rows))
+
+
+def plot_loss_curve(metrics_path: Path, png_path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [json.loads(line) for line in metrics_path.read_text().splitlines()]
+    figure, axis = plt.subplots(figsize=(7, 4))
+    train = [row for row in rows if "loss" in row]
+    axis.plot([r["step"] for r in train], [r["loss"] for r in train], label="train loss")
+    evaluated = [row for row in rows if "validation_loss" in row]
+    if evaluated:
+        axis.plot([r["step"] for r in evaluated], [r["validation_loss"] for r in evaluated], "o-", label="validation loss")
+    axis.set_xlabel("step")
+    axis.set_ylabel("loss")
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(png_path, dpi=110)
+    plt.close(figure)
+
+
+@dataclass
+class TrainingResult:
+    output_dir: Path
+    model_dir: Path | None  # None when the run stopped early (``stop_after``)
+    last_step: int
+    losses: list[float]
+    final_metrics: dict
+
+
+def run_training(recipe: Recipe, resume: bool = False, stop_after: int | None = None,
+                 progress: bool = True) -> TrainingResult:
+    """Train `recipe`; with `resume`, continue from the latest checkpoint in its output folder. `stop_after`
+    ends this session after that many steps without a final save (as if the job were killed)."""
+    settings = recipe.training
+    output_dir = Path(recipe.output_dir)
+    accelerator = Accelerator(mixed_precision=settings.mixed_precision, cpu=not torch.cuda.is_available())
+    if settings.batch_size % (accelerator.num_processes * settings.gradient_accumulation):
+        raise ValueError(f"training.batch_size {settings.batch_size} must divide into {accelerator.num_processes} "
+                         f"processes x {settings.gradient_accumulation} accumulation steps")
+    is_main = accelerator.is_main_process
+    if is_main:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        (output_dir / "recipe.yaml").write_text(yaml.safe_dump(recipe.to_dict(), sort_keys=False))
+    set_seed(settings.seed)
+    data, tokenizer = prepare_data(recipe, output_dir, is_main, accelerator)
+    model = build_model(recipe, tokenizer)
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": settings.weight_decay},
+                                   {"params": no_decay, "weight_decay": 0.0}],
+                                  lr=settings.learning_rate, betas=settings.adam_betas)
+    scheduler = get_cosine_schedule_with_warmup(optimizer, settings.warmup_steps, settings.steps)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    # Not prepared: accelerate would step it once per process, but every step here is one global batch.
+    accelerator.register_for_checkpointing(scheduler)
+
+    metrics_path = output_dir / "metrics.jsonl"
+    start_step = 0
+    checkpoint = latest_checkpoint(output_dir) if resume else None
+    if resume and checkpoint is None:
+        raise FileNotFoundError(f"--resume: no checkpoint in {output_dir / CHECKPOINTS}")
+    if checkpoint is not None:
+        accelerator.load_state(str(checkpoint))
+        start_step = json.loads((checkpoint / STATE_FILE).read_text())["step"]
+        if is_main:
+            _truncate_metrics(metrics_path, start_step)
+    elif is_main and metrics_path.exists():
+        metrics_path.unlink()
+
+    schedule = BatchSchedule(len(data.train_inputs), settings.batch_size, settings.seed)
+    per_process = settings.batch_size // accelerator.num_processes
+    micro = per_process // settings.gradient_accumulation
+    end_step = settings.steps if stop_after is None else min(settings.steps, start_step + stop_after)
+    losses, final_metrics = [], {}
+    started = time.perf_counter()
+    model.train()
+    bar = tqdm(range(start_step, end_step), initial=start_step, total=settings.steps, desc="training",
+               disable=not (progress and is_main))
+    for step in bar:
+        indices = schedule.global_batch(step)[accelerator.process_index * per_process:][:per_process]
+        step_loss = torch.zeros((), device=accelerator.device)
+        for index in range(settings.gradient_accumulation):
+            chunk = indices[index * micro : (index + 1) * micro]
+            inputs = data.train_inputs[chunk].to(accelerator.device)
+            labels = data.train_labels[chunk].to(accelerator.device)
+            last = index == settings.gradient_accumulation - 1
+            with nullcontext() if last else accelerator.no_sync(model):
+                loss = _loss(model, inputs, labels, recipe.task) / settings.gradient_accumulation
+                accelerator.backward(loss)
+            step_loss += loss.detach()
+        accelerator.clip_grad_norm_(model.parameters(), settings.max_grad_norm)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        global_loss = float(accelerator.reduce(step_loss, reduction="mean"))
+        losses.append(global_loss)
+        done = step + 1
+        bar.set_postfix(loss=f"{global_loss:.4f}")
+        if is_main and (done % settings.log_every == 0 or done == settings.steps):
+            _append_metrics(metrics_path, {"step": done, "loss": global_loss, "learning_rate": scheduler.get_last_lr()[0],
+                                           "seconds": time.perf_counter() - started})
+        if done % settings.eval_every == 0 or done == settings.steps:
+            final_metrics = evaluate(model, data, recipe.task, accelerator)
+            if is_main:
+                _append_metrics(metrics_path, {"step": done, **final_metrics})
+        if done % settings.save_every == 0 and done < settings.steps:
+            path = output_dir / CHECKPOINTS / f"step-{done:07d}"
+            accelerator.save_state(str(path))
+            if is_main:
+                (path / STATE_FILE).write_text(json.dumps({"step": done}))
+            accelerator.wait_for_everyone()
+    bar.close()
+    last_step = end_step
+    if last_step < settings.steps:
+        return TrainingResult(output_dir, None, last_step, losses, final_metrics)
+
+    model_dir = output_dir / "model"
+    if is_main:
+        unwrapped = accelerator.unwrap_model(model)
+        unwrapped.config.auto_map = auto_map_for(unwrapped.config.model_type)
+        unwrapped.save_pretrained(model_dir)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(model_dir)
+        (model_dir / "recipe.yaml").write_text((output_dir / "recipe.yaml").read_text())
+        (model_dir / "training_metrics.json").write_text(json.dumps(
+            {"steps": settings.steps, "processes": accelerator.num_processes, **final_metrics}))
+        plot_loss_curve(metrics_path, output_dir / "loss_curve.png")
+    accelerator.wait_for_everyone()
+    return TrainingResult(output_dir, model_dir, last_step, losses, final_metrics)

@@ -1,0 +1,273 @@
+"""`energyzoo train | eval | export` and the quickstart built on them: recipes, resume equality, two-process
+equivalence, the lm-eval local suite, Hub-ready folders and their cards, the Trainer example."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from huggingface_hub import ModelCard
+from huggingface_hub.repocard_data import model_index_to_eval_results
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+
+from energyzoo.cli import main
+from energyzoo.eval.harness import local_task_documents, run_suite, write_local_tasks
+from energyzoo.hub_cards import export_folder
+from energyzoo.presets import preset_names
+from energyzoo.training.finetune import finetune_with_trainer
+from energyzoo.training.quickstart import run_quickstart
+from energyzoo.training.recipe import load_recipe, shipped_recipe_path
+from energyzoo.training.run import BatchSchedule, run_training
+
+REMOTE_LOAD_SCRIPT = Path(__file__).with_name("remote_load_check.py")
+CONFIGS = Path(shipped_recipe_path("fem-lm-tiny")).parent
+TINY = ["training.steps=6", "training.save_every=3", "training.eval_every=3", "training.log_every=1",
+        "training.warmup_steps=2", "training.batch_size=4", "model.overrides.hidden_size=32",
+        "model.overrides.intermediate_size=64", "model.overrides.num_hidden_layers=2", "tokenizer.train_vocab_size=300"]
+
+
+def tiny_run(output_dir, *extra, **kwargs):
+    return run_training(load_recipe("fem-lm-tiny", [*TINY, f"output_dir={output_dir}", *extra]), progress=False, **kwargs)
+
+
+def metric_rows(output_dir) -> list[dict]:
+    return [json.loads(line) for line in (Path(output_dir) / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def trained_model(tmp_path_factory):
+    """A tiny FEM-LM trained for 30 steps, evaluated on the local suite."""
+    output = tmp_path_factory.mktemp("trained")
+    result = tiny_run(output, "training.steps=30", "training.save_every=30", "training.eval_every=30")
+    run_suite(result.model_dir, "local")
+    return result.model_dir
+
+
+# recipes ---------------------------------------------------------------------------------------------
+def test_shipped_recipes_validate_and_follow_the_papers():
+    recipes = sorted(path.stem for path in CONFIGS.glob("*.yaml") if not path.stem.startswith("accelerate-"))
+    assert {"fem-lm-340m", "fem-lm-1.3b", "fem-gla-340m", "fem-gla-1.3b", "fem-lm-tiny", "tel-vit-digits",
+            "tel-resnet-digits"} <= set(recipes)
+    for name in recipes:
+        recipe = load_recipe(name)
+        assert recipe.model.preset in preset_names()
+    small, large = load_recipe("fem-lm-340m"), load_recipe("fem-lm-1.3b")
+    for recipe, tokens in ((small, 15e9), (large, 100e9)):  # fem.txt §3
+        training = recipe.training
+        assert recipe.data.name == "HuggingFaceFW/fineweb-edu" and recipe.tokenizer.name == "meta-llama/Llama-2-7b-hf"
+        assert recipe.data.block_size == 4096 and training.batch_size * 4096 == 524288
+        assert training.steps == round(tokens / 524288) and training.warmup_steps == round(1e9 / 524288)
+        assert (training.learning_rate, training.weight_decay, training.max_grad_norm) == (4e-4, 0.1, 1.0)
+        assert training.mixed_precision == "bf16"
+    for config in ("accelerate-fsdp", "accelerate-deepspeed-zero3"):
+        assert yaml.safe_load((CONFIGS / f"{config}.yaml").read_text())["mixed_precision"] == "bf16"
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("training.steps=0", "training.steps"),
+    ("training.gradient_accumulation=3", "training.gradient_accumulation"),
+    ("data.source=web", "data.source"),
+    ("training.mixed_precision=fp8", "training.mixed_precision"),
+    ("training.learning_rte=0.1", "unknown keys"),
+])
+def test_bad_recipe_values_name_the_field(override, message):
+    with pytest.raises(ValueError, match=message):
+        load_recipe("fem-lm-tiny", [override])
+
+
+def test_batch_schedule_walks_seeded_epochs_without_repeats():
+    schedule = BatchSchedule(examples=10, batch_size=4, seed=3)
+    first_epoch = torch.cat([schedule.global_batch(step) for step in range(2)]).tolist() + schedule.global_batch(2)[:2].tolist()
+    assert sorted(first_epoch) == list(range(10))
+    assert schedule.global_batch(7).tolist() == BatchSchedule(10, 4, 3).global_batch(7).tolist()
+
+
+# train -----------------------------------------------------------------------------------------------
+def test_killed_and_resumed_run_ends_with_the_weights_of_an_uninterrupted_run(tmp_path):
+    whole = tiny_run(tmp_path / "whole")
+    stopped = tiny_run(tmp_path / "resumed", stop_after=4)
+    assert stopped.model_dir is None and stopped.last_step == 4
+    resumed = tiny_run(tmp_path / "resumed", resume=True)
+    assert resumed.last_step == 6
+    expected, actual = load_file(whole.model_dir / "model.safetensors"), load_file(resumed.model_dir / "model.safetensors")
+    assert expected.keys() == actual.keys()
+    for name in expected:
+        assert torch.equal(expected[name], actual[name]), name
+    def without_time(rows):
+        return [{k: v for k, v in row.items() if k != "seconds"} for row in rows]
+
+    assert without_time(metric_rows(tmp_path / "resumed")) == without_time(metric_rows(tmp_path / "whole"))
+    assert (tmp_path / "whole" / "loss_curve.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_two_processes_follow_the_single_process_loss_curve(tmp_path):
+    single = tiny_run(tmp_path / "one")
+    command = [sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch", "--config_file",
+               str(CONFIGS / "accelerate-cpu-2proc.yaml"), "-m", "energyzoo.cli", "train", "fem-lm-tiny", *TINY,
+               f"output_dir={tmp_path / 'two'}"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert json.loads((tmp_path / "two" / "model" / "training_metrics.json").read_text())["processes"] == 2
+    two = [row["loss"] for row in metric_rows(tmp_path / "two") if "loss" in row]
+    assert len(two) == 6
+    torch.testing.assert_close(torch.tensor(two), torch.tensor(single.losses), rtol=1e-4, atol=1e-4)
+
+
+def test_gradient_accumulation_gives_the_full_batch_step(tmp_path):
+    full = tiny_run(tmp_path / "full", "training.steps=3", "training.save_every=3")
+    accumulated = tiny_run(tmp_path / "accumulated", "training.steps=3", "training.save_every=3",
+                           "training.gradient_accumulation=2")
+    torch.testing.assert_close(torch.tensor(accumulated.losses), torch.tensor(full.losses), rtol=1e-5, atol=1e-5)
+
+
+def test_vision_recipe_trains_tel_resnet_on_digits(tmp_path):
+    recipe = load_recipe("tel-resnet-digits", ["training.steps=60", "training.eval_every=60", "training.save_every=60",
+                                               f"output_dir={tmp_path}"])
+    result = run_training(recipe, progress=False)
+    assert result.final_metrics["validation_accuracy"] > 0.8  # 10 classes
+    assert (result.model_dir / "config.json").exists()
+
+
+def test_local_jsonl_files_train_through_the_datasets_path(tmp_path):
+    rows = [{"text": f"Document {i}: the quick brown fox jumps over the lazy dog. " * 20} for i in range(40)]
+    data = tmp_path / "docs.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    result = tiny_run(tmp_path / "run", "data.source=hf", "data.name=json", f"data.paths=[{data}]",
+                      "data.block_size=32", "training.steps=3", "training.save_every=3")
+    assert result.last_step == 3 and all(math.isfinite(loss) for loss in result.losses)
+
+
+# eval ------------------------------------------------------------------------------------------------
+def test_local_tasks_are_well_formed():
+    items, documents = local_task_documents()
+    assert len(items) >= 50 and len(documents) >= 5
+    for item in items:
+        assert len(item["choices"]) == 4 and len(set(item["choices"])) == 4
+        assert item["choices"][item["label"]].startswith(" ")
+    assert len({item["label"] for item in items}) == 4  # the answer is not always in one place
+
+
+def test_eval_local_suite_writes_lm_eval_json_and_markdown(trained_model):
+    results = json.loads((trained_model / "eval" / "local.json").read_text())["results"]
+    assert 0 <= results["energyzoo_pydoc_mc"]["acc,none"] <= 1
+    assert results["energyzoo_pydoc_ppl"]["bits_per_byte,none"] > 0
+    markdown = (trained_model / "eval" / "local.md").read_text()
+    assert "| energyzoo_pydoc_mc | acc |" in markdown and "| energyzoo_pydoc_ppl | bits_per_byte |" in markdown
+
+
+# export ----------------------------------------------------------------------------------------------
+class RecordingHfApi:
+    """Stands in for `huggingface_hub.HfApi`: records what would be created and uploaded."""
+
+    def __init__(self):
+        self.calls = []
+
+    def create_repo(self, repo_id, **kwargs):
+        self.calls.append(("create_repo", repo_id, kwargs))
+
+    def upload_folder(self, folder_path, repo_id, **kwargs):
+        files = {str(p.relative_to(folder_path)): p.read_bytes() for p in Path(folder_path).rglob("*") if p.is_file()}
+        self.calls.append(("upload_folder", repo_id, files))
+
+
+def test_export_folder_card_and_push(trained_model, tmp_path):
+    api = RecordingHfApi()
+    folder = export_folder(trained_model, tmp_path / "export", push_to="someone/fem-tiny", api=api)
+    # (c) the card's metadata parses back, with the eval results as model-index
+    card = ModelCard.load(folder / "README.md")
+    assert card.data.library_name == "transformers" and card.data.pipeline_tag == "text-generation"
+    _, results = model_index_to_eval_results(card.data.to_dict()["model-index"])
+    local = json.loads((trained_model / "eval" / "local.json").read_text())["results"]
+    parsed = {(r.dataset_type, r.metric_type): r.metric_value for r in results}
+    assert parsed[("energyzoo_pydoc_mc", "acc")] == pytest.approx(local["energyzoo_pydoc_mc"]["acc,none"])
+    assert "Free Energy Mixer" in card.text and "from_pretrained(\"someone/fem-tiny\"" in card.text
+    # (d) the upload contains the card and the code files
+    assert [call[0] for call in api.calls] == ["create_repo", "upload_folder"]
+    uploaded = api.calls[1][2]
+    assert {"README.md", "config.json", "model.safetensors", "modeling_fem.py", "configuration_fem.py",
+            "tokenizer.json", "generation_config.json"} <= set(uploaded)
+    assert b"model-index" in uploaded["README.md"]
+    auto_map = json.loads(uploaded["config.json"])["auto_map"]
+    assert set(auto_map) == {"AutoConfig", "AutoModel", "AutoModelForCausalLM"}
+
+
+def test_exported_folder_loads_and_generates_without_energyzoo(trained_model, tmp_path):
+    """(a) a fresh process where energyzoo cannot be imported loads the folder as remote code."""
+    folder = export_folder(trained_model, tmp_path / "export")
+    model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    ids = torch.randint(4, model.config.vocab_size, (1, 10))
+    payload = {"auto_class": "AutoModelForCausalLM", "inputs": {"input_ids": ids},
+               "generation": dict(max_new_tokens=5, do_sample=False, pad_token_id=model.config.pad_token_id)}
+    with torch.no_grad():
+        payload["expected"] = model(input_ids=ids).logits
+    payload["generated"] = model.generate(input_ids=ids, **payload["generation"])
+    torch.save(payload, tmp_path / "payload.pt")
+    done = subprocess.run([sys.executable, str(REMOTE_LOAD_SCRIPT), str(folder), str(tmp_path / "payload.pt")],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env={"HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules"), "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0 and "REMOTE_OK transformers_modules" in done.stdout, done.stdout + done.stderr
+
+
+def test_lm_eval_cli_runs_the_exported_folder_on_the_local_task(trained_model, tmp_path):
+    """(b) the stock `lm_eval` CLI, in a fresh process, with remote code."""
+    folder = export_folder(trained_model, tmp_path / "export")
+    tasks = write_local_tasks(tmp_path / "tasks")
+    command = [sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args",
+               f"pretrained={folder},trust_remote_code=True", "--include_path", str(tasks), "--tasks",
+               "energyzoo_pydoc_mc", "--device", "cpu", "--batch_size", "8", "--limit", "20",
+               "--output_path", str(tmp_path / "out")]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    result_files = list((tmp_path / "out").rglob("results_*.json"))
+    assert result_files
+    accuracy = json.loads(result_files[0].read_text())["results"]["energyzoo_pydoc_mc"]["acc,none"]
+    assert 0 <= accuracy <= 1
+
+
+def test_tel_classifier_exports_with_its_card_and_accuracy(tmp_path):
+    recipe = load_recipe("tel-resnet-digits", ["training.steps=20", "training.warmup_steps=2", "training.eval_every=20",
+                                               "training.save_every=20",
+                                               f"output_dir={tmp_path / 'run'}"])
+    trained = run_training(recipe, progress=False)
+    code = main(["export", str(trained.model_dir), str(tmp_path / "export")])
+    assert code == 0
+    card = ModelCard.load(tmp_path / "export" / "README.md")
+    assert card.data.pipeline_tag == "image-classification" and "Thermodynamic Equilibrium Layers" in card.text
+    _, results = model_index_to_eval_results(card.data.to_dict()["model-index"])
+    assert results[0].metric_type == "accuracy"
+    assert results[0].metric_value == pytest.approx(trained.final_metrics["validation_accuracy"])
+    auto_map = json.loads((tmp_path / "export" / "config.json").read_text())["auto_map"]
+    assert set(auto_map) == {"AutoConfig", "AutoModel", "AutoModelForImageClassification"}
+
+
+def test_export_cli_refuses_non_zoo_folders(tmp_path):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50)).save_pretrained(tmp_path / "gpt2")
+    with pytest.raises(ValueError, match="energyzoo exports"):
+        main(["export", str(tmp_path / "gpt2"), str(tmp_path / "out")])
+
+
+# Trainer example and quickstart ----------------------------------------------------------------------
+def test_trainer_example_fine_tunes_a_trained_folder(trained_model, tmp_path):
+    trainer = finetune_with_trainer(trained_model, tmp_path / "tuned", max_steps=12, batch_size=4, block_size=64)
+    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    assert losses[-1] < losses[0]
+    assert type(AutoModelForCausalLM.from_pretrained(tmp_path / "tuned")).__name__ == "FEMForCausalLM"
+
+
+def test_short_quickstart_trains_evaluates_and_exports(tmp_path):
+    report = run_quickstart(tmp_path / "qs", steps=40, batch_size=8, progress=False)
+    assert report.validation_loss < report.uniform_loss - 1.0
+    assert report.sample.startswith("The assert statement")
+    assert 0 <= report.local_results["energyzoo_pydoc_mc"]["acc"] <= 1
+    assert ModelCard.load(report.export_dir / "README.md").data.to_dict()["model-index"]
+    model = AutoModelForCausalLM.from_pretrained(report.export_dir, trust_remote_code=True)
+    assert model.config.model_type == "fem"
