@@ -126,6 +126,15 @@ def test_gradient_accumulation_gives_the_full_batch_step(tmp_path):
     torch.testing.assert_close(torch.tensor(accumulated.losses), torch.tensor(full.losses), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("preset", ["fem-lm-tiny", "fem-gla-tiny"])
+def test_bf16_mixed_precision_training_follows_fp32(tmp_path, preset):
+    """CPU autocast bf16 through every FEM module (the conditioner's custom backward included)."""
+    fp32 = tiny_run(tmp_path / "fp32", f"model.preset={preset}", "training.steps=3", "training.save_every=3")
+    bf16 = tiny_run(tmp_path / "bf16", f"model.preset={preset}", "training.steps=3", "training.save_every=3",
+                    "training.mixed_precision=bf16")
+    torch.testing.assert_close(torch.tensor(bf16.losses), torch.tensor(fp32.losses), rtol=0, atol=0.05)
+
+
 def test_vision_recipe_trains_tel_resnet_on_digits(tmp_path):
     recipe = load_recipe("tel-resnet-digits", ["training.steps=60", "training.eval_every=60", "training.save_every=60",
                                                f"output_dir={tmp_path}"])

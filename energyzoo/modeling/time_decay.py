@@ -77,16 +77,19 @@ class _LowRankModulation(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, features, weight):
         ctx.save_for_backward(x, features, weight)
-        return torch.addcmul(x, x, features @ weight)
+        return torch.addcmul(x, x, (features @ weight.to(features.dtype)).to(x.dtype))
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_output):
+        # Casts are explicit: backward runs outside autocast, where features (bf16 under autocast) and the
+        # fp32 weight would not multiply. Without autocast every cast is a no-op.
         x, features, weight = ctx.saved_tensors
-        grad_x = torch.addcmul(grad_output, grad_output, features @ weight)
+        low_weight = weight.to(features.dtype)
+        grad_x = torch.addcmul(grad_output, grad_output, (features @ low_weight).to(grad_output.dtype))
         grad_modulator = grad_output * x
-        grad_features = grad_modulator @ weight.T
-        grad_weight = features.flatten(0, -2).T @ grad_modulator.flatten(0, -2)
+        grad_features = grad_modulator.to(features.dtype) @ low_weight.T
+        grad_weight = features.flatten(0, -2).T.to(weight.dtype) @ grad_modulator.flatten(0, -2).to(weight.dtype)
         return grad_x, grad_features, grad_weight
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 import yaml
 from accelerate import Accelerator
+from accelerate.state import AcceleratorState
 from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoTokenizer, get_cosine_schedule_with_warmup
@@ -184,6 +185,9 @@ def run_training(recipe: Recipe, resume: bool = False, stop_after: int | None = 
     ends this session after that many steps without a final save (as if the job were killed)."""
     settings = recipe.training
     output_dir = Path(recipe.output_dir)
+    # A previous run in this process leaves accelerate's singleton state behind (its mixed precision among
+    # it); the distributed state itself is kept.
+    AcceleratorState._reset_state()
     accelerator = Accelerator(mixed_precision=settings.mixed_precision, cpu=not torch.cuda.is_available())
     if settings.batch_size % (accelerator.num_processes * settings.gradient_accumulation):
         raise ValueError(f"training.batch_size {settings.batch_size} must divide into {accelerator.num_processes} "
