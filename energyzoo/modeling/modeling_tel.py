@@ -124,13 +124,16 @@ class TELModelMixin:
         model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
         fresh = [key for key in info["missing_keys"] if ".tel_" in key]
         if fresh:
+            initialised = []
             with torch.no_grad():
                 for name, module in model.named_modules():
                     if isinstance(module, EquilibriumRefinement) and any(key.startswith(f"{name}.") for key in fresh):
                         module.reset_parameters()
+                        initialised.append(name)
             logger.warning(
-                f"{cls.__name__}: the checkpoint has no TEL parameters; initialised {len(fresh)} TEL parameter tensors "
-                f"in blocks {model.config.tel_blocks()} (fine-tune before use)."
+                f"{cls.__name__}: the checkpoint has no parameters for {len(initialised)} of the TEL layers "
+                f"(tel_placement={model.config.tel_placement!r}); initialised {', '.join(initialised)} "
+                "(fine-tune before use)."
             )
         return (model, info) if return_info else model
 
