@@ -81,6 +81,16 @@ def test_bad_recipe_values_name_the_field(override, message):
         load_recipe("fem-lm-tiny", [override])
 
 
+def test_recipe_names_are_not_shadowed_by_run_folders(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "fem-lm-tiny").mkdir()  # e.g. a run folder named after the recipe
+    assert load_recipe("fem-lm-tiny").model.preset == "fem-lm-tiny"
+    (tmp_path / "mine.yaml").write_text(yaml.safe_dump({"model": {"preset": "fem-gla-tiny"}}))
+    assert load_recipe("mine.yaml").model.preset == "fem-gla-tiny"
+    with pytest.raises(FileNotFoundError, match="no recipe file"):
+        load_recipe("fem-lm-9000b")
+
+
 def test_batch_schedule_walks_seeded_epochs_without_repeats():
     schedule = BatchSchedule(examples=10, batch_size=4, seed=3)
     first_epoch = torch.cat([schedule.global_batch(step) for step in range(2)]).tolist() + schedule.global_batch(2)[:2].tolist()

@@ -187,9 +187,9 @@ def shipped_recipe_path(name: str) -> Path:
 def load_recipe(path_or_name: str | Path, overrides: list[str] = ()) -> Recipe:
     """Read a recipe file (or a shipped one by name) and apply overrides."""
     path = Path(path_or_name)
-    if not path.exists():
+    if not path.is_file():
         path = shipped_recipe_path(str(path_or_name))
-        if not path.exists():
+        if not path.is_file():
             raise FileNotFoundError(f"no recipe file {path_or_name!r} (and no shipped recipe of that name)")
     raw = yaml.safe_load(path.read_text()) or {}
     return recipe_from_dict(apply_overrides(raw, list(overrides)))
