@@ -119,8 +119,6 @@ def run_suite(model_dir: str | Path, suite: str, output_dir: str | Path | None =
     from lm_eval.tasks import TaskManager
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .. import registry  # noqa: F401  (zoo model types must be registered to load the folder)
-
     model_dir = Path(model_dir)
     output_dir = Path(output_dir) if output_dir is not None else model_dir / "eval"
     output_dir.mkdir(parents=True, exist_ok=True)

@@ -29,8 +29,6 @@ def finetune_with_trainer(model_dir: str | Path, output_dir: str | Path, max_ste
                           learning_rate: float = 1e-3, batch_size: int = 8, block_size: int = 128,
                           texts: list[str] | None = None) -> Trainer:
     """Fine-tune the zoo model saved in `model_dir` with `Trainer` on CPU or GPU; returns the trainer."""
-    from .. import registry  # noqa: F401  (zoo model types must be registered to load the folder)
-
     model_dir = Path(model_dir)
     config = AutoConfig.from_pretrained(model_dir)
     auto_class = head_auto_class(config.model_type, config.architectures)
