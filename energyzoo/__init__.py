@@ -4,7 +4,7 @@ Importing the package registers every architecture with AutoConfig / AutoModel /
 """
 
 from .modeling.configuration_fem import FEMConfig
-from .modeling.modeling_fem import FEMForCausalLM, FEMModel, FEMPreTrainedModel
+from .modeling.modeling_fem import FEMForCausalLM, FEMForSequenceClassification, FEMModel, FEMPreTrainedModel
 from .modeling.configuration_tel import TELGPT2Config, TELResNetConfig, TELViTConfig
 from .modeling.modeling_tel import (
     TELGPT2LMHeadModel,
@@ -26,6 +26,7 @@ __all__ = [
     "EnergyTrace",
     "FEMConfig",
     "FEMForCausalLM",
+    "FEMForSequenceClassification",
     "FEMModel",
     "FEMPreTrainedModel",
     "EquilibriumRefinement",

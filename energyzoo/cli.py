@@ -88,7 +88,8 @@ def _bench(args) -> int:
         _print_and_save(format_scaling_table(result), result, args.output)
         return 0
     settings = BenchSettings(preset=args.preset, baseline=args.baseline, batch_size=args.batch_size,
-                             seq_len=args.seq_len, repeats=args.repeats, device=args.device, dtype=args.dtype)
+                             seq_len=args.seq_len, repeats=args.repeats, device=args.device, dtype=args.dtype,
+                             compile=args.compile)
     result = run_fem_vs_llama(settings)
     _print_and_save(format_table(result), result, args.output)
     return 0
@@ -149,6 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--device", default="cpu")
     bench.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     bench.add_argument("--output", default="bench.json", help="JSON file for the results ('' to skip)")
+    bench.add_argument("--compile", action="store_true",
+                       help="compile both models' forward with torch.compile (inductor) before timing")
     bench.add_argument("--scaling", action="store_true",
                        help="instead: forward time at T=1024 vs T=4096 per prior (default preset fem-lm-tiny)")
     bench.add_argument("--priors", nargs="+", default=["softmax", "gla", "aft", "ssm"], help="priors for --scaling")

@@ -4,11 +4,17 @@
 model class for each Auto class it supports. Importing energyzoo registers all of them.
 """
 
-from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForImageClassification
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForCausalLM,
+    AutoModelForImageClassification,
+    AutoModelForSequenceClassification,
+)
 
 from .modeling.configuration_fem import FEMConfig
 from .modeling.configuration_tel import TELGPT2Config, TELResNetConfig, TELViTConfig
-from .modeling.modeling_fem import FEMForCausalLM, FEMModel
+from .modeling.modeling_fem import FEMForCausalLM, FEMForSequenceClassification, FEMModel
 from .modeling.modeling_tel import (
     TELGPT2LMHeadModel,
     TELGPT2Model,
@@ -19,7 +25,8 @@ from .modeling.modeling_tel import (
 )
 
 ARCHITECTURES = {
-    "fem": (FEMConfig, {AutoModel: FEMModel, AutoModelForCausalLM: FEMForCausalLM}),
+    "fem": (FEMConfig, {AutoModel: FEMModel, AutoModelForCausalLM: FEMForCausalLM,
+                        AutoModelForSequenceClassification: FEMForSequenceClassification}),
     "tel-gpt2": (TELGPT2Config, {AutoModel: TELGPT2Model, AutoModelForCausalLM: TELGPT2LMHeadModel}),
     "tel-vit": (TELViTConfig, {AutoModel: TELViTModel, AutoModelForImageClassification: TELViTForImageClassification}),
     "tel-resnet": (TELResNetConfig, {AutoModel: TELResNetModel,

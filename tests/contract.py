@@ -1,11 +1,13 @@
-"""The model contract every energyzoo architecture passes (DESIGN.md, "The model contract", items 1-10).
+"""The model contract every energyzoo architecture passes (DESIGN.md, "The model contract", items 1-11).
 
-A new architecture adds a small tester: subclass `ModelContract` (or `CausalLMContract` for causal LMs,
-which adds items 6-7 and random token inputs) in a `test_*.py` file, set the class attributes and implement
-`make_config` (and `make_inputs` for non-LMs). Kernel-level float64 checks (item 8, second half)
-live in each architecture's own test file.
+A new architecture adds a small tester: subclass `ModelContract` (vision), `CausalLMContract` or
+`SequenceClassificationContract` (token models, which add padding items 3/6 and, for causal LMs, item 7)
+in a `test_*.py` file, set the class attributes and implement `make_config`, `without_distinctive_term`
+(and `make_inputs` for non-token models; `perturb` where a module is zero-initialised). Kernel-level float64
+checks (item 8, second half) live in each architecture's own test files.
 """
 
+import copy
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +26,14 @@ def output_tensor(outputs) -> torch.Tensor:
     return outputs.logits if getattr(outputs, "logits", None) is not None else outputs.last_hidden_state
 
 
+def loss_and_gradients(model, inputs, forward=None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Loss and parameter gradients of ``model``; ``forward`` (e.g. its compiled wrapper) runs it if given."""
+    model.zero_grad()
+    loss = (model if forward is None else forward)(**inputs).loss
+    loss.backward()
+    return loss.detach(), {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
 class ModelContract:
     model_type: str
     config_class: type
@@ -37,6 +47,9 @@ class ModelContract:
     tolerance: float = 1e-5
     supports_activation_checkpointing: bool = True
     checkpointed_block: str | None = None  # class name of the checkpointed block; None: first `_no_split_modules`
+    attention_implementations: tuple[str, ...] = ("eager", "sdpa")  # accepted; "flash_attention_2" is refused on CPU
+    has_attentions: bool = True  # eager attention returns probabilities with output_attentions=True
+    half_precision_dtypes: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16)
 
     def make_config(self, **overrides):
         raise NotImplementedError
@@ -45,14 +58,28 @@ class ModelContract:
         """Model inputs with `labels`."""
         raise NotImplementedError
 
+    def perturb(self, model) -> None:
+        """Move zero-initialised parts away from zero (in place), so the checks see them act."""
+
+    def without_distinctive_term(self, model):
+        """A model computing ``model`` without the architecture's own term (same weights otherwise): what a
+        precision bug that collapsed the term would compute."""
+        raise NotImplementedError
+
     # helpers ---------------------------------------------------------------------------------------
     def build(self, model_class=None, seed: int = 0, **overrides):
         torch.manual_seed(seed)
-        return (model_class or self.head_class)(self.make_config(**overrides)).eval()
+        model = (model_class or self.head_class)(self.make_config(**overrides))
+        self.perturb(model)
+        return model.eval()
 
     @staticmethod
     def without_labels(inputs: dict) -> dict:
         return {k: v for k, v in inputs.items() if k != "labels"}
+
+    @staticmethod
+    def cast_inputs(inputs: dict, dtype: torch.dtype) -> dict:
+        return {k: v.to(dtype) if v.is_floating_point() else v for k, v in inputs.items()}
 
     # 1. registration and round trip ----------------------------------------------------------------
     def test_auto_classes_build_registered_models(self):
@@ -137,21 +164,14 @@ class ModelContract:
                 model.activation_checkpointing_enable()
             return
         inputs = self.make_inputs(model.config)
-
-        def loss_and_grads():
-            model.zero_grad()
-            loss = model(**inputs).loss
-            loss.backward()
-            return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-
-        plain_loss, plain_grads = loss_and_grads()
+        plain_loss, plain_grads = loss_and_gradients(model, inputs)
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         calls = []
         block_names = [self.checkpointed_block] if self.checkpointed_block else model._no_split_modules
         block = next(m for m in model.modules() if m.__class__.__name__ in block_names)
         # Checkpointing wraps the block's forward, so a child of the block runs again during backward.
         handle = next(block.children()).register_forward_hook(lambda *args: calls.append(1))
-        checkpointed_loss, checkpointed_grads = loss_and_grads()
+        checkpointed_loss, checkpointed_grads = loss_and_gradients(model, inputs)
         handle.remove()
         assert len(calls) == 2, "the block's forward should run again in backward when checkpointed"
         torch.testing.assert_close(checkpointed_loss, plain_loss)
@@ -197,14 +217,45 @@ class ModelContract:
             assert type(merged) is self.head_class
             torch.testing.assert_close(output_tensor(merged(**plain)), tuned_output, rtol=1e-4, atol=1e-4)
 
-    # 8. bf16 -----------------------------------------------------------------------------------------
-    def test_bf16_forward_and_loss_are_finite(self):
-        model = self.build().to(torch.bfloat16)
-        inputs = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in self.make_inputs(model.config).items()}
-        with torch.no_grad():
-            outputs = model(**inputs)
-        assert output_tensor(outputs).dtype == torch.bfloat16
-        assert torch.isfinite(output_tensor(outputs)).all() and torch.isfinite(outputs.loss)
+    # 8. precision ------------------------------------------------------------------------------------
+    @pytest.mark.parametrize("mode", ["cast", "autocast"])
+    @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+    def test_half_precision_tracks_fp32_closer_than_the_distinctive_term(self, dtype, mode):
+        """Outputs in eval and training mode, and gradients, of the model in ``dtype`` (``mode`` "cast": its
+        weights cast; "autocast": fp32 weights under torch.autocast, as accelerate's mixed precision runs it)
+        against fp32, at a tolerance well below the size of the architecture's own term (fp32 with vs without
+        it): a collapsed term fails. (Not the loss: at random initialisation it is ~log(classes), second-order
+        in the outputs.)"""
+        assert dtype in self.half_precision_dtypes, f"{dtype} is not claimed: it must be refused, not tested"
+        model = self.build()
+        inputs = self.make_inputs(model.config)
+        low = copy.deepcopy(model).to(dtype) if mode == "cast" else copy.deepcopy(model)
+        models = {"fp32": model, "collapsed": self.without_distinctive_term(model), "low": low}
+        low_inputs = self.cast_inputs(inputs, dtype) if mode == "cast" else inputs
+        feeds = {"fp32": inputs, "collapsed": inputs, "low": low_inputs}
+        for training in (False, True):
+            outputs, grads = {}, {}
+            for key, network in models.items():
+                network.train(training)
+                network.zero_grad()
+                with torch.autocast("cpu", dtype=dtype, enabled=mode == "autocast" and key == "low"):
+                    result = network(**feeds[key])
+                outputs[key] = output_tensor(result).detach().float()
+                if training:
+                    result.loss.backward()
+                    grads[key] = {name: p.grad.float() for name, p in network.named_parameters() if p.grad is not None}
+            assert torch.isfinite(outputs["low"]).all()
+            effect = (outputs["fp32"] - outputs["collapsed"]).abs().mean()
+            assert effect > 0.05 * outputs["fp32"].abs().mean(), "the fixture's own term is too small to test against"
+            assert (outputs["low"] - outputs["fp32"]).abs().mean() < 0.1 * effect, (training, effect)
+        shared = [name for name in grads["fp32"].keys() & grads["collapsed"].keys()
+                  if grads["fp32"][name].shape == grads["collapsed"][name].shape]
+
+        def flat(key):
+            return torch.cat([grads[key][name].flatten() for name in sorted(shared)])
+
+        effect_on_grads = (flat("fp32") - flat("collapsed")).norm()
+        assert (flat("low") - flat("fp32")).norm() < 0.25 * effect_on_grads, effect_on_grads
 
     # 9. energies -------------------------------------------------------------------------------------
     def test_output_energies_returns_the_models_energy_trace(self):
@@ -228,42 +279,172 @@ class ModelContract:
             with pytest.raises(ValueError, match=field):
                 self.make_config(**{field: value})
 
+    # 11. the transformers model-class surface --------------------------------------------------------
+    def test_return_dict_false_gives_the_dict_outputs_as_a_tuple(self):
+        """Every registered class (base models too): the tuple holds the dict's non-None fields, in order."""
+        for model_class in self.auto_classes.values():
+            model = self.build(model_class)
+            inputs = self.make_inputs(model.config)
+            if model_class is not self.head_class:
+                inputs = self.without_labels(inputs)
+            with torch.no_grad():
+                as_dict = model(**inputs)
+                as_tuple = model(**inputs, return_dict=False)
+            expected = as_dict.to_tuple()
+            assert isinstance(as_tuple, tuple) and len(as_tuple) == len(expected), model_class.__name__
+            for ours, theirs in zip(as_tuple, expected):
+                assert type(ours) is type(theirs)
+                if isinstance(ours, torch.Tensor):
+                    assert torch.equal(ours, theirs)
 
-class CausalLMContract(ModelContract):
-    """The contract of causal language models: `ModelContract` plus items 6 (left padding) and 7 (cached
-    generation, prefill + steps, beam search). Inputs are random token ids."""
+    def compile_inputs(self, config) -> dict:
+        """Inputs for the compile check: the hardest ones the model takes (token models add padding)."""
+        return self.make_inputs(config)
 
-    causal_lm = True
+    @pytest.mark.parametrize("training", [False, True], ids=["inference", "training"])
+    def test_fullgraph_compile_matches_eager(self, training):
+        """torch.compile(fullgraph=True) traces the whole forward (and backward) without a graph break and
+        computes what eager does (aot_eager backend: the traced graph, run by eager kernels)."""
+        torch._dynamo.reset()
+        model = self.build().train(training)
+        inputs = self.compile_inputs(model.config)
+        compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+        if not training:
+            with torch.no_grad():
+                torch.testing.assert_close(output_tensor(compiled(**inputs)), output_tensor(model(**inputs)),
+                                           rtol=1e-5, atol=1e-5)
+            return
+        eager_loss, eager_grads = loss_and_gradients(model, inputs)
+        compiled_loss, compiled_grads = loss_and_gradients(model, inputs, forward=compiled)
+        torch.testing.assert_close(compiled_loss, eager_loss, rtol=1e-5, atol=1e-6)
+        assert compiled_grads.keys() == eager_grads.keys()
+        for name in eager_grads:
+            torch.testing.assert_close(compiled_grads[name], eager_grads[name], rtol=1e-4, atol=1e-6, msg=name)
+
+    def test_attn_implementation_is_honoured_or_refused(self):
+        """Each accepted attention implementation computes the same outputs; eager returns probabilities (rows
+        summing to 1) with output_attentions=True; flash-attn (absent on CPU) and unknown names are refused."""
+        model = self.build()
+        inputs = self.without_labels(self.make_inputs(model.config))
+        outputs = {}
+        for implementation in self.attention_implementations:
+            model.set_attn_implementation(implementation)
+            assert model.config._attn_implementation == implementation
+            with torch.no_grad():
+                outputs[implementation] = output_tensor(model(**inputs))
+        for output in outputs.values():
+            torch.testing.assert_close(output, outputs[self.attention_implementations[0]], rtol=1e-5, atol=1e-5)
+        if self.has_attentions:
+            model.set_attn_implementation("eager")
+            with torch.no_grad():
+                attentions = model(**inputs, output_attentions=True).attentions
+            assert attentions is not None and len(attentions) == model.config.num_hidden_layers
+            for probabilities in attentions:
+                torch.testing.assert_close(probabilities.sum(-1), torch.ones(probabilities.shape[:-1]))
+                if self.causal_lm:
+                    assert (probabilities.triu(diagonal=1) == 0).all()
+        for refused in ("flash_attention_2", "no_such_attention"):
+            with pytest.raises((ValueError, ImportError)):
+                model.set_attn_implementation(refused)
+
+
+class TokenContract(ModelContract):
+    """Token models: random token inputs, and padding (items 3 and 6) on both sides with ordinary tokens under
+    the mask: the outputs and the gradients of a sequence are those it has alone."""
 
     def make_inputs(self, config, batch_size=2, seed=0):
         """Token ids (avoiding the special ids 0-2) as inputs and labels."""
         generator = torch.Generator().manual_seed(seed)
         ids = torch.randint(3, config.vocab_size, (batch_size, 16), generator=generator)
-        return {"input_ids": ids, "labels": ids.clone()}
+        return {"input_ids": ids, "labels": self.labels_for(ids, config, generator)}
 
-    # 6. padding --------------------------------------------------------------------------------------
-    def test_left_padding_keeps_real_token_outputs(self):
-        model = self.build()
-        pad = model.config.pad_token_id
-        long_ids = self.make_inputs(model.config, batch_size=1, seed=1)["input_ids"]
-        short_ids = self.make_inputs(model.config, batch_size=1, seed=2)["input_ids"][:, : long_ids.shape[1] - 5]
-        padded = torch.cat([torch.full((1, 5), pad), short_ids], dim=1)
-        batch_ids = torch.cat([padded, long_ids])
-        mask = torch.ones_like(batch_ids)
-        mask[0, :5] = 0
-        with torch.no_grad():
-            alone = output_tensor(model(input_ids=short_ids))
-            batched = output_tensor(model(input_ids=batch_ids, attention_mask=mask))
-            long_alone = output_tensor(model(input_ids=long_ids))
-        torch.testing.assert_close(batched[0, 5:], alone[0], rtol=self.tolerance, atol=self.tolerance)
-        torch.testing.assert_close(batched[1], long_alone[0], rtol=self.tolerance, atol=self.tolerance)
+    def labels_for(self, ids, config, generator):
+        raise NotImplementedError
 
-    # 7. generation -----------------------------------------------------------------------------------
-    def _left_padded_prompts(self, model):
-        ids = self.make_inputs(model.config, batch_size=2, seed=3)["input_ids"][:, :8]
+    def real_outputs(self, outputs, row: int, real: slice) -> torch.Tensor:
+        """The outputs of one sequence of a batch, restricted to its real tokens where outputs are per token."""
+        raise NotImplementedError
+
+    def random_ids(self, config, length: int, seed: int) -> torch.Tensor:
+        generator = torch.Generator().manual_seed(seed)
+        return torch.randint(3, config.vocab_size, (1, length), generator=generator)
+
+    def padded_batch(self, config, sequence: torch.Tensor, side: str, pad: int = 5):
+        """``sequence`` as row 0 of a 2-row batch, padded on ``side`` by ``pad`` ordinary tokens under a zero
+        mask, beside another full-length sequence; returns (ids, mask, real slice of row 0)."""
+        length = sequence.shape[1]
+        filler = self.random_ids(config, pad, seed=99)
+        row = torch.cat([filler, sequence] if side == "left" else [sequence, filler], dim=1)
+        ids = torch.cat([row, self.random_ids(config, length + pad, seed=98)])
         mask = torch.ones_like(ids)
-        ids[0, :3] = model.config.pad_token_id
-        mask[0, :3] = 0
+        real = slice(pad, pad + length) if side == "left" else slice(0, length)
+        mask[0] = 0
+        mask[0, real] = 1
+        return ids, mask, real
+
+    def compile_inputs(self, config):
+        sequence = self.random_ids(config, 11, seed=2)
+        ids, mask, _ = self.padded_batch(config, sequence, "left")
+        return {"input_ids": ids, "attention_mask": mask,
+                "labels": self.labels_for(ids, config, torch.Generator().manual_seed(3))}
+
+    @pytest.mark.parametrize("side", ["left", "right"])
+    def test_padded_batch_gives_the_outputs_and_gradients_of_the_sequence_alone(self, side):
+        """Items 3 and 6: outputs in eval and training mode, and the gradient of every parameter in training
+        mode, of a sequence inside a padded batch equal those of the sequence alone."""
+        model = self.build()
+        sequence = self.random_ids(model.config, 11, seed=2)
+        ids, mask, real = self.padded_batch(model.config, sequence, side)
+        with torch.no_grad():
+            alone = self.real_outputs(model(input_ids=sequence), 0, slice(None))
+            batched = self.real_outputs(model(input_ids=ids, attention_mask=mask), 0, real)
+        torch.testing.assert_close(batched, alone, rtol=self.tolerance, atol=self.tolerance)
+
+        model.train()
+        weights = torch.randn(alone.shape, generator=torch.Generator().manual_seed(4))
+
+        def gradients(**inputs):
+            model.zero_grad()
+            outputs = self.real_outputs(model(**inputs), 0, real if "attention_mask" in inputs else slice(None))
+            (outputs * weights).sum().backward()
+            return outputs.detach(), {name: p.grad.clone() for name, p in model.named_parameters()
+                                      if p.grad is not None}
+
+        alone, alone_grads = gradients(input_ids=sequence)
+        batched, batched_grads = gradients(input_ids=ids, attention_mask=mask)
+        torch.testing.assert_close(batched, alone, rtol=self.tolerance, atol=self.tolerance)
+        for name in alone_grads.keys() | batched_grads.keys():
+            assert torch.isfinite(batched_grads[name]).all(), f"non-finite gradient in {name}"
+            # fp32 rounding differs with chunk boundaries and batch size: 1e-4 of each tensor's own scale
+            scale = alone_grads[name].abs().max().clamp_min(1e-12)
+            torch.testing.assert_close(batched_grads[name], alone_grads[name], rtol=0, atol=1e-4 * scale, msg=name)
+
+
+class CausalLMContract(TokenContract):
+    """The contract of causal language models: `TokenContract` plus item 7 (causality in training mode, cached
+    generation, prefill + chunks + steps, beam search), all on left-padded batches with ordinary tokens under
+    the mask."""
+
+    causal_lm = True
+
+    def labels_for(self, ids, config, generator):
+        return ids.clone()
+
+    def real_outputs(self, outputs, row, real):
+        return outputs.logits[row, real]
+
+    def test_later_tokens_never_change_earlier_outputs_in_training_mode(self):
+        model = self.build().train()
+        ids = self.make_inputs(model.config, batch_size=2, seed=5)["input_ids"]
+        changed = ids.clone()
+        changed[:, 10:] = self.random_ids(model.config, ids.shape[1] - 10, seed=6)
+        with torch.no_grad():
+            torch.testing.assert_close(model(input_ids=changed).logits[:, :10], model(input_ids=ids).logits[:, :10],
+                                       rtol=self.tolerance, atol=self.tolerance)
+
+    def _left_padded_prompts(self, model):
+        sequence = self.random_ids(model.config, 5, seed=3)
+        ids, mask, _ = self.padded_batch(model.config, sequence, "left", pad=3)
         return {"input_ids": ids, "attention_mask": mask}
 
     def test_greedy_generate_with_cache_equals_without_on_left_padded_batch(self):
@@ -275,18 +456,23 @@ class CausalLMContract(ModelContract):
         assert cached.shape == (2, 20)
         assert torch.equal(cached, uncached)
 
-    def test_prefill_then_single_token_steps_match_full_forward(self):
+    def test_prefill_chunks_and_steps_match_one_forward_on_a_left_padded_batch(self):
+        """Prefill, then a chunk of several tokens, then one-token steps, with a cache: the logits of one full
+        forward (item 7)."""
         model = self.build()
-        ids = self.make_inputs(model.config, batch_size=2, seed=4)["input_ids"][:, :12]
+        sequence = self.random_ids(model.config, 12, seed=4)
+        ids, mask, real = self.padded_batch(model.config, sequence, "left", pad=3)
         with torch.no_grad():
-            full = model(input_ids=ids, use_cache=False).logits
-            step = model(input_ids=ids[:, :5], use_cache=True)
-            pieces, cache = [step.logits], step.past_key_values
-            for t in range(5, ids.shape[1]):
-                step = model(input_ids=ids[:, t : t + 1], past_key_values=cache, use_cache=True)
+            full = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
+            pieces, cache = [], None
+            for start, stop in [(0, 6), (6, 10), *((t, t + 1) for t in range(10, ids.shape[1]))]:
+                step = model(input_ids=ids[:, start:stop], attention_mask=mask[:, :stop], past_key_values=cache,
+                             use_cache=True)
                 pieces.append(step.logits)
                 cache = step.past_key_values
-        torch.testing.assert_close(torch.cat(pieces, dim=1), full, rtol=1e-4, atol=1e-4)
+        stepped = torch.cat(pieces, dim=1)
+        torch.testing.assert_close(stepped[0, real], full[0, real], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(stepped[1], full[1], rtol=1e-4, atol=1e-4)
 
     def test_beam_search_with_cache_equals_without(self):
         model = self.build()
@@ -297,3 +483,15 @@ class CausalLMContract(ModelContract):
         uncached = model.generate(**prompts, use_cache=False, **settings)
         assert cached.shape[0] == 4 and torch.equal(cached[:, :8], prompts["input_ids"].repeat_interleave(2, dim=0))
         assert torch.equal(cached, uncached)
+
+
+class SequenceClassificationContract(TokenContract):
+    """Sequence classifiers over token models: one label per sequence, pooled from its last real token."""
+
+    num_labels = 3
+
+    def labels_for(self, ids, config, generator):
+        return torch.randint(0, config.num_labels, (ids.shape[0],), generator=generator)
+
+    def real_outputs(self, outputs, row, real):
+        return outputs.logits[row]

@@ -5,6 +5,11 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from energyzoo import FEMConfig, FEMForCausalLM, config_from_preset, model_from_preset, preset_names
+from energyzoo.modeling.modeling_fem import FEMAttention
+
+from fem_reference import fem_layer_reference, rope, softmax_prior, time_decay_features
+import test_fem_contract
+from test_fem_contract import perturb_fem, without_lse_branch
 
 ALL_OFF = dict(use_time_decay=False, use_lse=False, use_temperature_gate=False, use_outer_gate=False)
 
@@ -59,26 +64,125 @@ def test_beta_max_initialises_at_softplus_of_one_point_eight():
     torch.testing.assert_close(beta, torch.full_like(beta, torch.nn.functional.softplus(torch.tensor(1.8)).item()))
 
 
+def layer_inputs(model, ids, attention_mask=None):
+    """The hidden states each FEM layer's attention receives (captured by hooks) and its outputs."""
+    captured = []
+    hooks = [layer.self_attn.register_forward_hook(
+        lambda module, args, kwargs, output: captured.append((kwargs["hidden_states"] if "hidden_states" in kwargs
+                                                              else args[0], output)), with_kwargs=True)
+        for layer in model.model.layers]
+    try:
+        with torch.no_grad():
+            result = model(ids, attention_mask=attention_mask, use_cache=False, output_energies=True)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return captured, result
+
+
+SWITCHES = [{}, dict(use_temperature_gate=False), dict(use_lse=False), dict(use_outer_gate=False),
+            dict(use_time_decay=False)]
+
+
+@pytest.mark.parametrize("prior", ["softmax", "gla", "aft", "ssm"])
+@pytest.mark.parametrize("switches", SWITCHES, ids=["all", "no_T", "no_L", "no_G", "no_C"])
+def test_fem_layer_matches_the_float64_reference_in_outputs_and_gradients(prior, switches):
+    """One whole FEM layer (conditioner, modulation, RoPE, prior, LSE branch, lambda, outer gate, output
+    projection: FEM eq. 33-35) in float64 against `fem_reference.fem_layer_reference`, on a left-padded batch
+    with ordinary tokens under the mask; then the gradient of every parameter of the layer."""
+    model = tiny_fem(prior=prior, aft_decay=True, ssm_state_size=4, prior_chunk_size=4, time_decay_chunk_size=4,
+                     **switches).double()
+    perturb_fem(model)
+    ids = torch.randint(3, 97, (2, 13), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[0, :4] = 0
+    captured, _ = layer_inputs(model, ids, mask)
+    hidden, (output, _) = captured[0]
+    layer = model.model.layers[0].self_attn
+    reference, _, _ = fem_layer_reference(layer, hidden, mask.bool())
+    real = mask.bool()
+    assert reference[real].abs().mean() > 1e-2
+    torch.testing.assert_close(output[real], reference[real], rtol=1e-9, atol=1e-12 * reference.abs().max().item())
+
+    weights = torch.randn(reference.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    weights = weights * real[..., None]
+    layer.train()
+    _, module_grads = fem_layer_gradients(layer, model, hidden, mask, weights)
+    reference_grads = {}
+    layer.zero_grad()
+    (fem_layer_reference(layer, hidden, mask.bool())[0] * weights).sum().backward()
+    reference_grads = {name: p.grad.clone() for name, p in layer.named_parameters() if p.grad is not None}
+    assert module_grads.keys() == reference_grads.keys()
+    for name, grad in module_grads.items():
+        scale = grad.abs().max().item()
+        torch.testing.assert_close(grad, reference_grads[name], rtol=1e-9, atol=1e-12 * scale, msg=name)
+
+
+def fem_layer_gradients(layer, model, hidden, mask, weights):
+    """Run the layer alone (as the model calls it) and backpropagate sum(output * weights)."""
+    from transformers.masking_utils import create_causal_mask
+
+    positions = (mask.cumsum(-1) - 1).clamp_min(0)
+    causal_mask = None
+    if model.config.prior == "softmax":
+        causal_mask = create_causal_mask(config=model.config, inputs_embeds=hidden, attention_mask=mask,
+                                         past_key_values=None, position_ids=positions)
+    layer.zero_grad()
+    output, _ = layer(hidden, position_embeddings=model.model.rotary_emb(hidden, positions),
+                      attention_mask=causal_mask, padding_mask=mask.bool())
+    (output * weights).sum().backward()
+    return output, {name: p.grad.clone() for name, p in layer.named_parameters() if p.grad is not None}
+
+
+def test_contract_fixture_reaches_the_exp_cap_with_a_working_conditioner():
+    """The contract's FEM fixture (tests/test_fem_contract.py) drives beta_max |v| to the cap of 40 and gives
+    the conditioner an output map that moves the modulators away from 1."""
+    model = tiny_fem(time_decay_chunk_size=4)
+    perturb_fem(model)
+    peaks = []
+    for layer in model.model.layers:
+        attention = layer.self_attn
+        attention.v_proj.register_forward_hook(
+            lambda module, args, output, attention=attention: peaks.append(
+                (output.view(*output.shape[:2], 4, -1).abs() * attention.beta_max()).amax().item()))
+    with torch.no_grad():
+        model(torch.randint(3, 97, (2, 16), generator=torch.Generator().manual_seed(0)))
+    assert all(30 < peak < 80 for peak in peaks), peaks
+    assert all(layer.self_attn.time_decay.out_proj.abs().mean() > 0.1 for layer in model.model.layers)
+
+
+@pytest.mark.parametrize("prior", ["softmax", "gla"])
+def test_traced_energies_equal_the_float64_recomputation(prior):
+    """output_energies: per layer, free_energy_gain = mean over channels of (F(beta_max) - mu) (FEM eq. 6),
+    temperature_gate = mean lambda and inverse_temperature = beta_max, against the float64 reference run on
+    the input each layer received."""
+    model = tiny_fem(prior=prior, prior_chunk_size=4, time_decay_chunk_size=4).double()
+    perturb_fem(model)
+    ids = torch.randint(3, 97, (2, 11), generator=torch.Generator().manual_seed(3))
+    captured, result = layer_inputs(model, ids)
+    trace = result.energies
+    for index, (layer, (hidden, _)) in enumerate(zip(model.model.layers, captured)):
+        attention = layer.self_attn
+        _, mu, f = fem_layer_reference(attention, hidden)
+        torch.testing.assert_close(trace.layers[index]["free_energy_gain"], (f - mu).mean(dim=(-2, -1)))
+        assert (f - mu).mean() > 0.1  # values near the cap: a large gain (f -> max v), not a rounding residue
+        torch.testing.assert_close(trace.layers[index]["inverse_temperature"], attention.beta_max())
+
+
 def test_temperature_gate_off_reads_the_fixed_temperature_free_energy():
-    model = tiny_fem(use_temperature_gate=False, use_outer_gate=False, use_time_decay=False)
+    """The T switch off (lambda = 1) reads F(beta_max) = beta_max^-1 log E_p[exp(beta_max v)] (FEM eq. 4)."""
+    model = tiny_fem(use_temperature_gate=False, use_outer_gate=False, use_time_decay=False).double()
+    perturb_fem(model)
     attention = model.model.layers[0].self_attn
     assert not hasattr(attention, "temperature_proj") and not hasattr(attention, "outer_gate_proj")
-    ids = torch.randint(3, 97, (1, 10))
-    with torch.no_grad():
-        trace = model(ids, output_energies=True).energies
-    assert "temperature_gate" not in trace.names() and (trace.stack("free_energy_gain") >= 0).all()
-
-
-def test_energy_trace_gains_are_nonnegative_and_temperatures_are_beta_max():
-    model = tiny_fem()
-    with torch.no_grad():
-        trace = model(torch.randint(3, 97, (2, 11)), output_energies=True).energies
-    assert len(trace.layers) == 2
-    assert (trace.stack("free_energy_gain") >= 0).all()  # Jensen: F(beta) >= mu
-    gate = trace.stack("temperature_gate")
-    assert gate.shape == (2, 2, 11) and ((gate > 0) & (gate < 1)).all()
-    torch.testing.assert_close(trace.stack("inverse_temperature")[0], model.model.layers[0].self_attn.beta_max())
-    assert "free_energy_gain/layer_1" in trace.summary()
+    ids = torch.randint(3, 97, (1, 10), generator=torch.Generator().manual_seed(4))
+    captured, result = layer_inputs(model, ids)
+    hidden, (output, _) = captured[0]
+    _, mu, f = fem_layer_reference(attention, hidden)
+    o_proj = attention.o_proj.weight
+    torch.testing.assert_close(output, f.reshape(1, 10, -1) @ o_proj.T)
+    assert not torch.allclose(output, mu.reshape(1, 10, -1) @ o_proj.T, atol=1e-3)
+    assert "temperature_gate" not in result.energies.names()
 
 
 @pytest.mark.parametrize("name,target", [("fem-lm-340m", 340e6), ("fem-lm-1.3b", 1.3e9), ("fem-gla-340m", 340e6),
@@ -170,3 +274,110 @@ def test_recurrent_decoding_state_does_not_grow_with_the_sequence(prior):
         return sum(t.numel() * t.element_size() for t in tensors)
 
     assert state_bytes(16) == state_bytes(1024) > 0
+
+
+def test_aft_layer_has_channel_logits_and_no_queries():
+    config = FEMConfig(hidden_size=32, num_attention_heads=4, intermediate_size=64, num_hidden_layers=1,
+                       vocab_size=50, prior="aft", aft_decay=True)
+    layer = FEMAttention(config, 0)
+    assert not hasattr(layer, "q_proj")
+    assert layer.k_proj.out_features == layer.v_proj.out_features == config.value_width
+    assert layer.decay_proj.out_features == config.value_width
+    assert not hasattr(FEMAttention(FEMConfig(**{**config.to_dict(), "aft_decay": False}), 0), "decay_proj")
+
+
+def test_eager_attention_returns_the_softmax_priors_probabilities():
+    """attn_implementation="eager" with output_attentions=True returns p_t(i) of FEM H.1, equal to an
+    independent softmax of the layer's RoPE'd q.k over the visible keys (left-padded batch, float64, where
+    transformers' own eager attention would turn padded rows into NaN); the outputs equal SDPA's."""
+    model = tiny_fem().double()
+    perturb_fem(model)
+    ids = torch.randint(3, 97, (2, 9), generator=torch.Generator().manual_seed(5))
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0
+    with torch.no_grad():
+        sdpa_logits = model(ids, attention_mask=mask).logits
+    model.set_attn_implementation("eager")
+    captured, _ = layer_inputs(model, ids, mask)
+    with torch.no_grad():
+        eager = model(ids, attention_mask=mask, output_attentions=True)
+    real = mask.bool()
+    torch.testing.assert_close(eager.logits[real], sdpa_logits[real])
+    for layer, (hidden, _), probabilities in zip(model.model.layers, captured, eager.attentions):
+        attention = layer.self_attn
+        positions = (mask.cumsum(-1) - 1).clamp_min(0)
+        # the queries and keys, modulated by the conditioner (FEM eq. 34a), recomputed through the reference
+        c = time_decay_features(attention.time_decay, hidden.double(), real) @ attention.time_decay.out_proj.double()
+        widths = [getattr(attention, name).out_features for name in attention.projection_names]
+        blocks = dict(zip(attention.projection_names, c.split(widths, dim=-1)))
+        query, key = (rope((getattr(attention, name)(hidden) * (1 + blocks[name])).view(2, 9, 4, -1).transpose(1, 2),
+                           positions, 10000.0) for name in ("q_proj", "k_proj"))
+        expected = softmax_prior(query, key, real)[..., 0].permute(0, 3, 1, 2)  # (batch, heads, t, i)
+        torch.testing.assert_close(probabilities[0, :, 3:], expected[0, :, 3:])
+        torch.testing.assert_close(probabilities[1], expected[1])
+
+
+def test_attention_outputs_and_implementations_are_refused_where_they_do_not_apply():
+    ids = torch.randint(3, 97, (1, 6))
+    with pytest.raises(ValueError, match="attn_implementation='eager'"):
+        tiny_fem()(ids, output_attentions=True)  # sdpa never forms the probabilities
+    gla = tiny_fem(prior="gla")
+    with pytest.raises(ValueError, match="output_attentions=True needs FEM's softmax prior"):
+        gla(ids, output_attentions=True)
+    for refused in ("eager", "flash_attention_2"):
+        with pytest.raises(ValueError, match="prior='gla'.*chunkwise recurrence"):
+            gla.set_attn_implementation(refused)
+    with pytest.raises(ValueError, match="prior='ssm'"):
+        AutoModelForCausalLM.from_config(tiny_fem(prior="ssm").config, attn_implementation="eager")
+    with pytest.raises(ImportError, match="FlashAttention2"):  # no flash-attn on this machine: said, not ignored
+        tiny_fem().set_attn_implementation("flash_attention_2")
+
+
+@pytest.mark.parametrize("kind", ["static", "offloaded", "quantized"])
+def test_unsupported_cache_kinds_are_refused_before_generating(kind):
+    model = tiny_fem()
+    with pytest.raises(ValueError, match="cache_implementation=None or 'dynamic'"):
+        model.generate(torch.randint(3, 97, (1, 4)), max_new_tokens=2, cache_implementation=kind, pad_token_id=0)
+    generated = model.generate(torch.randint(3, 97, (1, 4)), max_new_tokens=2, cache_implementation="dynamic",
+                               pad_token_id=0)
+    assert generated.shape == (1, 6)
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.parametrize("switches", SWITCHES[1:], ids=["no_T", "no_L", "no_G", "no_C"])
+@pytest.mark.parametrize("prior", ["softmax", "gla", "aft", "ssm"])
+def test_padded_batches_are_exact_for_every_ablation_switch(prior, switches, side):
+    """The contract's padding check (outputs and every parameter's gradient equal the sequence alone, ordinary
+    tokens under the mask, perturbed conditioner, values at the cap) with each FEM switch off in turn (the
+    contract itself runs every prior with all switches on)."""
+    tester = test_fem_contract.TestFEMContract()
+    tester.prior_fields = {"prior": prior, "prior_chunk_size": 4, "aft_decay": True, "ssm_state_size": 4, **switches}
+    tester.test_padded_batch_gives_the_outputs_and_gradients_of_the_sequence_alone(side)
+
+
+@pytest.mark.parametrize("prior", ["softmax", "gla"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_half_precision_cached_decoding_keeps_the_exp_branch(prior, dtype):
+    """Prefill + one-token steps in bf16 / fp16 give the logits of one forward in that dtype, and stay closer to
+    fp32 than the LSE branch's own effect (values at the cap: exp(beta v - M) spans e^-80..1, which fp16 cannot
+    hold, so its read and cache run in fp32)."""
+    model = tiny_fem(prior=prior, prior_chunk_size=4, time_decay_chunk_size=4)
+    perturb_fem(model)
+    ids = torch.randint(3, 97, (2, 14), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        reference = model(ids, use_cache=False).logits
+        collapsed = without_lse_branch(model)(ids, use_cache=False).logits
+        low = model.to(dtype)
+        full = low(ids, use_cache=False).logits
+        step = low(ids[:, :6], use_cache=True)
+        pieces, cache = [step.logits], step.past_key_values
+        for t in range(6, 14):
+            step = low(ids[:, t : t + 1], past_key_values=cache, use_cache=True)
+            pieces.append(step.logits)
+    stepped = torch.cat(pieces, dim=1)
+    assert torch.isfinite(stepped).all()
+    torch.testing.assert_close(stepped.float(), full.float(), rtol=0.02, atol=0.02)
+    lse_effect = (reference - collapsed).abs().mean()
+    assert (stepped.float() - reference).abs().mean() < 0.1 * lse_effect
+    if prior == "softmax" and dtype == torch.float16:
+        assert cache.layers[0].values.dtype == torch.float32  # fp16 cannot hold the cached exp values

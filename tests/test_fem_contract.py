@@ -1,20 +1,54 @@
-"""FEM-LM through the shared model contract (tests/contract.py)."""
+"""FEM-LM (every prior) and FEMForSequenceClassification through the shared model contract (tests/contract.py).
 
-from transformers import AutoModel, AutoModelForCausalLM
+Every model the contract builds is perturbed so FEM's own parts act: the time-decay conditioner's
+zero-initialised output map gets random weights (modulators != 1) and the values are scaled so that
+beta_max |v| reaches the exp cap of 40 (some below it, some clipped)."""
 
-from energyzoo import FEMConfig, FEMForCausalLM, FEMModel
+import torch
+from transformers import AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification
 
-from contract import CausalLMContract
+from energyzoo import FEMConfig, FEMForCausalLM, FEMForSequenceClassification, FEMModel
+from energyzoo.modeling.modeling_fem import FEMAttention
+
+from contract import CausalLMContract, SequenceClassificationContract
+
+VALUE_SCALE = 60.0  # beta_max |v| of the tiny models then peaks at ~35-50 (test_fem.py checks the fixture)
 
 
-class TestFEMContract(CausalLMContract):
+def perturb_fem(model, seed: int = 0) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, FEMAttention):
+                if module.time_decay is not None:
+                    module.time_decay.out_proj.normal_(0.0, 0.5, generator=generator)
+                module.v_proj.weight.mul_(VALUE_SCALE)
+
+
+def without_lse_branch(model):
+    """The same FEM model with ``use_lse=False`` (o = g * mu): every shared weight copied, the temperature
+    projection, beta_max and the conditioner's temperature-gate block dropped. A read whose f_max collapsed
+    to mu computes exactly this."""
+    config = FEMConfig.from_dict({**model.config.to_dict(), "use_lse": False})
+    twin = type(model)(config).to(next(model.parameters()).dtype)
+    state = {}
+    for key, value in model.state_dict().items():
+        if "temperature_proj" in key or "beta_max_raw" in key:
+            continue
+        if key.endswith("time_decay.out_proj"):
+            layer = model.get_submodule(key.removesuffix(".time_decay.out_proj"))
+            blocks = value.split([getattr(layer, name).out_features for name in layer.projection_names], dim=-1)
+            value = torch.cat([b for name, b in zip(layer.projection_names, blocks) if name != "temperature_proj"], -1)
+        state[key] = value
+    twin.load_state_dict(state)
+    return twin.train(model.training)
+
+
+class FEMTester:
     model_type = "fem"
     config_class = FEMConfig
-    auto_classes = {AutoModel: FEMModel, AutoModelForCausalLM: FEMForCausalLM}
-    head_class = FEMForCausalLM
-    head_auto_class = AutoModelForCausalLM
-    lora_target_modules = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     energy_names = {"inverse_temperature", "free_energy_gain", "temperature_gate"}
+    lora_target_modules = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     invalid_config_values = [
         ("num_attention_heads", 5),  # does not divide the widths
         ("num_attention_heads", 0),
@@ -26,6 +60,7 @@ class TestFEMContract(CausalLMContract):
         ("hidden_act", "not-an-activation"),
         ("time_decay_rank", 0),
     ]
+    prior_fields: dict = {}
 
     def make_config(self, **overrides):
         fields = dict(
@@ -40,38 +75,72 @@ class TestFEMContract(CausalLMContract):
             pad_token_id=0,
             bos_token_id=1,
             eos_token_id=2,
+            **self.prior_fields,
         )
         fields.update(overrides)
         return FEMConfig(**fields)
 
+    def perturb(self, model):
+        perturb_fem(model)
 
-class TestFEMGLAContract(TestFEMContract):
+    def without_distinctive_term(self, model):
+        return without_lse_branch(model)
+
+
+class TestFEMContract(FEMTester, CausalLMContract):
+    auto_classes = {AutoModel: FEMModel, AutoModelForCausalLM: FEMForCausalLM}
+    head_class = FEMForCausalLM
+    head_auto_class = AutoModelForCausalLM
+
+
+class RecurrentPriorTester:
+    """Recurrent priors run their own chunkwise read: only the default attention implementation applies, and
+    there are no softmax probabilities to return."""
+
+    attention_implementations = ("sdpa",)
+    has_attentions = False
+
+
+class TestFEMGLAContract(RecurrentPriorTester, TestFEMContract):
     """FEM-LM with the gated-linear-attention prior (FEM H.2): the same contract, recurrent cache."""
 
+    prior_fields = {"prior": "gla", "prior_chunk_size": 4}
     invalid_config_values = TestFEMContract.invalid_config_values + [
         ("gla_decay", "token"),
         ("decay_normalizer", 0.0),
         ("prior_chunk_size", 0),
     ]
 
-    def make_config(self, **overrides):
-        return super().make_config(**{"prior": "gla", "prior_chunk_size": 4, **overrides})
 
-
-class TestFEMAFTContract(TestFEMContract):
+class TestFEMAFTContract(RecurrentPriorTester, TestFEMContract):
     """FEM-LM with the AFT prior (FEM H.3) and its input-conditioned decay: no queries, recurrent cache."""
 
+    prior_fields = {"prior": "aft", "aft_decay": True, "prior_chunk_size": 4}
     lora_target_modules = ["k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
-    def make_config(self, **overrides):
-        return super().make_config(**{"prior": "aft", "aft_decay": True, "prior_chunk_size": 4, **overrides})
 
-
-class TestFEMSSMContract(TestFEMContract):
+class TestFEMSSMContract(RecurrentPriorTester, TestFEMContract):
     """FEM-LM with the SSM prior (FEM H.4): Mamba-style nonnegative impulse response, recurrent cache."""
 
+    prior_fields = {"prior": "ssm", "ssm_state_size": 4, "prior_chunk_size": 4}
     lora_target_modules = ["dt_proj", "bc_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     invalid_config_values = TestFEMContract.invalid_config_values + [("ssm_state_size", 0)]
 
+
+class TestFEMSequenceClassificationContract(FEMTester, SequenceClassificationContract):
+    """FEMForSequenceClassification (softmax prior): pooled from the last real token, also when the padding
+    holds ordinary tokens."""
+
+    auto_classes = {AutoModel: FEMModel, AutoModelForSequenceClassification: FEMForSequenceClassification}
+    head_class = FEMForSequenceClassification
+    head_auto_class = AutoModelForSequenceClassification
+    lora_target_modules = ["q_proj", "v_proj", "o_proj", "down_proj"]
+
     def make_config(self, **overrides):
-        return super().make_config(**{"prior": "ssm", "ssm_state_size": 4, "prior_chunk_size": 4, **overrides})
+        return super().make_config(**{"num_labels": self.num_labels, **overrides})
+
+
+class TestFEMGLASequenceClassificationContract(RecurrentPriorTester, TestFEMSequenceClassificationContract):
+    """The classifier over the GLA prior, the Mamba-like LM users ask a classification head of most."""
+
+    prior_fields = {"prior": "gla", "prior_chunk_size": 4}

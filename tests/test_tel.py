@@ -190,21 +190,75 @@ def test_diagnostics_follow_their_definitions():
     torch.testing.assert_close(trace["free_energy"][1], energy)
 
 
-def test_entropy_estimators_recover_known_entropies():
+def estimate(kind, sample, **fields):
+    return EntropyEstimator(TELSettings(tel_estimator=kind, **fields))(sample, -1)
+
+
+def test_entropy_estimators_recover_known_entropies_on_the_gaussian_scale():
+    """Each analytic estimator returns its closed-form entropy minus a unit Gaussian's (eq. 35's scale)."""
     generator = torch.Generator().manual_seed(0)
     normal = 2.0 * torch.randn(20000, 4, generator=generator)
     laplace = torch.distributions.Laplace(0.0, 1.5).sample((20000, 4))
     student = torch.distributions.StudentT(5.0, 0.0, 0.7).sample((20000, 4))
-
-    def estimate(kind, sample):
-        return EntropyEstimator(TELSettings(tel_estimator=kind))(sample, -1)
-
+    unit = 0.5 * math.log(2 * math.pi * math.e)
     torch.testing.assert_close(estimate("gaussian", normal), torch.full((4,), math.log(2.0)), atol=0.02, rtol=0)
     torch.testing.assert_close(estimate("robust_gaussian", normal), torch.full((4,), math.log(2.0)), atol=0.03, rtol=0)
-    laplace_entropy = float(torch.distributions.Laplace(0.0, 1.5).entropy())
+    laplace_entropy = float(torch.distributions.Laplace(0.0, 1.5).entropy()) - unit
     torch.testing.assert_close(estimate("laplace", laplace), torch.full((4,), laplace_entropy), atol=0.03, rtol=0)
-    student_entropy = float(torch.distributions.StudentT(5.0, 0.0, 0.7).entropy())
+    student_entropy = float(torch.distributions.StudentT(5.0, 0.0, 0.7).entropy()) - unit
     torch.testing.assert_close(estimate("student_t", student), torch.full((4,), student_entropy), atol=0.05, rtol=0)
+
+
+@pytest.mark.parametrize("sigma", [0.3, 3.0])
+def test_analytic_estimators_agree_on_gaussian_data_and_drive_the_temperature_the_same_way(sigma):
+    """On N(0, sigma^2) data every analytic estimator reads log sigma + its documented misfit constant (0 for
+    the Gaussians, +0.048 for Laplace, -0.047 for Student-t at nu = 5), so the drift of eq. 9 (beta_0 = 0)
+    has the sign of log sigma whichever estimator is chosen."""
+    sample = sigma * torch.randn(50000, 4, generator=torch.Generator().manual_seed(1))
+    constants = {"gaussian": 0.0, "robust_gaussian": 0.0, "laplace": 0.0484, "student_t": -0.0468}
+    for kind, constant in constants.items():
+        torch.testing.assert_close(estimate(kind, sample), torch.full((4,), math.log(sigma) + constant),
+                                   atol=0.02, rtol=0, msg=kind)
+    anchor = torch.randn(64, 16, generator=torch.Generator().manual_seed(2))
+    drifts = []
+    for kind in constants:
+        layer = EquilibriumRefinement(16, -1, TELSettings(tel_estimator=kind)).train()
+        layer.entropy_force.forward = lambda y: y  # phi = identity: the statistics are those of y itself
+        layer.record_trace = True
+        layer(anchor * sigma)
+        drifts.append(layer.last_trace["temperature"][-1] - layer.last_trace["temperature"][0])
+    assert all((drift > 0) == (sigma > 1) and drift != 0 for drift in drifts), drifts
+
+
+@pytest.mark.parametrize("estimator", ["gaussian", "robust_gaussian", "laplace", "student_t", "mlp"])
+def test_token_pooling_makes_each_position_its_own_in_training(estimator):
+    """With tel_entropy_pooling="token" no position's output depends on another position or sequence, in
+    training mode too (the dual update runs): each row equals the row alone. D.4's batch pooling does not."""
+    anchor = 2 * torch.randn(6, 5, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    anchor[3] *= 4  # a row of another scale: its statistics differ
+    for temperature in ("global", "channel"):
+        token = refinement(tel_estimator=estimator, tel_entropy_pooling="token", tel_temperature=temperature,
+                           tel_dual_step=0.05).train()
+        together = token(anchor)
+        for row in (0, 3):
+            torch.testing.assert_close(together[row, 2:3], token(anchor[row : row + 1, 2:3])[0])
+        batch = refinement(tel_estimator=estimator, tel_temperature=temperature, tel_dual_step=0.05).train()
+        assert not torch.allclose(batch(anchor)[0, 2:3], batch(anchor[:1, 2:3])[0])
+
+
+def test_temperature_and_dual_update_stay_in_fp32_in_a_bf16_layer():
+    """A bf16 layer's temperatures follow the fp32 layer's on the same anchor to ~3e-5 (its forces differ only
+    by bf16 rounding); rounding tau itself to bf16 (spacing 4e-3 near log 0.5) would be off by ~1e-3."""
+    anchor = (2 * torch.randn(64, 32, generator=torch.Generator().manual_seed(4))).bfloat16()
+    temperatures = []
+    for dtype in (torch.float32, torch.bfloat16):
+        layer = EquilibriumRefinement(32, -1, TELSettings(tel_dual_step=0.05)).to(dtype).train()
+        layer.record_trace = True
+        layer(anchor.to(dtype))
+        temperatures.append(layer.last_trace["temperature"])
+    assert temperatures[1].dtype == torch.float32
+    assert (temperatures[0].diff().abs() > 1e-3).all()  # the dual update moves T by ~3e-3 per step
+    torch.testing.assert_close(temperatures[1], temperatures[0], rtol=0, atol=1e-4)
 
 
 def test_mlp_estimator_learns_through_the_temperature():

@@ -1,9 +1,13 @@
 """TEL-GPT2, TEL-ViT and TEL-ResNet through the shared model contract (tests/contract.py)."""
 
+import copy
+import math
+
 import torch
 from transformers import AutoModel, AutoModelForCausalLM, AutoModelForImageClassification
 
 from energyzoo import (
+    EquilibriumRefinement,
     TELGPT2Config,
     TELGPT2LMHeadModel,
     TELGPT2Model,
@@ -33,15 +37,42 @@ INVALID_TEL_VALUES = [
 ]
 
 
-class TestTELGPT2Contract(CausalLMContract):
+def anchored_only(model):
+    """The same model with every TEL layer's step sizes at their minimum eta_min = 1e-4: y^(K) = Wx up to
+    ~5e-4 T phi, i.e. the TEL refinement (TEL's own term) collapsed to its anchor."""
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        for module in twin.modules():
+            if isinstance(module, EquilibriumRefinement):
+                module.tel_log_step_sizes.fill_(math.log(module.settings.tel_step_size_min))
+    return twin
+
+
+class TELTester:
+    energy_names = TEL_ENERGIES
+
+    def perturb(self, model):
+        """Temperature and step sizes at 95% of their design maxima (eq. 13, 32): a strong refinement, far
+        from the anchor, so that precision checks have a term to lose."""
+        with torch.no_grad():
+            for module in model.modules():
+                if isinstance(module, EquilibriumRefinement):
+                    settings = module.settings
+                    module.tel_log_temperature.fill_(math.log(0.95 * settings.tel_resolved_temperature_max))
+                    module.tel_log_step_sizes.fill_(math.log(0.95 * settings.tel_step_size_max))
+
+    def without_distinctive_term(self, model):
+        return anchored_only(model)
+
+
+class TestTELGPT2Contract(TELTester, CausalLMContract):
     model_type = "tel-gpt2"
     config_class = TELGPT2Config
     auto_classes = {AutoModel: TELGPT2Model, AutoModelForCausalLM: TELGPT2LMHeadModel}
     head_class = TELGPT2LMHeadModel
     head_auto_class = AutoModelForCausalLM
     lora_target_modules = ["c_attn", "c_proj", "c_fc"]
-    energy_names = TEL_ENERGIES
-    invalid_config_values = INVALID_TEL_VALUES + [("tel_placement", [2])]
+    invalid_config_values = INVALID_TEL_VALUES + [("tel_placement", [2]), ("tel_entropy_pooling", "sequence")]
 
     def make_config(self, **overrides):
         fields = dict(vocab_size=97, n_positions=64, n_embd=32, n_layer=2, n_head=4, resid_pdrop=0.0, embd_pdrop=0.0,
@@ -50,9 +81,7 @@ class TestTELGPT2Contract(CausalLMContract):
         return TELGPT2Config(**fields)
 
 
-class VisionContract(ModelContract):
-    energy_names = TEL_ENERGIES
-
+class VisionContract(TELTester, ModelContract):
     def make_inputs(self, config, batch_size=2, seed=0):
         generator = torch.Generator().manual_seed(seed)
         pixels = torch.randn(batch_size, 3, 32, 32, generator=generator)
@@ -83,6 +112,8 @@ class TestTELResNetContract(VisionContract):
     head_class = TELResNetForImageClassification
     head_auto_class = AutoModelForImageClassification
     supports_activation_checkpointing = False  # transformers' ResNet has no checkpointable blocks
+    attention_implementations = ("eager",)  # no attention: transformers refuses sdpa and flash for ResNet
+    has_attentions = False
     lora_target_modules = ["convolution"]
     invalid_config_values = INVALID_TEL_VALUES + [("tel_placement", [4])]
 

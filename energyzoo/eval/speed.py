@@ -8,6 +8,10 @@ median of the per-pair ratios FEM / Llama (for decoding, tokens/s FEM / Llama), 
 drifts of a shared machine. On CPU, peak memory is the peak resident set of a fresh process that
 builds the model and runs train steps, minus that process's footprint before the model exists; on CUDA it
 is the allocator's peak. (Linux: the resident high-water mark is reset after imports.)
+
+``compile=True`` (`energyzoo bench --compile`) runs both models' forward through ``torch.compile`` (the default
+inductor backend, also inside the memory probe) and warms every workload up before timing, so compilation
+and recompilation for new shapes are not timed.
 """
 
 import json
@@ -39,6 +43,7 @@ class BenchSettings:
     device: str = "cpu"
     dtype: str = "float32"
     seed: int = 0
+    compile: bool = False
 
     def resolved_baseline(self) -> str:
         baseline = self.baseline or preset_card(self.preset).get("baseline")
@@ -50,7 +55,14 @@ class BenchSettings:
 def _build(preset: str, settings: BenchSettings):
     torch.manual_seed(settings.seed)
     model = model_from_preset(preset, max_position_embeddings=max(4096, settings.seq_len + settings.decode_tokens))
-    return model.to(device=settings.device, dtype=getattr(torch, settings.dtype))
+    model = model.to(device=settings.device, dtype=getattr(torch, settings.dtype))
+    if settings.compile:  # the forward, so that generate() and train steps run the compiled model too
+        # Both models' forwards are transformers' `can_return_tuple` wrapper, one code object: their graphs
+        # (eval, train, prefill, decode, each per model) share dynamo's per-code cache, whose default of 8
+        # entries would send the rest back to eager.
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+        model.forward = torch.compile(model.forward)
+    return model
 
 
 def _batch(model, settings: BenchSettings) -> torch.Tensor:
@@ -205,9 +217,10 @@ def run_fem_vs_llama(settings: BenchSettings) -> dict:
 def format_table(result: dict) -> str:
     models = result["models"]
     settings = result["settings"]
+    compiled = ", torch.compile" if settings.get("compile") else ""
     lines = [
         f"{models['fem']} vs {models['llama']}  (batch {settings['batch_size']}, seq {settings['seq_len']}, "
-        f"{settings['dtype']} on {settings['device']}, median of {settings['repeats']})",
+        f"{settings['dtype']} on {settings['device']}{compiled}, median of {settings['repeats']})",
         f"| {'metric':<20} | {'FEM':>10} | {'Llama':>10} | {'ratio':>6} | {'target':>7} | ok  |",
         f"|{'-' * 22}|{'-' * 12}|{'-' * 12}|{'-' * 8}|{'-' * 9}|-----|",
     ]

@@ -20,15 +20,18 @@ from transformers import AutoConfig, AutoTokenizer
 from ..registry import ARCHITECTURES, auto_map_for
 
 TEMPLATES = {"fem": "fem.md", "tel-gpt2": "tel.md", "tel-vit": "tel.md", "tel-resnet": "tel.md"}
-PIPELINE_TAGS = {"AutoModelForCausalLM": "text-generation", "AutoModelForImageClassification": "image-classification"}
+PIPELINE_TAGS = {"AutoModelForCausalLM": "text-generation", "AutoModelForImageClassification": "image-classification",
+                 "AutoModelForSequenceClassification": "text-classification"}
 TEL_BACKBONES = {"tel-gpt2": "GPT-2", "tel-vit": "ViT", "tel-resnet": "ResNet"}
 LIMITATIONS = {
     "fem": "Quality depends on the training run recorded below; small presets trained on the embedded corpus are "
            "demonstrations, not useful language models. The GLA / SSM / AFT priors run energyzoo's chunkwise "
            "PyTorch path (no fused CUDA kernels yet). Not aligned or filtered for harmful content.",
-    "tel": "In training mode TEL's temperature is a batch statistic (like BatchNorm's), so training-mode outputs "
-           "depend on the batch; at inference the layer acts on each position alone. TEL-full costs K refinement "
-           "steps in every block. The paper's large-scale results are not reproduced by this checkpoint.",
+    "tel": "With `tel_entropy_pooling=\"batch\"` (tel.txt D.4, the vision models' default) TEL's training-mode "
+           "temperature is a batch statistic (like BatchNorm's), so training-mode outputs depend on the batch; "
+           "TEL-GPT2 pools per token, so it stays causal in training. At inference the layer acts on each position "
+           "alone. TEL-full costs K refinement steps in every block. The paper's large-scale results are not "
+           "reproduced by this checkpoint.",
 }
 SKIPPED_CONFIG_KEYS = {"auto_map", "architectures", "transformers_version", "id2label", "label2id", "dtype"}
 

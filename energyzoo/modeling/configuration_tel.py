@@ -51,10 +51,14 @@ class TELPlacementMixin:
 @strict
 class TELGPT2Config(TELPlacementMixin, GPT2Config, TELSettings):
     r"""GPT-2 with TEL layers in place of the FFN's c_fc + activation (tel.txt G.4.3), `model_type` "tel-gpt2".
-    Every GPT-2 field keeps its meaning and default; the TEL fields are documented in `TELSettings`."""
+    Every GPT-2 field keeps its meaning and default; the TEL fields are documented in `TELSettings`, with one
+    default changed for a causal LM: ``tel_entropy_pooling="token"``."""
 
     model_type = "tel-gpt2"
     tel_placement: str | list[int] = "head"
+    # A causal LM: entropy statistics per position, so no later token or other sequence changes an earlier
+    # output in training (D.4's batch pooling would let the future in). Vision models keep "batch".
+    tel_entropy_pooling: str = "token"
 
     @property
     def tel_block_count(self) -> int:

@@ -45,13 +45,14 @@ class _FEMStateMixin:
 
 class FEMSoftmaxCacheLayer(_FEMStateMixin, DynamicLayer):
     """Decoding state of one FEM layer with the softmax prior: the prior's keys, the augmented values
-    [v, exp(beta v - M)] of the one-pass read (FEM App. F.4), the shift M, and the time-decay conditioner's
-    O(H_c) state (App. I, Prop. I.1).
+    [v, exp(beta v - M)] of the one-pass read (FEM App. F.4) as ``keys`` / ``values``, the shift M, and the
+    time-decay conditioner's O(H_c) state (App. I, Prop. I.1).
 
-    The shift follows the maximum of beta v per channel (with headroom, see `exp_branch`). When it moves,
-    the cached exp values are rescaled by exp(M_old - M_new) (online-softmax style), so cached decoding
-    computes the same read as one full forward while each step only exponentiates its own values. With the
-    default budget (i), [v, exp(beta v)] has the Q/K head width: the value cache has the size of Llama's."""
+    `softmax_free_energy_read` takes ``prior_state`` and returns the next one (it rescales the cached exp
+    values when M moves, online-softmax style), which ``advance`` stores; so cached decoding computes the
+    read of one full forward while each step only exponentiates its own values. With the default budget
+    (i), [v, exp(beta v)] has the Q/K head width: the value cache has the size of Llama's (fp16 models cache
+    in fp32, since fp16 cannot hold the exp branch)."""
 
     _layer_type = fem_layer_type("softmax")
     is_croppable = False
@@ -62,17 +63,19 @@ class FEMSoftmaxCacheLayer(_FEMStateMixin, DynamicLayer):
         self.time_decay_state: torch.Tensor | None = None
         self.exp_shift: torch.Tensor | None = None
 
-    def update(self, key_states, value_states, *args, exp_shift: torch.Tensor | None = None, **kwargs):
-        """Append keys and augmented values; ``exp_shift`` is the shift the new exp values were taken at,
-        and the cached exp values are brought to it first when it moved."""
-        if exp_shift is not None:
-            moved = self.exp_shift is not None and self.get_seq_length() > 0 and not torch.equal(exp_shift, self.exp_shift)
-            if moved:
-                half = self.values.shape[-1] // 2
-                rescale = torch.exp(self.exp_shift - exp_shift).to(self.values.dtype)
-                self.values = torch.cat([self.values[..., :half], self.values[..., half:] * rescale], dim=-1)
-            self.exp_shift = exp_shift
-        return super().update(key_states, value_states, *args, **kwargs)
+    @property
+    def prior_state(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None:
+        """``(keys, augmented values, shift)`` of the cached positions, None before the first tokens."""
+        return (self.keys, self.values, self.exp_shift) if self.is_initialized else None
+
+    def advance(self, prior_state: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None], new_tokens: int) -> None:
+        keys, values, self.exp_shift = prior_state
+        if not self.is_initialized:
+            self.lazy_initialization(keys, values)
+        self.keys, self.values = keys, values
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        raise NotImplementedError("FEM softmax layers cache augmented values; FEMAttention advances them")
 
 
 class _StateOnlyLayer(CacheLayerMixin):

@@ -1,4 +1,4 @@
-"""The Free Energy Mixer read (FEM eq. 4-11, App. F-G), as functions any prior can reuse.
+"""The Free Energy Mixer read (FEM eq. 4-11, App. F-G), as functions every prior reuses.
 
 For a selection prior p_t over past positions and values v_i, FEM reads per channel j
     mu_t      = E_{p_t}[v]                                   (the expectation baseline, eq. 6)
@@ -8,25 +8,37 @@ For a selection prior p_t over past positions and values v_i, FEM reads per chan
 Both mu and F^max come from ONE pass of the prior over the augmented values [v, exp(beta v - M)]
 (FEM App. F.4, G.2).
 
+One read per prior, one shape of signature (``FEMAttention`` calls exactly these functions):
+
+    <prior>_free_energy_read(value, beta, *selection, <mask>=..., state=None, <options>) -> FreeEnergyRead
+
+``value`` is (batch, seq, heads, v_dim) and ``beta`` (heads, v_dim); ``selection`` are the prior's own
+tensors (softmax: query, key; GLA: query, key, log decay; AFT: logits, log decay; SSM: step sizes, generator,
+input/output matrices, skip); the mask is ``attention_mask`` for the softmax prior (as
+`transformers.masking_utils.create_causal_mask` builds it for the attention function) and ``valid``
+(batch, seq) for the recurrent priors; ``state`` is what a cache keeps between calls. The result holds mu
+and f_max as (batch, seq, heads, v_dim) and the new state.
+
 Numerics (FEM App. G.2 "numerical stability", and the public reference layer):
-- the exp branch is shifted by M = max over valid keys of beta * v, per (batch, head, channel), detached
-  (it cancels exactly in the log, so gradients are exact);
-- values are clipped to |beta v| <= ``EXP_ARGUMENT_CAP`` (40) before the read. Then beta v - M >= -80
-  and exp never underflows to zero in fp32/bf16 for a valid row. Below the cap the read is exact; above
-  it both mu and F^max are those of the clipped values (a documented saturation, as in the reference);
-- the log is restored in fp32 (or the inputs' wider float); with the cap every exp term is >= e^-80, a
-  normal float, so a row's partition is never 0 and its log never -inf;
-- rounding can put F^max a hair below mu where Jensen says F^max >= mu; we return max(F^max, mu);
-- query rows with no visible key (fully padded) return mu = F^max = 0 instead of NaN.
+- the exp branch is shifted by M = max of beta * v over the keys, per (batch, head, channel), detached
+  (it cancels exactly in the log, so values and gradients are exact);
+- values are clipped to |beta v| <= ``EXP_ARGUMENT_CAP`` (40) before the read. Then every exp term lies in
+  [e^-80, 1]: normal numbers in fp32 and bf16 (which share fp32's exponent range). Below the cap the read is
+  exact; above it both mu and F^max are those of the clipped values (a documented saturation, as in the
+  reference);
+- fp16 cannot hold e^-80 (its smallest subnormal is ~e^-16.6): a read on fp16 inputs runs in fp32 (the
+  softmax prior's keys and augmented values are then cached in fp32) and returns fp16. Reads run with
+  autocast off, so mixed precision cannot push the exp branch back into fp16;
+- the log is restored in fp32 (or the inputs' wider float). Rows whose partition is 0 - rows that see no
+  key (padding), for which SDPA returns zeros - take f_max = mu there, and the log never sees a 0, so
+  neither the forward nor the backward meets log(0). There is no Jensen clamp max(f_max, mu): rounding
+  may put f_max a hair below mu, and a clamp would hide a collapsed branch.
 """
+
+from typing import Callable, NamedTuple
 
 import torch
 import torch.nn.functional as F
-
-try:  # optional CUDA kernel; the SDPA path below computes the same thing everywhere
-    from flash_attn import flash_attn_func
-except ImportError:
-    flash_attn_func = None
 
 EXP_ARGUMENT_CAP = 40.0
 # A cached shift stays while new values exceed it by at most this much: exp(beta v - M) <= e^20 is far from
@@ -34,12 +46,32 @@ EXP_ARGUMENT_CAP = 40.0
 EXP_SHIFT_HEADROOM = 20.0
 
 
-def beta_to_value_shape(beta: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
-    """Broadcast a per-channel inverse temperature, shaped (heads, head_dim), (head_dim,) or (), against
-    values shaped (batch, heads, seq, head_dim)."""
-    if beta.dim() == 2:
-        return beta[None, :, None, :]
-    return beta
+class FreeEnergyRead(NamedTuple):
+    """What every prior's read returns: mu and f_max, (batch, seq, heads, v_dim); the state a cache keeps;
+    and the prior's probabilities (batch, heads, q_len, k_len) when the attention function materialises
+    them (the softmax prior under eager attention), else None. ``f_max`` is None without an LSE branch."""
+
+    mu: torch.Tensor
+    f_max: torch.Tensor | None
+    state: tuple | None
+    weights: torch.Tensor | None = None
+
+
+def work_dtype(dtype: torch.dtype) -> torch.dtype:
+    """fp32 for half precision, else the dtype itself (float64 stays float64): where exponentials, logs and
+    normalisations are computed."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def widened(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` in `work_dtype`: half precision goes to fp32, wider floats stay as they are."""
+    return tensor.to(work_dtype(tensor.dtype))
+
+
+def read_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the softmax prior's one-pass read runs in: the inputs' own, except fp16, which cannot hold
+    exp values down to e^-80 (bf16 can: it has fp32's exponent range)."""
+    return torch.float32 if dtype == torch.float16 else dtype
 
 
 def clip_values_for_exp(value: torch.Tensor, beta: torch.Tensor, cap: float = EXP_ARGUMENT_CAP) -> torch.Tensor:
@@ -48,151 +80,152 @@ def clip_values_for_exp(value: torch.Tensor, beta: torch.Tensor, cap: float = EX
     return torch.clamp(value, -limit, limit)
 
 
-def _bottom_right_causal_mask(query_len: int, key_len: int, device: torch.device) -> torch.Tensor:
-    """Causal mask for queries that are the LAST `query_len` of `key_len` positions (cached decoding)."""
-    offset = key_len - query_len
-    query_positions = torch.arange(query_len, device=device)[:, None] + offset
-    return torch.arange(key_len, device=device)[None, :] <= query_positions
+def exp_shift(scaled: torch.Tensor, dim: int, running_shift: torch.Tensor | None = None) -> torch.Tensor:
+    """M: the detached max of beta v over the keys (``dim``). When decoding, ``running_shift`` is the M the
+    cached exp values were taken at; it is kept unless a channel outgrows it by more than
+    ``EXP_SHIFT_HEADROOM``, so the cache rarely needs rescaling."""
+    shift = scaled.detach().amax(dim=dim, keepdim=True)
+    if running_shift is None:
+        return shift
+    return torch.where(shift > running_shift + EXP_SHIFT_HEADROOM, shift, running_shift)
 
 
-def _visibility(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Boolean 'query may read key' from a boolean or additive float mask."""
-    if attention_mask.dtype == torch.bool:
-        return attention_mask
-    return attention_mask > torch.finfo(attention_mask.dtype).min / 2
+def _restored(mu, shifted_partition, shift, beta):
+    """f_max = where(Z > 0, (M + log Z) / beta, mu), in fp32 or wider, cast back to mu's dtype."""
+    work = work_dtype(mu.dtype)
+    partition = shifted_partition.to(work)
+    positive = partition > 0
+    f_max = (shift.to(work) + torch.log(torch.where(positive, partition, 1.0))) / beta.to(work)
+    return torch.where(positive, f_max, mu.to(work)).to(mu.dtype)
 
 
-def attend(query, key, value, attention_mask=None, causal=True, scale=None):
-    """softmax(q k^T * scale + mask) @ value; flash-attn on CUDA for unmasked fp16/bf16 when installed."""
-    use_flash = (
-        flash_attn_func is not None
-        and query.is_cuda
-        and attention_mask is None
-        and query.dtype in (torch.float16, torch.bfloat16)
-        and value.shape[-1] == query.shape[-1]
-    )
-    if use_flash:
-        out = flash_attn_func(
-            query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), softmax_scale=scale, causal=causal
-        )
-        return out.transpose(1, 2)
-    return F.scaled_dot_product_attention(
-        query, key, value, attn_mask=attention_mask, is_causal=causal and attention_mask is None, scale=scale
-    )
+class _RestoredFreeEnergy(torch.autograd.Function):
+    """f_max = where(Z > 0, (M + log Z) / beta, mu) that keeps only its inputs for backward (Z, the shifted
+    partition, is a slice of the softmax prior's read, which SDPA keeps anyway) and recomputes the rest there:
+    as a plain expression, autograd would store two more fp32 tensors of the read's size per layer."""
+
+    @staticmethod
+    def forward(ctx, mu, shifted_partition, shift, beta):
+        ctx.save_for_backward(shifted_partition, shift, beta)
+        ctx.mu_dtype = mu.dtype
+        return _restored(mu, shifted_partition, shift, beta)
+
+    @staticmethod
+    def backward(ctx, grad):
+        shifted_partition, shift, beta = ctx.saved_tensors
+        work = work_dtype(ctx.mu_dtype)
+        partition = shifted_partition.to(work)
+        positive = partition > 0
+        grad = grad.to(work)
+        inverse_beta = 1 / beta.to(work)
+        safe_partition = torch.where(positive, partition, 1.0)
+        grad_mu = grad_partition = grad_beta = None
+        if ctx.needs_input_grad[0]:
+            grad_mu = torch.where(positive, 0.0, grad).to(ctx.mu_dtype)
+        if ctx.needs_input_grad[1]:  # d f / d Z = 1 / (beta Z)
+            grad_partition = torch.where(positive, grad * inverse_beta / safe_partition, 0.0)
+            grad_partition = grad_partition.to(shifted_partition.dtype)
+        if ctx.needs_input_grad[3]:  # d f / d beta = -(M + log Z) / beta^2
+            log_term = (shift.to(work) + torch.log(safe_partition)) * inverse_beta.square()
+            grad_beta = torch.where(positive, -grad * log_term, 0.0).sum_to_size(beta.shape).to(beta.dtype)
+        return grad_mu, grad_partition, None, grad_beta
 
 
-class PreparedMask:
-    """A mask normalised once for the reads below: the mask SDPA gets, whether SDPA applies the causal mask
-    itself, which query rows see no key (they get zeros, not NaN), and which keys some query sees."""
+def restore_free_energy(
+    mu: torch.Tensor, shifted_partition: torch.Tensor, shift: torch.Tensor, beta: torch.Tensor
+) -> torch.Tensor:
+    """f_max = beta^-1 (log E_p[exp(beta v - M)] + M), computed in fp32 (or wider), returned in mu's dtype.
 
-    def __init__(self, query_len, key_len, attention_mask, causal, device):
-        if causal and attention_mask is None and query_len == 1:
-            causal = False  # the last position sees every key: no mask at all (cached decoding)
-        if causal and (attention_mask is not None or query_len != key_len):
-            causal_mask = _bottom_right_causal_mask(query_len, key_len, device)
-            if attention_mask is None:
-                attention_mask = causal_mask
-            elif attention_mask.dtype == torch.bool:
-                attention_mask = attention_mask & causal_mask
-            else:
-                attention_mask = attention_mask.masked_fill(~causal_mask, torch.finfo(attention_mask.dtype).min)
-            causal = False
-        self.empty_rows = None
-        self.key_is_visible = None
-        if attention_mask is not None:
-            visible = _visibility(attention_mask)
-            self.key_is_visible = visible.any(dim=-2).unsqueeze(-1)  # (b, h|1, k, 1)
-            row_has_key = visible.any(dim=-1, keepdim=True)  # (b, h|1, q, 1)
-            if not bool(row_has_key.all()):
-                # An empty row would give NaN; let it read everything and zero its output afterwards.
-                self.empty_rows = ~row_has_key
-                if attention_mask.dtype == torch.bool:
-                    attention_mask = attention_mask | self.empty_rows
-                else:
-                    attention_mask = attention_mask.masked_fill(self.empty_rows, 0.0)
-        self.attention_mask = attention_mask
-        self.causal = causal
-
-    def zero_empty_rows(self, tensor: torch.Tensor) -> torch.Tensor:
-        return tensor if self.empty_rows is None else tensor.masked_fill(self.empty_rows, 0.0)
-
-
-def exp_branch(
-    value: torch.Tensor,
-    beta: torch.Tensor,
-    key_is_visible: torch.Tensor | None = None,
-    running_shift: torch.Tensor | None = None,
-):
-    """The augmented values of the one-pass read (FEM App. F.4): ``(value_clipped, exp_values, shift)``
-    with exp_values = exp(beta v - M) and M the detached max of beta v per channel over the visible keys
-    (when decoding, ``running_shift`` is the M of the values already cached; it is kept unless a channel
-    outgrows it by more than ``EXP_SHIFT_HEADROOM``, so the cached exp values rarely need rescaling).
-    ``beta`` is already broadcastable to ``value``; ``key_is_visible`` is (..., k_len, 1) or None."""
-    work_dtype = torch.promote_types(value.dtype, torch.float32)  # fp32 for half precision, else v's own
-    value = clip_values_for_exp(value, beta)
-    scaled = beta * value.to(work_dtype)
-    scaled_for_max = scaled if key_is_visible is None else scaled.masked_fill(~key_is_visible, -EXP_ARGUMENT_CAP)
-    shift = scaled_for_max.amax(dim=-2, keepdim=True).detach()
-    if running_shift is not None:
-        shift = torch.where(shift > running_shift + EXP_SHIFT_HEADROOM, shift, running_shift)
-    # In place is safe: the shift is detached and exp keeps its own output for backward.
-    return value, scaled.sub_(shift).exp_().to(value.dtype), shift
-
-
-def restore_free_energy(mu: torch.Tensor, shifted_partition: torch.Tensor, shift: torch.Tensor, beta: torch.Tensor):
-    """f_max = beta^-1 (log E_p[exp(beta v - M)] + M) in fp32 (or wider), and >= mu.
-
-    With |beta v| <= 40 every term exp(beta v - M) is >= e^-80, a normal float, so the partition of a
-    row is never 0; and should a kernel ever flush it, the Jensen bound max(., mu) replaces -inf by mu."""
-    work_dtype = torch.promote_types(mu.dtype, torch.float32)
-    inverse_beta = 1 / beta
-    f_max = torch.addcmul(shift * inverse_beta, torch.log(shifted_partition.to(work_dtype)), inverse_beta)
-    return torch.maximum(f_max, mu.to(work_dtype)).to(mu.dtype)  # Jensen: fixes rounding only
+    A zero partition (a row that sees no key) gives f_max = mu; the log is taken of 1 there instead, so
+    its gradient is 0, not inf * 0 = NaN. The shift M is detached (it cancels exactly)."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (mu, shifted_partition, beta)):
+        return _RestoredFreeEnergy.apply(mu, shifted_partition, shift.detach(), beta)
+    return _restored(mu, shifted_partition, shift, beta)  # nothing to save: no autograd.Function overhead
 
 
 def normalized_free_energy(numerator_v, numerator_exp, denominator, shift, beta, empty=None):
     """(mu, f_max) of a recurrent prior from its three read streams [v, exp(beta v - M), 1]: the ones
     stream is the normaliser (FEM eq. 29, Prop. 2.9), mu = num_v / den, f_max from num_exp / den. Rows
-    with a zero denominator (nothing visible) or marked ``empty`` give 0."""
+    with a zero denominator (nothing visible) or marked ``empty`` give 0, with finite gradients."""
     empty = denominator <= 0 if empty is None else (denominator <= 0) | empty
-    denominator = denominator.masked_fill(empty, 1.0)
-    mu = numerator_v / denominator
-    f_max = restore_free_energy(mu, numerator_exp / denominator, shift, beta)
-    return mu.masked_fill(empty, 0.0), f_max.masked_fill(empty, 0.0)
+    denominator = torch.where(empty, torch.ones_like(denominator), denominator)
+    mu = torch.where(empty, torch.zeros_like(numerator_v), numerator_v / denominator)
+    partition = torch.where(empty, torch.zeros_like(numerator_exp), numerator_exp / denominator)
+    return mu, restore_free_energy(mu, partition, shift, beta)
 
 
-def softmax_prior_read(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    beta: torch.Tensor,
+AttentionFunction = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
+
+
+def sdpa_attention(query, key, value, attention_mask, scale):
+    """softmax(q k^T * scale + mask) @ value with PyTorch's SDPA; inputs (batch, heads, seq, dim), output
+    (batch, q_len, heads, v_dim) and no weights, as transformers' attention functions return them. A mask of
+    None means causal (top-left aligned, as `create_causal_mask` only omits it when that is right)."""
+    causal = attention_mask is None and query.shape[2] > 1
+    out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, is_causal=causal, scale=scale)
+    return out.transpose(1, 2), None
+
+
+def softmax_free_energy_read(
+    value: torch.Tensor,
+    beta: torch.Tensor | None,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    *,
     attention_mask: torch.Tensor | None = None,
-    causal: bool = True,
+    state: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None,
+    attention: AttentionFunction = sdpa_attention,
     scale: float | None = None,
-):
+) -> FreeEnergyRead:
     """The FEM read under the softmax-attention prior (FEM eq. 4, 6, 9 with H.1's prior; App. F.4 one pass).
 
     Args:
-        q, k: (batch, heads, q_len / k_len, qk_dim) queries and keys (RoPE already applied).
-        v: (batch, heads, k_len, v_dim) values.
-        beta: inverse temperature beta_max > 0, shaped (heads, v_dim), (v_dim,) or a scalar tensor.
-        attention_mask: optional mask broadcastable to (batch, heads, q_len, k_len): boolean (True = may
-            attend) or additive float. Combined with ``causal``.
-        causal: apply the causal mask; when q_len < k_len the queries are the last q_len positions.
+        value: (batch, seq, heads, v_dim) values of the new positions.
+        beta: beta_max > 0, (heads, v_dim); None reads mu only (no LSE branch, FEM's "L" switch off).
+        query, key: (batch, heads, seq, qk_dim), RoPE already applied.
+        attention_mask: None (causal, no padding) or a mask over (cached + new) keys as
+            `create_causal_mask` builds it for ``attention``: boolean (True = may attend) or additive.
+        state: ``(keys, augmented_values, shift)`` of the cached positions: keys (batch, heads, past, qk_dim),
+            the augmented values [v, exp(beta v - M)] (batch, heads, past, 2 v_dim) and their shift M
+            (batch, 1, heads, v_dim); None when nothing is cached.
+        attention: ``f(query, key, value, mask, scale) -> (out (batch, q_len, heads, dim), weights | None)``;
+            FEMAttention passes transformers' attention function of ``config._attn_implementation``.
         scale: score scale, default 1/sqrt(qk_dim).
 
     Returns:
-        ``(mu, f_max)``, both (batch, heads, q_len, v_dim): mu = E_p[v] and
-        f_max = beta^-1 log E_p[exp(beta v)] under the masked softmax prior p of q.k*scale, with
-        f_max >= mu everywhere and no inf/NaN (see the module docstring for the numerics).
+        `FreeEnergyRead` with the new state ``(all keys, all augmented values, M)``. When the shift moves
+        (a new value outgrew the cached M by more than the headroom), the cached exp values are rescaled by
+        exp(M_old - M_new) first (online-softmax style), so cached decoding computes the full forward's read.
     """
-    mask = PreparedMask(q.shape[-2], k.shape[-2], attention_mask, causal, q.device)
-    beta = beta_to_value_shape(beta.to(torch.promote_types(v.dtype, torch.float32)), v)
-    v, exp_values, shift = exp_branch(v, beta, mask.key_is_visible)
-    read = attend(q, k, torch.cat([v, exp_values], dim=-1), mask.attention_mask, mask.causal, scale)
-    mu, shifted_partition = read.split(v.shape[-1], dim=-1)
+    out_dtype = value.dtype
+    dtype = read_dtype(value.dtype)
+    query, key, value = query.to(dtype), key.to(dtype), value.to(dtype)
+    shift = None
+    if beta is not None:
+        beta = beta.to(work_dtype(dtype))
+        value = clip_values_for_exp(value, beta)
+        scaled = beta * value.to(beta.dtype)
+        shift = exp_shift(scaled, dim=1, running_shift=None if state is None else state[2])
+        # In place is safe: the shift is detached and exp keeps its own output for backward.
+        value = torch.cat([value, scaled.sub_(shift).exp_().to(dtype)], dim=-1)
+    # (batch, seq, heads, dim) memory, the layout q and k have: SDPA is much slower on mixed layouts.
+    value = value.transpose(1, 2)
+    if state is not None:
+        past_keys, past_values, past_shift = state
+        # The shift rarely moves (headroom): eager decoding skips the O(cache) rescale then; compiled code
+        # keeps one branch-free graph (the factor is 1 where the shift stayed).
+        if shift is not None and (torch.compiler.is_compiling() or not torch.equal(shift, past_shift)):
+            half = value.shape[-1] // 2
+            rescale = torch.exp(past_shift - shift).transpose(1, 2).to(dtype)
+            past_values = torch.cat([past_values[..., :half], past_values[..., half:] * rescale], dim=-1)
+        key = torch.cat([past_keys, key], dim=2)
+        value = torch.cat([past_values, value], dim=2)
+    read, weights = attention(query, key, value, attention_mask, scale)
+    if beta is None:
+        return FreeEnergyRead(read.to(out_dtype), None, (key, value, None), weights)
+    mu, shifted_partition = read.split(read.shape[-1] // 2, dim=-1)
     f_max = restore_free_energy(mu, shifted_partition, shift, beta)
-    return mask.zero_empty_rows(mu), mask.zero_empty_rows(f_max)
+    return FreeEnergyRead(mu.to(out_dtype), f_max.to(out_dtype), (key, value, shift), weights)
 
 
 def gated_free_energy(
@@ -219,5 +252,5 @@ def gated_free_energy(
 def outer_gate_activation(logits: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """g = RMSNorm(softplus(logits)) over the last (per-head channel) dimension, without gain (FEM §2.3.2):
     strictly positive and of unit RMS per head, so it rescales channels without distorting the norm of o."""
-    gate = F.softplus(logits.float())
+    gate = F.softplus(widened(logits))
     return F.rms_norm(gate, gate.shape[-1:], eps=eps).to(logits.dtype)

@@ -16,36 +16,51 @@ from transformers.cache_utils import Cache, DynamicCache
 from transformers.generation import GenerationMixin
 from transformers.masking_utils import create_causal_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
-from transformers.modeling_utils import PreTrainedModel
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, PreTrainedModel
 from transformers.models.llama.modeling_llama import (
     LlamaMLP,
     LlamaRMSNorm,
     LlamaRotaryEmbedding,
     apply_rotary_pos_emb,
+    eager_attention_forward,
 )
+from transformers.utils import can_return_tuple
 from transformers.utils.output_capturing import capture_outputs
 
 from .configuration_fem import FEMConfig
 from .fem_cache import FEMAFTCacheLayer, FEMGLACacheLayer, FEMSoftmaxCacheLayer, FEMSSMCacheLayer
 from .free_energy import (
-    PreparedMask,
-    attend,
-    beta_to_value_shape,
-    exp_branch,
     gated_free_energy,
     outer_gate_activation,
-    restore_free_energy,
+    sdpa_attention,
+    softmax_free_energy_read,
+    widened,
 )
 from .prior_aft import aft_free_energy_read
 from .prior_gla import gla_free_energy_read
 from .prior_ssm import ssm_free_energy_read
-from .outputs import BaseModelOutputWithEnergies, CausalLMOutputWithEnergies, EnergyTrace
+from .outputs import (
+    BaseModelOutputWithEnergies,
+    CausalLMOutputWithEnergies,
+    EnergyTrace,
+    SequenceClassifierOutputWithEnergies,
+)
 from .time_decay import TimeDecayConditioner
 
 
 # The projections of a FEM layer, in the order the conditioner's modulators are laid out (FEM eq. 34a-d).
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "temperature_proj", "outer_gate_proj", "decay_proj", "dt_proj", "bc_proj")
+GATE_PROJECTIONS = ("temperature_proj", "outer_gate_proj")
 CACHE_LAYERS = {"softmax": FEMSoftmaxCacheLayer, "gla": FEMGLACacheLayer, "aft": FEMAFTCacheLayer, "ssm": FEMSSMCacheLayer}
+READS = {
+    "softmax": softmax_free_energy_read,
+    "gla": gla_free_energy_read,
+    "aft": aft_free_energy_read,
+    "ssm": ssm_free_energy_read,
+}
+# The attention functions the softmax prior runs on.
+ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2")
+SUPPORTED_CACHE_IMPLEMENTATIONS = (None, "dynamic")
 SSM_INITIAL_STEP = 0.01  # Delta at initialisation (the middle of Mamba's [0.001, 0.1])
 
 
@@ -57,6 +72,12 @@ class FEMAttention(nn.Module):
     time-decay modulation (1 + c) of App. I.2, and the prior p_t of ``config.prior``: softmax over RoPE'd
     q, k (H.1), gated linear attention over ReLU(RoPE(q)), ReLU(RoPE(k)) (H.2), AFT weights exp(k_i)
     per channel with optional decay (H.3), or a nonnegative SSM impulse response per channel (H.4).
+
+    Each prior contributes only its selection tensors (``_<prior>_selection``); the read itself is the
+    prior's function in ``READS`` (see `free_energy`), the one its float64 tests check. The softmax prior
+    reads through the attention function of ``config._attn_implementation``: "sdpa" (default), "eager"
+    (transformers'; materialises the prior's probabilities, returned with ``output_attentions=True``) or
+    "flash_attention_2" (transformers' flash-attn path).
     """
 
     def __init__(self, config: FEMConfig, layer_idx: int):
@@ -67,6 +88,10 @@ class FEMAttention(nn.Module):
         self.num_heads = config.num_attention_heads
         self.head_dim = config.head_dim
         self.value_head_dim = config.value_head_dim
+        # read by transformers' attention functions
+        self.is_causal = True
+        self.num_key_value_groups = 1
+        self.scaling = self.head_dim**-0.5
         qk_width, value_width = self.num_heads * self.head_dim, config.value_width
         hidden, bias = config.hidden_size, config.attention_bias
         if self.prior == "aft":  # per-channel logits, no queries (FEM H.3)
@@ -109,7 +134,7 @@ class FEMAttention(nn.Module):
 
     def beta_max(self) -> torch.Tensor:
         """Per-channel maximum inverse temperature, (heads, value_head_dim) (FEM eq. 9, App. K)."""
-        return F.softplus(self.beta_max_raw.float() + self.beta_max_offset).view(self.num_heads, self.value_head_dim)
+        return F.softplus(widened(self.beta_max_raw) + self.beta_max_offset).view(self.num_heads, self.value_head_dim)
 
     def forward(
         self,
@@ -120,144 +145,134 @@ class FEMAttention(nn.Module):
         past_key_values: Cache | None = None,
         energy_records: list | None = None,
         **kwargs,
-    ) -> torch.Tensor:
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Returns the block output and the prior's probabilities (eager softmax prior only, else None)."""
         batch, length, _ = hidden_states.shape
         cache_layer = self._cache_layer(past_key_values)
-        projections = [getattr(self, name)(hidden_states) for name in self.projection_names]
-        if self.time_decay is not None:
+        if self.time_decay is None:
+            projections = self._projections(hidden_states)
+        else:
             initial_state = cache_layer.time_decay_state if cache_layer is not None else None
             features, final_state = self._recomputed_in_backward(
                 self.time_decay, hidden_states, padding_mask, initial_state
             )
             if cache_layer is not None:
                 cache_layer.time_decay_state = final_state
-            projections = self.time_decay.modulate(projections, features)  # p (1 + c), eq. 34
+            # p (1 + c), eq. 34. Recomputed in backward: the gradient of c needs the unmodulated projections,
+            # which would otherwise be kept beside the modulated ones the prior keeps.
+            projections = self._recomputed_in_backward(self._modulated_projections, hidden_states, features)
         projected = dict(zip(self.projection_names, projections))
-        gate_logits = [projected[name] for name in ("temperature_proj", "outer_gate_proj") if name in projected]
+        heads = (batch, length, self.num_heads, -1)
         beta = self.beta_max() if self.config.use_lse else None
-
-        if self.prior in ("softmax", "gla"):  # the priors with queries and keys, rotated by RoPE
-            query, key, value = (
-                projected[name].view(batch, length, self.num_heads, -1).transpose(1, 2)
-                for name in ("q_proj", "k_proj", "v_proj")
-            )
-            query, key = apply_rotary_pos_emb(query, key, *position_embeddings)
-            beta = beta_to_value_shape(beta, value) if beta is not None else None
+        selection, options = getattr(self, f"_{self.prior}_selection")(projected, position_embeddings)
         if self.prior == "softmax":
-            read = self._softmax_read(query, key, value, beta, attention_mask, cache_layer, past_key_values)
-            output, mu, f_max, temperature_gate = self._recomputed_in_backward(
-                self._softmax_output, *read, beta, *gate_logits
-            )
+            options.update(attention_mask=attention_mask, attention=self._attend)
         else:
-            if self.prior == "gla":
-                mu, f_max = self._gla_read(query, key, value, beta, projected["decay_proj"], padding_mask, cache_layer)
-            else:
-                mu, f_max = self._channel_prior_read(projected, beta, padding_mask, cache_layer)
-            output, mu, f_max, temperature_gate = self._recomputed_in_backward(
-                self._gated_output, mu, f_max, *gate_logits
+            options.update(valid=padding_mask, chunk_size=self.config.prior_chunk_size)
+            if beta is None:  # the recurrent reads always carry the exp stream: read at beta = 1, dropped below
+                beta = torch.ones(self.num_heads, self.value_head_dim, device=hidden_states.device)
+        with torch.autocast(hidden_states.device.type, enabled=False):  # reads choose their own precision
+            read = READS[self.prior](
+                projected["v_proj"].view(heads),
+                beta,
+                *selection,
+                state=cache_layer.prior_state if cache_layer is not None else None,
+                **options,
             )
-        if energy_records is not None:
-            energy_records.append(self._energy_record(mu, f_max, temperature_gate))
-        return self.o_proj(output)
-
-    def _softmax_read(self, query, key, value, beta, attention_mask, cache_layer, past_key_values):
-        """The softmax prior's read of [v, exp(beta v - M)] (FEM H.1, App. F.4): ``(read, shift, mask)``."""
-        length = query.shape[2]
-        past_length = cache_layer.get_seq_length() if cache_layer is not None else 0
-        mask = PreparedMask(length, past_length + length, attention_mask, attention_mask is None, query.device)
-        shift = None
-        if beta is not None:
-            new_keys_visible = None if mask.key_is_visible is None else mask.key_is_visible[..., -length:, :]
-            running_shift = cache_layer.exp_shift if cache_layer is not None else None
-            value, exp_values, shift = exp_branch(value, beta, new_keys_visible, running_shift)
-            # Concatenate in the (batch, seq, heads, dim) memory layout q and k have: SDPA is much slower on
-            # mixed layouts.
-            value = torch.cat([value.transpose(1, 2), exp_values.transpose(1, 2)], dim=-1).transpose(1, 2)
         if cache_layer is not None:
-            key, value = past_key_values.update(key, value, self.layer_idx, exp_shift=shift)
-        return attend(query, key, value, mask.attention_mask, mask.causal), shift, mask
+            cache_layer.advance(read.state, length)
+        f_max = read.f_max if self.config.use_lse else None
+        gate_logits = [projected[name].view(heads) for name in GATE_PROJECTIONS if name in projected]
+        output, temperature_gate = self._recomputed_in_backward(self._gated_output, read.mu, f_max, *gate_logits)
+        if energy_records is not None:
+            energy_records.append(self._energy_record(read.mu, f_max, temperature_gate))
+        return self.o_proj(output.reshape(batch, length, -1)), read.weights
 
-    def _softmax_output(self, read, shift, mask: PreparedMask, beta, *gate_logits):
-        f_max = None
-        if beta is not None:
-            read, shifted_partition = read.split(self.value_head_dim, dim=-1)
-            f_max = mask.zero_empty_rows(restore_free_energy(read, shifted_partition, shift, beta))
-        return self._gated_output(mask.zero_empty_rows(read), f_max, *gate_logits)
+    def _projections(self, hidden_states) -> list[torch.Tensor]:
+        return [getattr(self, name)(hidden_states) for name in self.projection_names]
+
+    def _modulated_projections(self, hidden_states, features) -> list[torch.Tensor]:
+        return self.time_decay.modulate(self._projections(hidden_states), features)
+
+    def _softmax_selection(self, projected, position_embeddings):
+        """RoPE'd queries and keys of the softmax prior (FEM H.1)."""
+        return self._rotated_query_key(projected, position_embeddings), {}
+
+    def _gla_selection(self, projected, position_embeddings):
+        """RoPE'd queries and keys (their ReLU features are taken by the read) and the decay g (FEM H.2)."""
+        query, key = self._rotated_query_key(projected, position_embeddings)
+        batch, _, length, _ = query.shape
+        log_decay = self._log_decay(projected["decay_proj"]).view(batch, length, self.num_heads, -1).transpose(1, 2)
+        return (query, key, log_decay), {"eps": self.config.feature_eps}
+
+    def _aft_selection(self, projected, position_embeddings):
+        """Per-channel logits k_i and, with LRNN-decay, the decay g (FEM H.3); no queries."""
+        log_decay = self._log_decay(projected["decay_proj"]) if "decay_proj" in projected else None
+        return (projected["k_proj"], log_decay), {}
+
+    def _ssm_selection(self, projected, position_embeddings):
+        """Delta = softplus, B, C = softplus, a = -softplus, D = softplus (FEM H.4)."""
+        delta = F.softplus(widened(projected["dt_proj"]) + self.dt_bias)
+        input_matrix, output_matrix = F.softplus(widened(projected["bc_proj"])).chunk(2, dim=-1)
+        generator, skip = -F.softplus(self.ssm_generator_raw), F.softplus(self.ssm_skip_raw)
+        return (delta, generator, input_matrix, output_matrix, skip), {}
+
+    def _rotated_query_key(self, projected, position_embeddings):
+        batch, length, _ = projected["q_proj"].shape
+        query, key = (
+            projected[name].view(batch, length, self.num_heads, -1).transpose(1, 2) for name in ("q_proj", "k_proj")
+        )
+        return apply_rotary_pos_emb(query, key, *position_embeddings)
+
+    def _attend(self, query, key, value, attention_mask, scale):
+        """The softmax prior's read through the attention function of ``config._attn_implementation``:
+        PyTorch's SDPA for "sdpa" (transformers' SDPA wrapper returns a contiguous copy of the output, and FEM
+        keeps slices of the read for backward, so that copy would stay alive beside the output SDPA saves),
+        transformers' attention functions for the others."""
+        implementation = self.config._attn_implementation
+        if implementation == "sdpa":
+            return sdpa_attention(query, key, value, attention_mask, scale or self.scaling)
+        if implementation == "flash_attention_2":
+            if query.dtype != torch.bfloat16:
+                raise ValueError(
+                    f"FEM's softmax prior under attn_implementation={implementation!r} needs a bfloat16 model: fp16 "
+                    "cannot hold the exp branch (its values reach e^-80), and fp32 has no flash kernel. Use "
+                    "dtype=torch.bfloat16, or attn_implementation='sdpa'."
+                )
+            if value.shape[-1] != query.shape[-1]:
+                raise ValueError(
+                    f"attn_implementation={implementation!r} needs [v, exp(beta v)] as wide as the queries (2 x "
+                    f"value_head_dim = {value.shape[-1]}, head_dim = {query.shape[-1]}): use value_ratio = "
+                    "qk_ratio / 2."
+                )
+        if implementation == "eager" and attention_mask is not None and attention_mask.is_floating_point():
+            # transformers' eager softmax runs in fp32: a float64 mask's minimum would become -inf there, and
+            # rows with no visible key NaN (then 0 * NaN in later layers reaches real tokens).
+            attention_mask = attention_mask.clamp_min(torch.finfo(torch.float32).min)
+        interface = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
+        return interface(self, query, key, value, attention_mask, dropout=0.0, scaling=scale or self.scaling)
 
     def _log_decay(self, decay_logits: torch.Tensor) -> torch.Tensor:
         """g = logsigmoid(x W_g) / normaliser <= 0, the priors' input-conditioned decay (FEM H.2, H.3)."""
-        return F.logsigmoid(decay_logits.float()) / self.config.decay_normalizer
-
-    def _recurrent_beta(self, beta, shape):
-        """beta for the recurrent reads; without the LSE branch their f_max is computed at beta = 1 and dropped."""
-        return beta.view(shape) if beta is not None else torch.ones(shape, device=self.v_proj.weight.device)
-
-    def _gla_read(self, query, key, value, beta, decay_logits, padding_mask, cache_layer):
-        """The GLA prior's read (FEM H.2) with its streaming state: ``(mu, f_max)``; f_max is None
-        without the LSE branch."""
-        batch, _, length, _ = query.shape
-        log_decay = self._log_decay(decay_logits).view(batch, length, self.num_heads, -1).transpose(1, 2)
-        state = cache_layer.prior_state if cache_layer is not None else None
-        mu, f_max, state = gla_free_energy_read(
-            query, key, value, self._recurrent_beta(beta, (1, self.num_heads, 1, self.value_head_dim)),
-            log_decay, padding_mask, state, self.config.prior_chunk_size, self.config.feature_eps,
-        )
-        if cache_layer is not None:
-            cache_layer.advance(state, length)
-        return mu, (f_max if beta is not None else None)
-
-    def _channel_prior_read(self, projected, beta, padding_mask, cache_layer):
-        """The per-channel recurrent priors' read, AFT (FEM H.3) or SSM (H.4), on (batch, seq, value_width),
-        returned per head as (batch, heads, seq, value_head_dim) views: ``(mu, f_max)``; f_max is None
-        without the LSE branch."""
-        value = projected["v_proj"]
-        batch, length, width = value.shape
-        read_beta = self._recurrent_beta(beta, (width,))
-        state = cache_layer.prior_state if cache_layer is not None else None
-        chunk_size = self.config.prior_chunk_size
-        if self.prior == "aft":
-            log_decay = self._log_decay(projected["decay_proj"]) if "decay_proj" in projected else None
-            mu, f_max, state = aft_free_energy_read(
-                projected["k_proj"], value, read_beta, log_decay, padding_mask, state, chunk_size
-            )
-        else:
-            delta = F.softplus(projected["dt_proj"].float() + self.dt_bias)
-            input_matrix, output_matrix = F.softplus(projected["bc_proj"].float()).chunk(2, dim=-1)
-            mu, f_max, state = ssm_free_energy_read(
-                value, read_beta, delta, -F.softplus(self.ssm_generator_raw), input_matrix, output_matrix,
-                F.softplus(self.ssm_skip_raw), padding_mask, state, chunk_size,
-            )
-        if cache_layer is not None:
-            cache_layer.advance(state, length)
-
-        def per_head(x):
-            return x.view(batch, length, self.num_heads, self.value_head_dim).transpose(1, 2)
-
-        return per_head(mu), (per_head(f_max) if beta is not None else None)
+        return F.logsigmoid(widened(decay_logits)) / self.config.decay_normalizer
 
     def _recomputed_in_backward(self, fn, *args):
         """Run ``fn``; when training, keep only its inputs for backward and recompute it there. Used for
-        the cheap per-token work around the prior (conditioner, log restore, gates), whose intermediates
-        would otherwise dominate FEM's activation memory."""
+        the cheap per-token work around the prior (conditioner, modulated projections, gates), whose
+        intermediates would otherwise dominate FEM's activation memory."""
         if self.training and torch.is_grad_enabled():
             return checkpoint(fn, *args, use_reentrant=False)
         return fn(*args)
 
     def _gated_output(self, mu, f_max, *gate_logits):
-        """mu and f_max, (batch, heads, seq, value_head_dim), gated into the output (FEM eq. 10-11).
-
-        Works in the (batch, seq, heads, dim) layout SDPA returns, so the heads merge without a copy."""
-        batch, _, length, _ = mu.shape
-        mu = mu.transpose(1, 2)
-        f_max = f_max.transpose(1, 2) if f_max is not None else None
+        """mu and f_max, (batch, seq, heads, value_head_dim), gated into the output (FEM eq. 10-11); also
+        returns the temperature gate lambda (None without one)."""
         gate_logits = iter(gate_logits)
-        heads = (batch, length, self.num_heads, self.value_head_dim)
-        temperature_gate = torch.sigmoid(next(gate_logits)).view(heads) if hasattr(self, "temperature_proj") else None
+        temperature_gate = torch.sigmoid(next(gate_logits)) if hasattr(self, "temperature_proj") else None
         outer_gate = None
         if hasattr(self, "outer_gate_proj"):
-            outer_gate = outer_gate_activation(next(gate_logits).view(heads), self.config.rms_norm_eps)
-        output = gated_free_energy(mu, f_max, temperature_gate, outer_gate).reshape(batch, length, -1)
-        return output, mu, f_max, temperature_gate
+            outer_gate = outer_gate_activation(next(gate_logits), self.config.rms_norm_eps)
+        return gated_free_energy(mu, f_max, temperature_gate, outer_gate), temperature_gate
 
     def _cache_layer(self, past_key_values: Cache | None):
         if past_key_values is None:
@@ -277,9 +292,9 @@ class FEMAttention(nn.Module):
         record = {}
         if f_max is not None:
             record["inverse_temperature"] = self.beta_max().detach()
-            record["free_energy_gain"] = (f_max - mu).float().mean(dim=(-2, -1))  # KL(p||q)/beta, eq. 6: (b, s)
+            record["free_energy_gain"] = widened(f_max - mu).mean(dim=(-2, -1))  # KL(p||q)/beta, eq. 6: (b, s)
         if temperature_gate is not None:
-            gate = temperature_gate.float().flatten(-2)
+            gate = widened(temperature_gate).flatten(-2)
             record["temperature_gate"] = gate.mean(dim=-1)  # lambda, eq. 10: (b, s)
             record["temperature_gate_std"] = gate.std(dim=-1)
         return record
@@ -294,7 +309,8 @@ class FEMDecoderLayer(GradientCheckpointingLayer):
         self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
     def forward(self, hidden_states: torch.Tensor, **kwargs) -> torch.Tensor:
-        hidden_states = hidden_states + self.self_attn(self.input_layernorm(hidden_states), **kwargs)
+        mixed, _ = self.self_attn(self.input_layernorm(hidden_states), **kwargs)
+        hidden_states = hidden_states + mixed
         return hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
 
 
@@ -306,7 +322,9 @@ class FEMPreTrainedModel(PreTrainedModel):
     _no_split_modules = ["FEMDecoderLayer"]
     _skip_keys_device_placement = ["past_key_values"]
     _supports_sdpa = True
-    _can_record_outputs = {"hidden_states": FEMDecoderLayer}
+    _supports_flash_attn = True
+    _can_compile_fullgraph = True
+    _can_record_outputs = {"hidden_states": FEMDecoderLayer, "attentions": FEMAttention}
 
     def _init_weights(self, module):
         """N(0, 0.02) linear maps and embeddings, zero biases (FEM App. K); beta_max's raw parameter at 0
@@ -322,6 +340,25 @@ class FEMPreTrainedModel(PreTrainedModel):
         elif isinstance(module, TimeDecayConditioner):
             init.zeros_(module.out_proj)
 
+    def _check_and_adjust_attn_implementation(self, attn_implementation, is_init_check=False, allow_all_kernels=False):
+        """Only the softmax prior is softmax attention: it runs on "sdpa" (default), "eager" or
+        "flash_attention_2". The recurrent priors run their own chunkwise read and accept only the default."""
+        if attn_implementation is not None:
+            prior = self.config.prior
+            allowed = ATTENTION_IMPLEMENTATIONS if prior == "softmax" else ("sdpa",)
+            if attn_implementation not in allowed:
+                reason = (
+                    "the softmax prior runs on transformers' attention functions"
+                    if prior == "softmax"
+                    else f"the {prior} prior is a chunkwise recurrence, not softmax attention; its read has one "
+                    "implementation (the default)"
+                )
+                raise ValueError(
+                    f"FEM-LM with prior={prior!r} supports attn_implementation in {list(allowed)} (or None), got "
+                    f"{attn_implementation!r}: {reason}."
+                )
+        return super()._check_and_adjust_attn_implementation(attn_implementation, is_init_check, allow_all_kernels)
+
 
 class FEMModel(FEMPreTrainedModel):
     def __init__(self, config: FEMConfig):
@@ -331,12 +368,6 @@ class FEMModel(FEMPreTrainedModel):
         self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.rotary_emb = LlamaRotaryEmbedding(config=config)
         self.post_init()
-
-    def get_input_embeddings(self):
-        return self.embed_tokens
-
-    def set_input_embeddings(self, value):
-        self.embed_tokens = value
 
     @capture_outputs
     def forward(
@@ -352,21 +383,35 @@ class FEMModel(FEMPreTrainedModel):
     ) -> BaseModelOutputWithEnergies:
         """``output_energies=True`` adds an `EnergyTrace` with, per layer, beta_max
         (``inverse_temperature``), the free-energy gain f_max - mu per token (``free_energy_gain``, the KL
-        term of FEM eq. 6) and the inner gate lambda's mean and spread (``temperature_gate``)."""
+        term of FEM eq. 6) and the inner gate lambda's mean and spread (``temperature_gate``).
+        ``output_attentions=True`` returns the softmax prior's probabilities; it needs
+        ``attn_implementation="eager"`` (the other attention functions never form them)."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of input_ids or inputs_embeds.")
+        if kwargs.get("output_attentions", self.config.output_attentions) and (
+            self.config.prior != "softmax" or self.config._attn_implementation != "eager"
+        ):
+            raise ValueError(
+                "output_attentions=True needs FEM's softmax prior with attn_implementation='eager' (got prior="
+                f"{self.config.prior!r}, attn_implementation={self.config._attn_implementation!r}): the other "
+                "attention functions and the recurrent priors never materialise the prior's probabilities."
+            )
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
+        length = inputs_embeds.shape[1]
         use_cache = self.config.use_cache if use_cache is None else use_cache
         if use_cache and past_key_values is None and not self.training:  # training builds no cache
             past_key_values = DynamicCache(config=self.config)
-        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
-        if position_ids is None and attention_mask is not None and attention_mask.dim() == 2:
-            # Count real tokens only, as generate() does: RoPE followed by the GLA prior's ReLU features is
-            # not shift-invariant, so a left-padded sequence must see the positions it has alone.
-            position_ids = (attention_mask.long().cumsum(-1) - 1).clamp_min(0)[:, -inputs_embeds.shape[1] :]
-        elif position_ids is None:
-            position_ids = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device)[None] + past_length
+        padding_mask = None
+        if attention_mask is not None and attention_mask.dim() == 2:
+            padding_mask = attention_mask[:, -length:].bool()
+            if position_ids is None:
+                # Count real tokens only, as generate() does: RoPE followed by the GLA prior's ReLU features is
+                # not shift-invariant, so a left-padded sequence must see the positions it has alone.
+                position_ids = (attention_mask.long().cumsum(-1) - 1).clamp_min(0)[:, -length:]
+        if position_ids is None:
+            past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+            position_ids = torch.arange(length, device=inputs_embeds.device)[None] + past_length
         causal_mask = None
         if self.config.prior == "softmax":  # recurrent priors are causal by construction and read padding_mask
             causal_mask = create_causal_mask(
@@ -376,9 +421,6 @@ class FEMModel(FEMPreTrainedModel):
                 past_key_values=past_key_values,
                 position_ids=position_ids,
             )
-        padding_mask = None
-        if attention_mask is not None and attention_mask.dim() == 2 and not bool(attention_mask.all()):
-            padding_mask = attention_mask[:, -inputs_embeds.shape[1] :].bool()
 
         energy_records = [] if output_energies else None
         hidden_states = inputs_embeds
@@ -411,12 +453,7 @@ class FEMForCausalLM(FEMPreTrainedModel, GenerationMixin):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
 
-    def get_input_embeddings(self):
-        return self.model.embed_tokens
-
-    def set_input_embeddings(self, value):
-        self.model.embed_tokens = value
-
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -451,8 +488,21 @@ class FEMForCausalLM(FEMPreTrainedModel, GenerationMixin):
             logits=logits,
             past_key_values=outputs.past_key_values,
             hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
             energies=outputs.energies,
         )
+
+    def _prepare_cache_for_generation(self, generation_config, *args, **kwargs):
+        """Refuse cache kinds other than the dynamic one up front: FEM layers keep states (augmented values
+        with their exp shift, recurrent prior states, the conditioner's state) that only
+        `DynamicCache(config=...)` builds, through the FEM cache layers."""
+        if generation_config.cache_implementation not in SUPPORTED_CACHE_IMPLEMENTATIONS:
+            raise ValueError(
+                f"FEM-LM supports cache_implementation=None or 'dynamic' (a DynamicCache of FEM cache layers), got "
+                f"{generation_config.cache_implementation!r}: its layers keep FEM states that static, offloaded or "
+                "quantized caches have no place for."
+            )
+        return super()._prepare_cache_for_generation(generation_config, *args, **kwargs)
 
     @classmethod
     def from_llama(cls, llama_model: nn.Module, **fem_overrides) -> "FEMForCausalLM":
@@ -491,3 +541,54 @@ class FEMForCausalLM(FEMPreTrainedModel, GenerationMixin):
         if result.unexpected_keys:
             raise ValueError(f"Llama weights without a place in FEM-LM: {result.unexpected_keys[:4]}")
         return model
+
+
+class FEMForSequenceClassification(FEMPreTrainedModel):
+    """FEM-LM with a linear head on the hidden state of each sequence's last real token.
+
+    Why not transformers' `GenericForSequenceClassification`: it finds the last token by comparing
+    ``input_ids`` with the pad id, so a right-padded batch whose padding holds ordinary tokens pools the
+    wrong position. Here the ``attention_mask`` decides (its last 1 per row); without a mask, the pad-id rule
+    applies (and with no pad id, the last position)."""
+
+    def __init__(self, config: FEMConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.model = FEMModel(config)
+        self.score = nn.Linear(config.hidden_size, config.num_labels, bias=False)
+        self.post_init()
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        output_energies: bool = False,
+        **kwargs,
+    ) -> SequenceClassifierOutputWithEnergies:
+        """`FEMModel`'s arguments (position_ids, inputs_embeds, past_key_values, use_cache, ...) pass through."""
+        outputs = self.model(
+            input_ids=input_ids, attention_mask=attention_mask, output_energies=output_energies, **kwargs
+        )
+        logits = self.score(outputs.last_hidden_state)
+        batch, length = logits.shape[:2]
+        positions = torch.arange(length, device=logits.device)
+        if attention_mask is not None and attention_mask.dim() == 2:
+            last = (positions * attention_mask[:, -length:].to(logits.device)).argmax(-1)
+        elif input_ids is not None and self.config.pad_token_id is not None:
+            last = (positions * (input_ids != self.config.pad_token_id).to(logits.device)).argmax(-1)
+        else:
+            last = torch.full((batch,), length - 1, device=logits.device)
+        pooled_logits = logits[torch.arange(batch, device=logits.device), last]
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits=logits, labels=labels, pooled_logits=pooled_logits, config=self.config)
+        return SequenceClassifierOutputWithEnergies(
+            loss=loss,
+            logits=pooled_logits,
+            past_key_values=outputs.past_key_values,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+            energies=outputs.energies,
+        )

@@ -34,7 +34,7 @@ from transformers.utils import logging
 
 from .configuration_tel import TELGPT2Config, TELResNetConfig, TELViTConfig
 from .outputs import EnergyTrace, attach_energies
-from .tel import EquilibriumRefinement
+from .tel import FP32_PARAMETERS, EquilibriumRefinement
 
 logger = logging.get_logger(__name__)
 
@@ -112,7 +112,10 @@ def _resnet_units(resnet: ResNetModel) -> list:
 
 
 class TELModelMixin:
-    """What every TEL model adds to its transformers parent: loading a checkpoint without TEL parameters."""
+    """What every TEL model adds to its transformers parent: loading a checkpoint without TEL parameters, and
+    TEL's step sizes and log-temperature kept in fp32 when loading in half precision."""
+
+    _keep_in_fp32_modules_strict = list(FP32_PARAMETERS)
 
     @classmethod
     def from_pretrained(cls, *args, **kwargs):
@@ -158,6 +161,8 @@ class TELGPT2LMHeadModel(TELGPT2PreTrainedModel, GPT2LMHeadModel):
     def __init__(self, config: TELGPT2Config):
         super().__init__(config)
         install_tel(self.transformer.h, _gpt2_slot, config)
+        # The class name names no loss, and transformers would warn (breaking torch.compile graphs) per call.
+        self.loss_type = "ForCausalLM"
 
     forward = forward_with_energies(GPT2LMHeadModel.forward, prepare=positions_from_attention_mask)
 

@@ -12,11 +12,20 @@ step) under documented names, so that callbacks and plots work across architectu
 Architectures add their own keys (FEM adds ``temperature_gate``, the lambda of eq. 10).
 """
 
-from dataclasses import dataclass, field, make_dataclass
-from functools import cache
+from dataclasses import dataclass, field
 
 import torch
-from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+from transformers.modeling_outputs import (
+    BaseModelOutputWithPast,
+    BaseModelOutputWithPastAndCrossAttentions,
+    BaseModelOutputWithPooling,
+    BaseModelOutputWithPoolingAndNoAttention,
+    CausalLMOutputWithCrossAttentions,
+    CausalLMOutputWithPast,
+    ImageClassifierOutput,
+    ImageClassifierOutputWithNoAttention,
+    SequenceClassifierOutputWithPast,
+)
 
 
 @dataclass
@@ -69,17 +78,73 @@ class CausalLMOutputWithEnergies(CausalLMOutputWithPast):
     energies: EnergyTrace | None = None
 
 
-@cache
-def output_with_energies(output_class: type) -> type:
-    """`output_class` (a transformers ModelOutput dataclass) plus an ``energies`` field (default None)."""
-    extended = make_dataclass(f"{output_class.__name__}AndEnergies", [("energies", EnergyTrace | None, None)],
-                              bases=(output_class,))
-    extended.__module__ = __name__
-    return extended
+@dataclass
+class SequenceClassifierOutputWithEnergies(SequenceClassifierOutputWithPast):
+    """`SequenceClassifierOutputWithPast` plus the model's `EnergyTrace` (None unless `output_energies=True`)."""
+
+    energies: EnergyTrace | None = None
+
+
+@dataclass
+class BaseModelOutputWithPastAndCrossAttentionsAndEnergies(BaseModelOutputWithPastAndCrossAttentions):
+    """GPT-2's base output plus the `EnergyTrace` (None unless `output_energies=True`)."""
+
+    energies: EnergyTrace | None = None
+
+
+@dataclass
+class CausalLMOutputWithCrossAttentionsAndEnergies(CausalLMOutputWithCrossAttentions):
+    """GPT-2's LM output plus the `EnergyTrace` (None unless `output_energies=True`)."""
+
+    energies: EnergyTrace | None = None
+
+
+@dataclass
+class BaseModelOutputWithPoolingAndEnergies(BaseModelOutputWithPooling):
+    """ViT's base output plus the `EnergyTrace` (None unless `output_energies=True`)."""
+
+    energies: EnergyTrace | None = None
+
+
+@dataclass
+class ImageClassifierOutputAndEnergies(ImageClassifierOutput):
+    """ViT's classifier output plus the `EnergyTrace` (None unless `output_energies=True`)."""
+
+    energies: EnergyTrace | None = None
+
+
+@dataclass
+class BaseModelOutputWithPoolingAndNoAttentionAndEnergies(BaseModelOutputWithPoolingAndNoAttention):
+    """ResNet's base output plus the `EnergyTrace` (None unless `output_energies=True`)."""
+
+    energies: EnergyTrace | None = None
+
+
+@dataclass
+class ImageClassifierOutputWithNoAttentionAndEnergies(ImageClassifierOutputWithNoAttention):
+    """ResNet's classifier output plus the `EnergyTrace` (None unless `output_energies=True`)."""
+
+    energies: EnergyTrace | None = None
+
+
+# The output class of a vanilla transformers model -> the same class with an `energies` field. Declared, not
+# made at run time: picklable, and traceable by torch.compile.
+WITH_ENERGIES = {
+    base: extended
+    for extended in (
+        BaseModelOutputWithPastAndCrossAttentionsAndEnergies,
+        CausalLMOutputWithCrossAttentionsAndEnergies,
+        BaseModelOutputWithPoolingAndEnergies,
+        ImageClassifierOutputAndEnergies,
+        BaseModelOutputWithPoolingAndNoAttentionAndEnergies,
+        ImageClassifierOutputWithNoAttentionAndEnergies,
+    )
+    for base in extended.__bases__
+}
 
 
 def attach_energies(outputs, energies: EnergyTrace | None):
     """Return `outputs` with its `EnergyTrace` attached (appended when `return_dict=False` gave a tuple)."""
     if isinstance(outputs, tuple):
         return outputs if energies is None else (*outputs, energies)
-    return output_with_energies(type(outputs))(**outputs, energies=energies)
+    return WITH_ENERGIES[type(outputs)](**outputs, energies=energies)

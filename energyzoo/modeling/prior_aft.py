@@ -10,45 +10,56 @@ decayed logits k_i + G_t - G_i, obeys mu_t = max(mu_{t-1} + g_t, k_t); inside a 
 a_t + max(mu_prev, cummax_i(k_i - a_i)) with a the chunk-local cumulative decay. Every weight
 exp(k_i + a_t - a_i - mu_t) and the carry exp(mu_prev + a_t - mu_t) is then <= 1, and cumulative decays
 over the whole sequence are never formed, so nothing overflows or underflows for long sequences. The exp
-branch uses a running per-channel maximum M of beta v, rescaling the state when it grows (online-softmax
-style), exactly as the GLA prior does; prefill, chunked prefill and one-token decoding share the code.
-Padded positions (``valid`` False) get no weight and no decay.
+branch uses a running per-channel maximum M of beta v (detached: it cancels exactly), rescaling the state
+when it grows (online-softmax style), exactly as the GLA prior does; prefill, chunked prefill and one-token
+decoding share the code. Padded positions (``valid`` False) get no weight and no decay.
 """
 
 import torch
 
-from .free_energy import EXP_ARGUMENT_CAP, clip_values_for_exp, normalized_free_energy
+from .free_energy import (
+    EXP_ARGUMENT_CAP,
+    FreeEnergyRead,
+    clip_values_for_exp,
+    normalized_free_energy,
+    work_dtype,
+)
 
 # Logit given to padded positions: far below any real logit, yet finite so that differences stay defined.
 PADDING_LOGIT = -1e4
 
 
 def aft_free_energy_read(
-    logits: torch.Tensor,
-    v: torch.Tensor,
+    value: torch.Tensor,
     beta: torch.Tensor,
+    logits: torch.Tensor,
     log_decay: torch.Tensor | None = None,
+    *,
     valid: torch.Tensor | None = None,
     state: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     chunk_size: int = 16,
-):
-    """FEM read (mu, f_max) under the AFT prior, with the streaming state.
+) -> FreeEnergyRead:
+    """FEM read (mu, f_max) under the AFT prior, with the streaming state (signature: `free_energy`).
 
     Args:
-        logits: (batch, seq, channels) the k_i of eq. 30, one per value channel.
-        v: (batch, seq, channels) values; beta: (channels,) inverse temperature.
-        log_decay: (batch, seq, channels) g <= 0 (LRNN-decay), or None for LRNN-softmax.
+        value: (batch, seq, heads, v_dim) values; beta: (heads, v_dim) inverse temperature.
+        logits: the k_i of eq. 30, one per value channel, shaped like value.
+        log_decay: g <= 0 (LRNN-decay) shaped like value, or None for LRNN-softmax.
         valid: (batch, seq) bool, False at padding; None means all valid.
         state: ``(N, mu, M)`` from a previous call: N (batch, 3 channels) the weighted sums of
             [v, exp(beta v - M), 1] normalised by exp(mu); mu (batch, channels) the running log-max;
             M (batch, channels) the exp shift. None starts empty.
 
     Returns:
-        ``(mu, f_max, (N, mu, M))``, mu and f_max shaped like v (rows with nothing visible are 0).
+        `FreeEnergyRead` (mu, f_max shaped like value; rows with nothing visible are 0) and ``(N, mu, M)``.
     """
+    shape = value.shape
+    v, logits = value.flatten(2), logits.flatten(2)
+    log_decay = None if log_decay is None else log_decay.flatten(2)
+    beta = beta.flatten()
     batch, length, channels = v.shape
     out_dtype = v.dtype
-    work = torch.promote_types(v.dtype, torch.float32)
+    work = work_dtype(v.dtype)
     beta = beta.to(work)
     v = clip_values_for_exp(v.to(work), beta)
     scaled = beta * v
@@ -58,9 +69,9 @@ def aft_free_energy_read(
         keep = valid[..., None]
         logits = logits.masked_fill(~keep, PADDING_LOGIT)
         log_decay = log_decay * keep
-        scaled_for_max = scaled.masked_fill(~keep, -EXP_ARGUMENT_CAP)
+        scaled_for_max = scaled.detach().masked_fill(~keep, -EXP_ARGUMENT_CAP)
     else:
-        scaled_for_max = scaled
+        scaled_for_max = scaled.detach()
     if state is None:
         sums = v.new_zeros(batch, 3 * channels)
         log_max = torch.full((batch, channels), float("-inf"), dtype=work, device=v.device)
@@ -95,6 +106,6 @@ def aft_free_energy_read(
         mu, f_max = normalized_free_energy(*out.split(channels, dim=-1), shift[:, None], beta, empty)
         mus.append(mu)
         f_maxes.append(f_max)
-    mu = torch.cat(mus, dim=1).to(out_dtype)
-    f_max = torch.cat(f_maxes, dim=1).to(out_dtype)
-    return mu, f_max, (sums, log_max, shift)
+    mu = torch.cat(mus, dim=1).to(out_dtype).view(shape)
+    f_max = torch.cat(f_maxes, dim=1).to(out_dtype).view(shape)
+    return FreeEnergyRead(mu, f_max, (sums, log_max, shift))

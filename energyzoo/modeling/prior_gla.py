@@ -11,17 +11,23 @@ the within-chunk cumulative log decay (an exponent <= 0); across chunks a state 
 columns) is carried by a loop over chunks, decayed by exp(G_last) and read by exp(G_t) q~_t, again
 exponents <= 0, so long cumulative decays never underflow to a wrong value.
 
-Streaming numerics: M is a running per-channel maximum of beta v, raised chunk by chunk; when it grows,
-the state's exp columns are rescaled by exp(M_old - M_new) (online-softmax style). The same code serves
-prefill, chunked prefill and one-token decoding, which therefore agree. Values are clipped to
-|beta v| <= 40 as for the softmax prior (`free_energy.clip_values_for_exp`). Padded positions (``valid``
-False) get k~ = 0 and no decay: they neither enter nor change the state.
+Streaming numerics: M (detached: it cancels exactly) is a running per-channel maximum of beta v, raised chunk
+by chunk; when it grows, the state's exp columns are rescaled by exp(M_old - M_new) (online-softmax style).
+The same code serves prefill, chunked prefill and one-token decoding, which therefore agree. Values are
+clipped to |beta v| <= 40 as for the softmax prior (`free_energy.clip_values_for_exp`). Padded positions
+(``valid`` False) get k~ = 0 and no decay: they neither enter nor change the state.
 """
 
 import torch
 import torch.nn.functional as F
 
-from .free_energy import EXP_ARGUMENT_CAP, clip_values_for_exp, normalized_free_energy
+from .free_energy import (
+    EXP_ARGUMENT_CAP,
+    FreeEnergyRead,
+    clip_values_for_exp,
+    normalized_free_energy,
+    work_dtype,
+)
 
 
 def gla_features(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -51,48 +57,48 @@ def _linear_attention_chunk(q, k, values, log_decay, state):
 
 
 def gla_free_energy_read(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
+    value: torch.Tensor,
     beta: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
     log_decay: torch.Tensor,
+    *,
     valid: torch.Tensor | None = None,
     state: tuple[torch.Tensor, torch.Tensor] | None = None,
     chunk_size: int = 64,
     eps: float = 1e-6,
-):
-    """FEM read (mu, f_max) under the GLA prior, with the streaming state.
+) -> FreeEnergyRead:
+    """FEM read (mu, f_max) under the GLA prior, with the streaming state (signature: `free_energy`).
 
     Args:
-        q, k: (batch, heads, seq, key_dim), RoPE already applied (features are taken here).
-        v: (batch, heads, seq, v_dim) values; beta: (1, heads, 1, v_dim) inverse temperature.
+        value: (batch, seq, heads, v_dim) values; beta: (heads, v_dim) inverse temperature.
+        query, key: (batch, heads, seq, key_dim), RoPE already applied (features are taken here).
         log_decay: (batch, heads, seq, 1) per-head or (batch, heads, seq, key_dim) per-channel g <= 0.
         valid: (batch, seq) bool, False at padding; None means all valid.
         state: ``(S, M)`` from a previous call: S (batch, heads, key_dim, 2 v_dim + 1), the decayed sums
             of k~ [v, exp(beta v - M), 1]; M (batch, heads, 1, v_dim) their exp shift. None starts empty.
 
     Returns:
-        ``(mu, f_max, (S, M))`` with mu, f_max shaped like v (rows with nothing visible are 0).
+        `FreeEnergyRead` (mu, f_max shaped like value; rows with nothing visible are 0) and ``(S, M)``.
     """
-    batch, heads, length, v_dim = v.shape
-    out_dtype = v.dtype
-    work = torch.promote_types(v.dtype, torch.float32)
-    beta = beta.to(work)
-    q_features = gla_features(q.to(work), eps)
-    k_features = gla_features(k.to(work), eps)
-    v = clip_values_for_exp(v.to(work), beta)
+    batch, length, heads, v_dim = value.shape
+    out_dtype = value.dtype
+    work = work_dtype(value.dtype)
+    beta = beta.to(work)[None, :, None, :]
+    q_features = gla_features(query.to(work), eps)
+    k_features = gla_features(key.to(work), eps)
+    v = clip_values_for_exp(value.to(work).transpose(1, 2), beta)
     scaled = beta * v
     log_decay = log_decay.to(work)
+    scaled_for_max = scaled.detach()
     if valid is not None:
         keep = valid[:, None, :, None]
         k_features = k_features * keep
         log_decay = log_decay * keep
-        scaled_for_max = scaled.masked_fill(~keep, -EXP_ARGUMENT_CAP)
-    else:
-        scaled_for_max = scaled
+        scaled_for_max = scaled.detach().masked_fill(~keep, -EXP_ARGUMENT_CAP)
     if state is None:
-        num_state = q.new_zeros(batch, heads, q.shape[-1], 2 * v_dim + 1, dtype=work)
-        shift = torch.full((batch, heads, 1, v_dim), -EXP_ARGUMENT_CAP, dtype=work, device=q.device)
+        num_state = v.new_zeros(batch, heads, query.shape[-1], 2 * v_dim + 1)
+        shift = torch.full((batch, heads, 1, v_dim), -EXP_ARGUMENT_CAP, dtype=work, device=v.device)
     else:
         num_state, shift = (tensor.to(work) for tensor in state)
     ones = torch.ones_like(v[..., :1])
@@ -111,6 +117,6 @@ def gla_free_energy_read(
         mu, f_max = normalized_free_energy(*out.split([v_dim, v_dim, 1], dim=-1), shift, beta)
         mus.append(mu)
         f_maxes.append(f_max)
-    mu = torch.cat(mus, dim=2).to(out_dtype)
-    f_max = torch.cat(f_maxes, dim=2).to(out_dtype)
-    return mu, f_max, (num_state, shift)
+    mu = torch.cat(mus, dim=2).transpose(1, 2).to(out_dtype)
+    f_max = torch.cat(f_maxes, dim=2).transpose(1, 2).to(out_dtype)
+    return FreeEnergyRead(mu, f_max, (num_state, shift))

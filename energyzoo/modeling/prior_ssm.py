@@ -15,44 +15,54 @@ needs an (L x L x channels) weight per chunk instead of one per state dimension.
 
 Chunkwise form: inside a chunk exp(G_t - G_i) with G the chunk-local cumulative log decay (<= 0); across
 chunks a state (channels x N x 3 streams) carried by a loop over chunks with factors exp(G) <= 1. The exp
-branch keeps a running per-channel maximum M, rescaling the state when it grows (online-softmax style),
-so prefill, chunked prefill and one-token decoding share the code and agree. Padded positions
-(``valid`` False) neither enter the state nor decay it.
+branch keeps a running per-channel maximum M (detached: it cancels exactly), rescaling the state when it
+grows (online-softmax style), so prefill, chunked prefill and one-token decoding share the code and agree.
+Padded positions (``valid`` False) neither enter the state nor decay it.
 """
 
 import torch
 
-from .free_energy import EXP_ARGUMENT_CAP, clip_values_for_exp, normalized_free_energy
+from .free_energy import (
+    EXP_ARGUMENT_CAP,
+    FreeEnergyRead,
+    clip_values_for_exp,
+    normalized_free_energy,
+    work_dtype,
+)
 
 
 def ssm_free_energy_read(
-    v: torch.Tensor,
+    value: torch.Tensor,
     beta: torch.Tensor,
     delta: torch.Tensor,
     generator: torch.Tensor,
     input_matrix: torch.Tensor,
     output_matrix: torch.Tensor,
     skip: torch.Tensor,
+    *,
     valid: torch.Tensor | None = None,
     state: tuple[torch.Tensor, torch.Tensor] | None = None,
     chunk_size: int = 16,
-):
-    """FEM read (mu, f_max) under the SSM prior, with the streaming state.
+) -> FreeEnergyRead:
+    """FEM read (mu, f_max) under the SSM prior, with the streaming state (signature: `free_energy`).
 
     Args:
-        v: (batch, seq, channels) values; beta: (channels,) inverse temperature.
-        delta: (batch, seq, channels) step sizes Delta > 0; generator: (channels,) a < 0.
-        input_matrix, output_matrix: (batch, seq, N) B_t and C_t, >= 0; skip: (channels,) D >= 0.
+        value: (batch, seq, heads, v_dim) values; beta: (heads, v_dim) inverse temperature.
+        delta: step sizes Delta > 0 shaped like value; generator: a < 0 shaped like beta.
+        input_matrix, output_matrix: (batch, seq, N) B_t and C_t, >= 0; skip: D >= 0 shaped like beta.
         valid: (batch, seq) bool, False at padding; None means all valid.
         state: ``(h, M)`` from a previous call: h (batch, channels, N, 3) the states of the streams
             [v, exp(beta v - M), 1]; M (batch, channels) the exp shift. None starts empty.
 
     Returns:
-        ``(mu, f_max, (h, M))``, mu and f_max shaped like v (rows with nothing visible are 0).
+        `FreeEnergyRead` (mu, f_max shaped like value; rows with nothing visible are 0) and ``(h, M)``.
     """
+    shape = value.shape
+    v, delta = value.flatten(2), delta.flatten(2)
+    beta, generator, skip = beta.flatten(), generator.flatten(), skip.flatten()
     batch, length, channels = v.shape
     out_dtype = v.dtype
-    work = torch.promote_types(v.dtype, torch.float32)
+    work = work_dtype(v.dtype)
     beta, generator, skip = beta.to(work), generator.to(work), skip.to(work)
     v = clip_values_for_exp(v.to(work), beta)
     scaled = beta * v
@@ -60,9 +70,9 @@ def ssm_free_energy_read(
     if valid is not None:
         keep = valid[..., None]
         delta = delta * keep  # no decay and no input at padding
-        scaled_for_max = scaled.masked_fill(~keep, -EXP_ARGUMENT_CAP)
+        scaled_for_max = scaled.detach().masked_fill(~keep, -EXP_ARGUMENT_CAP)
     else:
-        scaled_for_max = scaled
+        scaled_for_max = scaled.detach()
     log_decay = delta * generator  # (b, t, c) <= 0
     if state is None:
         hidden = v.new_zeros(batch, channels, input_matrix.shape[-1], 3)
@@ -98,6 +108,6 @@ def ssm_free_energy_read(
         mu, f_max = normalized_free_energy(*out.unbind(dim=2), shift[:, None], beta, empty)
         mus.append(mu)
         f_maxes.append(f_max)
-    mu = torch.cat(mus, dim=1).to(out_dtype)
-    f_max = torch.cat(f_maxes, dim=1).to(out_dtype)
-    return mu, f_max, (hidden, shift)
+    mu = torch.cat(mus, dim=1).to(out_dtype).view(shape)
+    f_max = torch.cat(f_maxes, dim=1).to(out_dtype).view(shape)
+    return FreeEnergyRead(mu, f_max, (hidden, shift))

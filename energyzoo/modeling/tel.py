@@ -17,12 +17,24 @@ activation slot right after its linear map (GPT-2 `mlp.act`, ViT `mlp.activation
 `activation`) and its checkpoints keep their weight names. `ThermodynamicEquilibriumLayer` wraps an anchor
 module (nn.Linear, Conv1D, nn.Conv2d, any module computing Wx) for standalone use.
 
-Choices where the paper is silent (all in `TELSettings`): eta_i initialised at 0.5 and T at 0.5; the entropy
-estimate is clipped to |s| <= 10 (the S_max of Prop. C.6); the EMA of eq. 35 runs over the refinement steps
-of one forward pass; the entropy estimator reads detached statistics (D.3: no feedback into y), so only the
-MLP estimator has trainable weights; statistics pool over every axis but the channel axis (D.4: batch and
-sequence/spatial axes), so in training mode T is a batch statistic, like BatchNorm's; at inference tau is
-frozen (Algorithm 1 line 14) and the layer acts on each position alone. Early exit (App. E) is per position.
+Choices where the paper is silent or contradicts itself (all in `TELSettings`): eta_i initialised at 0.5 and T
+at 0.5; the entropy estimate is clipped to |s| <= 10 (the S_max of Prop. C.6); the EMA of eq. 35 runs over the
+refinement steps of one forward pass; the entropy estimator reads detached statistics (D.3: no feedback into
+y), so only the MLP estimator has trainable weights. Pooling (``tel_entropy_pooling``): "batch" is D.4's
+(statistics over every axis but the channel axis, so in training mode T is a batch statistic, like
+BatchNorm's); "token" takes them over the channels of each position alone, so no position's temperature
+depends on another position or sequence - what a causal LM needs (TEL-GPT2's default). At inference tau is
+frozen (Algorithm 1 line 14) and the layer acts on each position alone with either pooling. Early exit
+(App. E) is per position. The temperature, tau and the dual update are kept in fp32 (at least) whatever
+the model's dtype: a bf16 tau cannot resolve dual steps of alpha ~ 1e-2.
+
+Analytic estimators share one scale, eq. 35's: s = 1/2 log sigma^2 for Gaussian data, i.e. each returns its
+closed-form differential entropy minus that of a unit Gaussian, 1/2 log(2 pi e) (D.4: they "only rescale the
+input to equation 9"). On N(0, sigma^2) data they then read log sigma + c with c = 0 (gaussian,
+robust_gaussian), 1 + log(2 sqrt(2 / pi)) - 1/2 log(2 pi e) = +0.048 (laplace, a misfit constant) and
+H(t_nu with variance 1) - 1/2 log(2 pi e) (student_t: -0.047 at nu = 5), so switching the estimator never
+flips the sign of the temperature drift unless sigma is within ~5% of 1. Default "gaussian": G.2 (eq. 35)
+says so "unless otherwise noted"; D.4 calls robust_gaussian its default analytic choice (configurable).
 """
 
 import math
@@ -35,10 +47,13 @@ from torch import nn
 # Lipschitz constants L_phi = sup |phi'| (Assumption A1), computed numerically for silu and exact gelu.
 ACTIVATION_LIPSCHITZ = {"silu": 1.0998393, "gelu": 1.1289042, "relu": 1.0, "tanh": 1.0, "prelu": 1.0}
 ENTROPY_ESTIMATORS = ("gaussian", "robust_gaussian", "laplace", "student_t", "mlp")
+ENTROPY_POOLINGS = ("batch", "token")
+UNIT_GAUSSIAN_ENTROPY = 0.5 * math.log(2 * math.pi * math.e)
 EXIT_RULES = ("gradient", "energy")
 STEP_SIZE_CEILING = 1.0  # eta_max of TEL eq. 31
 MAD_TO_STD = 1.4826  # kappa of the robust Gaussian estimator (D.4): sigma = kappa * MAD for Gaussian data
 VARIANCE_EPS = 1e-6
+FP32_PARAMETERS = ("tel_log_step_sizes", "tel_log_temperature")  # kept in fp32 in half-precision models
 
 
 @dataclass
@@ -59,6 +74,8 @@ class TELSettings:
         "robust_gaussian" (sigma = 1.4826 MAD), "laplace" (1 + log 2b), "student_t" (closed form at
         `tel_student_t_dof`), or "mlp" (a tiny MLP on per-channel mean, log-variance and kurtosis).
     tel_estimator_hidden: hidden width of the MLP estimator (E: 16-64).
+    tel_entropy_pooling: what the entropy statistics pool over: "batch" (D.4: batch and sequence/spatial axes,
+        per channel) or "token" (the channels of each position alone: causal, batch-independent).
     tel_student_t_dof: degrees of freedom of the Student-t estimator (> 2).
     tel_entropy_ema_half_life: half-life in steps of the EMA of s_hat (G.2: 5); None disables it.
     tel_entropy_clip: S_max, |s_hat| <= S_max (Prop. C.6).
@@ -82,6 +99,7 @@ class TELSettings:
     tel_initial_step_size: float = 0.5
     tel_estimator: str = "gaussian"
     tel_estimator_hidden: int = 16
+    tel_entropy_pooling: str = "batch"
     tel_student_t_dof: float = 5.0
     tel_entropy_ema_half_life: float | None = 5.0
     tel_entropy_clip: float = 10.0
@@ -133,6 +151,7 @@ class TELSettings:
                 "tel_initial_step_size", f"in [tel_step_size_min, {self.tel_step_size_max:.4g}] (eq. 13)")
         require(self.tel_estimator in ENTROPY_ESTIMATORS, "tel_estimator", f"one of {list(ENTROPY_ESTIMATORS)}")
         require(self.tel_estimator_hidden >= 1, "tel_estimator_hidden", ">= 1")
+        require(self.tel_entropy_pooling in ENTROPY_POOLINGS, "tel_entropy_pooling", f"one of {list(ENTROPY_POOLINGS)}")
         require(self.tel_student_t_dof > 2, "tel_student_t_dof", "> 2 (finite variance)")
         require(self.tel_entropy_ema_half_life is None or self.tel_entropy_ema_half_life > 0,
                 "tel_entropy_ema_half_life", "None or > 0")
@@ -215,14 +234,18 @@ def _student_t_entropy_offset(dof: float) -> float:
 
 
 class EntropyEstimator(nn.Module):
-    """s_hat(z) of TEL eq. 9 / eq. 35 per output channel, from statistics of the entropy force z = phi(y)
-    pooled over every axis but the channel axis (D.4). The statistics are detached (D.3)."""
+    """s_hat(z) of TEL eq. 9 / eq. 35 from statistics of the entropy force z = phi(y), detached (D.3), on
+    eq. 35's Gaussian-equivalent scale (module docstring). ``pooling`` "batch" pools every axis but the channel
+    axis and returns one estimate per channel, (channels,) (D.4); "token" pools the channels of each position
+    and returns z's shape with the channel axis reduced to 1."""
 
     def __init__(self, settings: TELSettings):
         super().__init__()
         self.kind = settings.tel_estimator
-        self.student_t_offset = _student_t_entropy_offset(settings.tel_student_t_dof)
-        self.student_t_scale = (settings.tel_student_t_dof - 2) / settings.tel_student_t_dof
+        self.pooling = settings.tel_entropy_pooling
+        dof = settings.tel_student_t_dof
+        self.student_t_offset = _student_t_entropy_offset(dof) - UNIT_GAUSSIAN_ENTROPY
+        self.student_t_scale = (dof - 2) / dof
         if self.kind == "mlp":
             hidden = settings.tel_estimator_hidden
             self.tel_estimator_in = nn.Linear(3, hidden)
@@ -236,25 +259,35 @@ class EntropyEstimator(nn.Module):
                 nn.init.zeros_(linear.bias)
 
     def forward(self, z: torch.Tensor, channel_dim: int) -> torch.Tensor:
-        z = z.detach().float().movedim(channel_dim, -1).reshape(-1, z.shape[channel_dim])
+        z = z.detach().movedim(channel_dim, -1)
+        z = z.to(torch.promote_types(z.dtype, torch.float32))
+        if self.pooling == "batch":
+            return self._estimate(z.reshape(-1, z.shape[-1]), dim=0)
+        return self._estimate(z, dim=-1, keepdim=True).movedim(-1, channel_dim)
+
+    def _estimate(self, samples: torch.Tensor, dim: int, keepdim: bool = False) -> torch.Tensor:
+        """The estimate from the samples along ``dim``."""
         if self.kind in ("robust_gaussian", "laplace"):
-            median = z.median(dim=0).values
-            deviation = (z - median).abs()
-            if self.kind == "laplace":
-                return 1 + torch.log(2 * deviation.mean(dim=0) + VARIANCE_EPS)
-            sigma = MAD_TO_STD * deviation.median(dim=0).values
+            median = samples.median(dim=dim, keepdim=True).values
+            deviation = (samples - median).abs()
+            if self.kind == "laplace":  # entropy 1 + log(2b) of a Laplace of scale b = mean |z - median|
+                scale = deviation.mean(dim=dim, keepdim=keepdim)
+                return 1 + torch.log(2 * scale + VARIANCE_EPS) - UNIT_GAUSSIAN_ENTROPY
+            sigma = MAD_TO_STD * deviation.median(dim=dim, keepdim=keepdim).values
             return 0.5 * torch.log(sigma.square() + VARIANCE_EPS)
-        variance, mean = torch.var_mean(z, dim=0, correction=0)
+        variance, mean = torch.var_mean(samples, dim=dim, correction=0, keepdim=keepdim)
         log_variance = torch.log(variance + VARIANCE_EPS)
         if self.kind == "gaussian":
             return 0.5 * log_variance
         if self.kind == "student_t":
             return 0.5 * torch.log(variance * self.student_t_scale + VARIANCE_EPS) + self.student_t_offset
-        kurtosis = ((z - mean).pow(4).mean(dim=0) / (variance.square() + VARIANCE_EPS)).clamp(max=100.0)
+        centered = samples - (mean if keepdim else mean.unsqueeze(dim))
+        fourth = centered.pow(4).mean(dim=dim, keepdim=keepdim)
+        kurtosis = (fourth / (variance.square() + VARIANCE_EPS)).clamp(max=100.0)
         moments = torch.stack([mean, 0.5 * log_variance, torch.log1p(kurtosis)], dim=-1)
         weight = self.tel_estimator_in.weight
         features = torch.tanh(F.linear(moments.to(weight.dtype), weight, self.tel_estimator_in.bias))
-        return self.tel_estimator_out(features).squeeze(-1).float()
+        return self.tel_estimator_out(features).squeeze(-1).to(samples.dtype)
 
 
 class EquilibriumRefinement(nn.Module):
@@ -282,8 +315,10 @@ class EquilibriumRefinement(nn.Module):
         self.ema_decay = 0.0 if s.tel_entropy_ema_half_life is None else 0.5 ** (1.0 / s.tel_entropy_ema_half_life)
         self.entropy_force = EntropyForce(s.tel_activation)
         self.entropy_estimator = EntropyEstimator(s)
-        self.tel_log_step_sizes = nn.Parameter(torch.empty(s.tel_steps))
-        self.tel_log_temperature = nn.Parameter(torch.empty(width if s.tel_temperature == "channel" else ()))
+        self.tel_log_step_sizes = nn.Parameter(torch.empty(s.tel_steps, dtype=torch.float32))
+        self.tel_log_temperature = nn.Parameter(
+            torch.empty(width if s.tel_temperature == "channel" else (), dtype=torch.float32)
+        )
         self.record_trace = False
         self.last_trace: dict[str, torch.Tensor] | None = None
         self.reset_parameters()
@@ -294,17 +329,30 @@ class EquilibriumRefinement(nn.Module):
         self.entropy_force.reset_parameters()
         self.entropy_estimator.reset_parameters()
 
+    def _apply(self, fn, recurse=True):
+        """Casting the module to half precision leaves the log step sizes and log-temperature in fp32 (device
+        moves still apply): a bf16 tau could not resolve the dual update's steps."""
+        kept = {name: getattr(self, name).data for name in FP32_PARAMETERS}
+        super()._apply(fn, recurse)
+        for name, original in kept.items():
+            parameter = getattr(self, name)
+            half = (torch.float16, torch.bfloat16)
+            if parameter.dtype in half and original.dtype not in half:
+                parameter.data = original.to(parameter.device)
+        return self
+
     def extra_repr(self) -> str:
         s = self.settings
         return (f"width={self.width}, steps={s.tel_steps}, phi={s.tel_activation}, temperature={s.tel_temperature}, "
                 f"estimator={s.tel_estimator}")
 
     def step_sizes(self) -> torch.Tensor:
-        """eta_i = exp(learned), clipped to [eta_min, min(1, 2 / (1 + T_max L_phi))] (eq. 30, 31, 13)."""
-        return self.tel_log_step_sizes.exp().clamp(*self.step_size_bounds)
+        """eta_i = exp(learned), clipped to [eta_min, min(1, 2 / (1 + T_max L_phi))] (eq. 30, 31, 13), in fp32
+        (or wider)."""
+        return _widened(self.tel_log_step_sizes).exp().clamp(*self.step_size_bounds)
 
     def _per_channel(self, value: torch.Tensor, ndim: int) -> torch.Tensor:
-        """Broadcast a scalar or per-channel value against a tensor of `ndim` dims."""
+        """Broadcast a scalar or per-channel (channels,) value against a tensor of `ndim` dims."""
         if value.dim() == 0 or self.channel_dim in (-1, ndim - 1):
             return value
         return value.view(-1, *([1] * (ndim - 1 - self.channel_dim % ndim)))
@@ -313,26 +361,29 @@ class EquilibriumRefinement(nn.Module):
         return torch.linalg.vector_norm(value, dim=self.channel_dim, dtype=torch.promote_types(value.dtype, torch.float32))
 
     def free_energy(self, y: torch.Tensor, anchor: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
-        """G(y; x, T) = 1/2 ||y - Wx||^2 - T S(y) per position (TEL eq. 2-3), where S has a closed form."""
+        """G(y; x, T) = 1/2 ||y - Wx||^2 - T S(y) per position (TEL eq. 2-3), where S has a closed form;
+        ``temperature`` broadcasts against y."""
         wide = torch.promote_types(y.dtype, torch.float32)
         enthalpy = 0.5 * (y - anchor).to(wide).square()
         entropy = self.entropy_force.entropy(y.to(wide))
-        return (enthalpy - self._per_channel(temperature.to(wide), y.dim()) * entropy).sum(dim=self.channel_dim)
+        return (enthalpy - temperature.to(wide) * entropy).sum(dim=self.channel_dim)
 
     def step(self, y: torch.Tensor, anchor: torch.Tensor, eta: torch.Tensor, temperature: torch.Tensor,
              force: torch.Tensor | None = None) -> torch.Tensor:
         """One refinement step (TEL eq. 8, Algorithm 1 lines 6-9), written as
-        y - eta ((y - Wx) - T phi(y)) = lerp(y, Wx, eta) + eta T phi(y); `force` is phi(y) when already known."""
+        y - eta ((y - Wx) - T phi(y)) = lerp(y, Wx, eta) + eta T phi(y); `force` is phi(y) when already known,
+        ``temperature`` broadcasts against y."""
         force = self.entropy_force(y) if force is None else force
-        gain = self._per_channel((eta * temperature).to(y.dtype), y.dim())
-        return torch.addcmul(torch.lerp(y, anchor, eta.to(y.dtype)), gain, force)
+        return torch.addcmul(torch.lerp(y, anchor, eta.to(y.dtype)), (eta * temperature).to(y.dtype), force)
 
     def _dual_update(self, tau: torch.Tensor, force: torch.Tensor, smoothed: torch.Tensor | None):
-        """tau <- clip(tau + alpha g_beta(EMA(s_hat(phi(y))))) (TEL eq. 9, Algorithm 1 lines 11-12)."""
+        """tau <- clip(tau + alpha g_beta(EMA(s_hat(phi(y))))) (TEL eq. 9, Algorithm 1 lines 11-12), in tau's
+        fp32. Batch pooling gives one estimate per channel (averaged for a global tau); token pooling one per
+        position, which then drives that position's temperature (every channel's, for channel-wise tau)."""
         s = self.settings
         estimate = self.entropy_estimator(force, self.channel_dim).clamp(-s.tel_entropy_clip, s.tel_entropy_clip)
-        if tau.dim() == 0:
-            estimate = estimate.mean()
+        if s.tel_entropy_pooling == "batch":
+            estimate = estimate.mean() if s.tel_temperature == "global" else self._per_channel(estimate, force.dim())
         smoothed = estimate if smoothed is None else self.ema_decay * smoothed + (1 - self.ema_decay) * estimate
         drive = s.tel_entropy_scale * smoothed + s.tel_entropy_shift
         return (tau + s.tel_dual_step * drive.to(tau.dtype)).clamp(*self.log_temperature_bounds), smoothed
@@ -341,7 +392,7 @@ class EquilibriumRefinement(nn.Module):
         """Per-position quantities of one step (§3.4, App. H.7): ||g_G||, rho, kappa and G, Delta G."""
         wide = torch.promote_types(y.dtype, torch.float32)
         enthalpy_gradient = (y - anchor).to(wide)  # g_H, Algorithm 1 line 6
-        entropy_term = self._per_channel(temperature.to(wide), y.dim()) * force.to(wide)  # T g_S
+        entropy_term = temperature.to(wide) * force.to(wide)  # T g_S
         enthalpy_norm = self._channel_norm(enthalpy_gradient)
         values = {
             "gradient_norm": self._channel_norm(enthalpy_gradient - entropy_term),  # ||g_G||, line 8
@@ -361,7 +412,8 @@ class EquilibriumRefinement(nn.Module):
         energy_available = s.tel_activation != "silu"
         with_energy = energy_available and (record or early_exit and s.tel_exit_rule == "energy")
         etas = self.step_sizes()
-        tau = self.tel_log_temperature.clamp(*self.log_temperature_bounds)  # Algorithm 1 line 2
+        tau = _widened(self.tel_log_temperature).clamp(*self.log_temperature_bounds)  # Algorithm 1 line 2
+        tau = self._per_channel(tau, anchor.dim())
         smoothed_entropy = streak = active = steps_taken = None
         trace = []
         y = anchor
@@ -420,6 +472,11 @@ class ThermodynamicEquilibriumLayer(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.refinement(self.anchor(x))
+
+
+def _widened(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` in fp32 when it is in half precision: the temperature and step sizes never round to bf16."""
+    return tensor.to(torch.promote_types(tensor.dtype, torch.float32))
 
 
 def _output_width(anchor: nn.Module) -> int:

@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .free_energy import widened
+
 
 def decayed_cumsum(
     log_decay: torch.Tensor,
@@ -69,30 +71,6 @@ def decayed_cumsum(
     return states, states[:, -1]
 
 
-class _LowRankModulation(torch.autograd.Function):
-    """x * (1 + features @ weight) that keeps the rank-H_c features for backward instead of the full-width
-    modulator, which it recomputes there (a matmul with inner size H_c): the modulator is as wide as
-    q, k, v and both gates together, and storing it dominated FEM's activation memory."""
-
-    @staticmethod
-    def forward(ctx, x, features, weight):
-        ctx.save_for_backward(x, features, weight)
-        return torch.addcmul(x, x, (features @ weight.to(features.dtype)).to(x.dtype))
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_output):
-        # Casts are explicit: backward runs outside autocast, where features (bf16 under autocast) and the
-        # fp32 weight would not multiply. Without autocast every cast is a no-op.
-        x, features, weight = ctx.saved_tensors
-        low_weight = weight.to(features.dtype)
-        grad_x = torch.addcmul(grad_output, grad_output, (features @ low_weight).to(grad_output.dtype))
-        grad_modulator = grad_output * x
-        grad_features = grad_modulator.to(features.dtype) @ low_weight.T
-        grad_weight = features.flatten(0, -2).T.to(weight.dtype) @ grad_modulator.flatten(0, -2).to(weight.dtype)
-        return grad_x, grad_features, grad_weight
-
-
 class TimeDecayConditioner(nn.Module):
     """FEM App. I time-decay conditioner, producing ``out_features`` modulation channels per token."""
 
@@ -118,21 +96,18 @@ class TimeDecayConditioner(nn.Module):
         (``padding_mask`` False) neither decay nor feed the state, so a left-padded sequence conditions like
         the unpadded one."""
         decay_logits, inputs, shortcut_logits = self.in_proj(self.input_norm(hidden_states)).chunk(3, dim=-1)
-        log_decay = -F.softplus(decay_logits.float())
+        log_decay = -F.softplus(widened(decay_logits))
         if padding_mask is not None:
             keep = padding_mask[..., None]
             log_decay = log_decay * keep
             inputs = inputs * keep
         states, final_state = decayed_cumsum(log_decay, inputs, initial_state, self.chunk_size)
-        shortcut = F.rms_norm(F.softplus(shortcut_logits.float()), (self.rank,), eps=self.eps)
+        shortcut = F.rms_norm(F.softplus(widened(shortcut_logits)), (self.rank,), eps=self.eps)
         features = F.silu(shortcut).to(hidden_states.dtype) * self.state_norm(states.to(hidden_states.dtype))
         return features, final_state
 
     def modulate(self, tensors: list[torch.Tensor], features: torch.Tensor) -> list[torch.Tensor]:
-        """x_i * (1 + c_i) for consecutive column blocks c_i of c = h W_c, one per tensor (FEM eq. 34a-d)."""
-        widths = [tensor.shape[-1] for tensor in tensors]
-        if not torch.is_grad_enabled():  # nothing to keep for backward: one matmul serves every tensor
-            modulators = (features @ self.out_proj).split(widths, dim=-1)
-            return [torch.addcmul(tensor, tensor, modulator) for tensor, modulator in zip(tensors, modulators)]
-        blocks = self.out_proj.split(widths, dim=-1)
-        return [_LowRankModulation.apply(tensor, features, block) for tensor, block in zip(tensors, blocks)]
+        """x_i * (1 + c_i) for consecutive column blocks c_i of c = h W_c, one per tensor (FEM eq. 34a-d), from
+        one matmul. (FEMAttention recomputes this and the projections in backward instead of keeping them.)"""
+        modulators = (features @ self.out_proj.to(features.dtype)).split([t.shape[-1] for t in tensors], dim=-1)
+        return [torch.addcmul(x, x, modulator.to(x.dtype)) for x, modulator in zip(tensors, modulators)]

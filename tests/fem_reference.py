@@ -1,0 +1,216 @@
+"""Explicit float64 references for FEM, written from fem.txt and independent of energyzoo's code paths.
+
+Every prior is built as an explicit probability table p_t(i) (O(T^2), no chunking, no streaming, no exp
+shift), and the read is computed from it directly:
+    mu_t = sum_i p_t(i) v_i,   f_t = beta^-1 log sum_i p_t(i) exp(beta v_i)     (FEM eq. 4, 6, 9)
+`fem_layer_reference` rebuilds one whole FEM layer from a module's parameters: the time-decay conditioner
+(App. I eq. 33), the (1 + c) modulation (eq. 34a-d), RoPE, the prior, the LSE branch, the lambda gate, the
+outer gate and the output projection (eq. 35).
+
+Layouts follow the reads': values (batch, seq, heads, v_dim); probability tables (batch, t, i, heads, 1)
+for per-head priors and (batch, t, i, heads, v_dim) for per-channel ones. ``valid`` (batch, seq) marks real
+tokens: padded keys get no weight and padded positions no decay, and padded query rows are empty (0).
+"""
+
+import math
+
+import torch
+
+CAP = 40.0  # |beta v| <= 40 (fem.txt App. G.2; the public reference layer)
+
+
+def _float64(*tensors):
+    return tuple(None if t is None else t.double() for t in tensors)
+
+
+def _valid(valid, batch, length):
+    return torch.ones(batch, length, dtype=torch.bool) if valid is None else valid
+
+
+def _normalise(scores, visible):
+    """p_t(i) = s_t(i) / sum_r s_t(r) over visible keys; rows without any visible key are all 0."""
+    scores = scores * visible
+    total = scores.sum(dim=2, keepdim=True)
+    return torch.where(total > 0, scores / torch.where(total > 0, total, 1.0), 0.0)
+
+
+def _finite_row_max(log_scores):
+    """Max over keys (dim 2) for stabilising exp; 0 for rows with no visible key (all -inf)."""
+    top = log_scores.amax(dim=2, keepdim=True)
+    return torch.where(torch.isfinite(top), top, 0.0)
+
+
+def _causal_visibility(valid):
+    """(batch, t, i, 1, 1): key i is real and i <= t, for real query rows t."""
+    length = valid.shape[1]
+    causal = torch.ones(length, length, dtype=torch.bool).tril()
+    return (causal[None] & valid[:, None, :] & valid[:, :, None])[..., None, None]
+
+
+def softmax_prior(query, key, valid=None):
+    """FEM H.1: softmax of q.k / sqrt(d) over visible keys; q, k (batch, heads, seq, d)."""
+    query, key = _float64(query, key)
+    batch, heads, length, dim = query.shape
+    visible = _causal_visibility(_valid(valid, batch, length))
+    scores = torch.einsum("bhtd,bhid->btih", query, key)[..., None] / math.sqrt(dim)
+    scores = scores.masked_fill(~visible, float("-inf"))
+    return _normalise(torch.exp(scores - _finite_row_max(scores)), visible)
+
+
+def gla_prior(query, key, log_decay, valid=None, eps=1e-6):
+    """FEM H.2: s_t(i) = sum_m exp(sum_{i<tau<=t} g_tau,m) q~_tm k~_im with q~ = ReLU(q) + eps (same for k);
+    g (batch, heads, seq, 1 | d)."""
+    query, key, log_decay = _float64(query, key, log_decay)
+    batch, heads, length, dim = query.shape
+    valid = _valid(valid, batch, length)
+    query, key = torch.relu(query) + eps, torch.relu(key) + eps
+    cumulative = (log_decay * valid[:, None, :, None]).cumsum(dim=2)  # (b, h, t, 1|m)
+    pairwise = cumulative[:, :, :, None, :] - cumulative[:, :, None, :, :]  # (b, h, t, i, 1|m)
+    causal = torch.ones(length, length, dtype=torch.bool).tril()[None, None, :, :, None]
+    decay = torch.exp(pairwise.masked_fill(~causal, float("-inf")))
+    scores = (query[:, :, :, None, :] * key[:, :, None, :, :] * decay).sum(-1)  # (b, h, t, i)
+    return _normalise(scores.permute(0, 2, 3, 1)[..., None], _causal_visibility(valid))
+
+
+def aft_prior(logits, log_decay=None, valid=None):
+    """FEM H.3: p_t(i) proportional to exp(k_i + sum_{i<tau<=t} g_tau) per channel; logits and g shaped like
+    the values (batch, seq, heads, v_dim)."""
+    logits, log_decay = _float64(logits, log_decay)
+    batch, length = logits.shape[:2]
+    valid = _valid(valid, batch, length)
+    log_decay = torch.zeros_like(logits) if log_decay is None else log_decay
+    cumulative = (log_decay * valid[..., None, None]).cumsum(dim=1)
+    log_scores = logits[:, None] + cumulative[:, :, None] - cumulative[:, None, :]  # (b, t, i, h, d)
+    visible = _causal_visibility(valid)
+    log_scores = log_scores.masked_fill(~visible, float("-inf"))
+    return _normalise(torch.exp(log_scores - _finite_row_max(log_scores)), visible)
+
+
+def ssm_prior(delta, generator, input_matrix, output_matrix, skip, valid=None):
+    """FEM H.4: s_t(i) = exp(sum_{i<tau<=t} Delta_tau a)(C_t . B_i) Delta_i + D 1{i = t} per channel; delta
+    shaped like the values, generator and skip (heads, v_dim), B and C (batch, seq, N)."""
+    delta, generator, input_matrix, output_matrix, skip = _float64(delta, generator, input_matrix, output_matrix, skip)
+    batch, length = delta.shape[:2]
+    valid = _valid(valid, batch, length)
+    delta = delta * valid[..., None, None]
+    cumulative = (delta * generator).cumsum(dim=1)
+    causal = torch.ones(length, length, dtype=torch.bool).tril()[None, :, :, None, None]
+    decay = torch.exp((cumulative[:, :, None] - cumulative[:, None]).masked_fill(~causal, float("-inf")))
+    contraction = torch.einsum("btn,bin->bti", output_matrix, input_matrix)[..., None, None]
+    diagonal = torch.eye(length, dtype=torch.float64)[None, :, :, None, None]
+    scores = decay * contraction * delta[:, None] + diagonal * skip
+    return _normalise(scores, _causal_visibility(valid))
+
+
+def explicit_read(p, value, beta):
+    """(mu, f): mu = E_p[v], f = beta^-1 log E_p[exp(beta v)] with v clipped to |beta v| <= 40 (so exp stays
+    within float64 without any shift); rows with no probability mass read 0."""
+    value, beta = _float64(value, beta)
+    value = torch.maximum(torch.minimum(value, CAP / beta), -CAP / beta)
+    mu = (p * value[:, None]).sum(dim=2)
+    partition = (p * torch.exp(beta * value[:, None])).sum(dim=2)
+    empty = p.sum(dim=2) == 0
+    f = torch.log(torch.where(empty, 1.0, partition)) / beta
+    return mu, torch.where(empty, 0.0, f)
+
+
+def rope(x, positions, theta):
+    """Rotary embedding of x (batch, heads, seq, d) at integer positions (batch, seq), written out: pairs
+    (x_j, x_{j + d/2}) rotated by the angle position * theta^(-2j/d). The angles and their cos/sin are taken
+    in fp32, the precision transformers' rotary embedding uses whatever the model's dtype (so float64
+    comparisons can be tight); the rotation itself is float64."""
+    half = x.shape[-1] // 2
+    frequencies = 1.0 / theta ** (torch.arange(half, dtype=torch.float32) * 2 / x.shape[-1])
+    angles = positions.float()[:, None, :, None] * frequencies
+    cos, sin = torch.cos(angles).double(), torch.sin(angles).double()
+    first, second = x[..., :half], x[..., half:]
+    return torch.cat([first * cos - second * sin, second * cos + first * sin], dim=-1)
+
+
+def time_decay_features(conditioner, x, valid):
+    """FEM App. I: h_t = SiLU(norm(a_t)) * LN(h~_t) with h~_t = sum_{i<=t} exp(-sum_{i<tau<=t} s_tau) u_i
+    (eq. 33, explicit), s = softplus(x^ W_f), u = x^ W_x, a = softplus(x^ W_s), x^ = LN(x); padded
+    positions neither decay nor feed the sum. norm(a) has unit RMS."""
+    norm = conditioner.input_norm
+    x_hat = torch.nn.functional.layer_norm(x, x.shape[-1:], norm.weight.double(), norm.bias.double(), norm.eps)
+    decay_logits, inputs, shortcut_logits = (x_hat @ conditioner.in_proj.weight.double().T).chunk(3, dim=-1)
+    keep = valid[..., None].double()
+    steps = torch.nn.functional.softplus(decay_logits) * keep
+    inputs = inputs * keep
+    cumulative = steps.cumsum(dim=1)
+    length = x.shape[1]
+    causal = torch.ones(length, length, dtype=torch.bool).tril()[None, :, :, None]
+    kernel = torch.exp(-(cumulative[:, :, None] - cumulative[:, None])).masked_fill(~causal, 0.0)  # K_{t,i}
+    summed = (kernel * inputs[:, None]).sum(dim=2)
+    shortcut = torch.nn.functional.softplus(shortcut_logits)
+    shortcut = shortcut / torch.sqrt(shortcut.square().mean(-1, keepdim=True) + conditioner.eps)
+    state_norm = conditioner.state_norm
+    normalised = torch.nn.functional.layer_norm(summed, summed.shape[-1:], state_norm.weight.double(),
+                                                state_norm.bias.double(), state_norm.eps)
+    return torch.nn.functional.silu(shortcut) * normalised
+
+
+def fem_layer_reference(layer, hidden, valid=None, positions=None):
+    """One FEM layer (`FEMAttention` parameters) in float64 from fem.txt: returns (output, mu, f) with mu and
+    f the read of the modulated values (FEM eq. 33-35). ``hidden`` (batch, seq, hidden) is the layer input."""
+    config = layer.config
+    x = hidden.double()
+    batch, length, _ = x.shape
+    valid = _valid(valid, batch, length)
+    if positions is None:
+        positions = (valid.long().cumsum(-1) - 1).clamp_min(0)
+    heads, value_dim = config.num_attention_heads, config.value_head_dim
+    projected = {}
+    for name in layer.projection_names:
+        linear = getattr(layer, name)
+        projected[name] = x @ linear.weight.double().T + (0 if linear.bias is None else linear.bias.double())
+    if layer.time_decay is not None:  # eq. 34a-d: every projection times (1 + its block of c = h W_c)
+        c = time_decay_features(layer.time_decay, x, valid) @ layer.time_decay.out_proj.double()
+        blocks = c.split([projected[name].shape[-1] for name in layer.projection_names], dim=-1)
+        projected = {name: projected[name] * (1 + block) for name, block in zip(layer.projection_names, blocks)}
+
+    def per_head(tensor):
+        return tensor.view(batch, length, heads, -1)
+
+    value = per_head(projected["v_proj"])
+    if config.use_lse:
+        beta = torch.nn.functional.softplus(layer.beta_max_raw.double() + math.log(math.expm1(config.beta_max_init)))
+        beta = beta.view(heads, value_dim)
+    else:
+        beta = torch.ones(heads, value_dim, dtype=torch.float64)
+    theta = config.rope_parameters["rope_theta"]
+    if config.prior in ("softmax", "gla"):
+        query, key = (rope(per_head(projected[n]).transpose(1, 2), positions, theta) for n in ("q_proj", "k_proj"))
+    if config.prior == "softmax":
+        p = softmax_prior(query, key, valid)
+    elif config.prior == "gla":
+        log_decay = torch.nn.functional.logsigmoid(projected["decay_proj"]) / config.decay_normalizer
+        p = gla_prior(query, key, per_head(log_decay).transpose(1, 2), valid, config.feature_eps)
+    elif config.prior == "aft":
+        log_decay = None
+        if "decay_proj" in projected:
+            log_decay = per_head(torch.nn.functional.logsigmoid(projected["decay_proj"]) / config.decay_normalizer)
+        p = aft_prior(per_head(projected["k_proj"]), log_decay, valid)
+    else:
+        delta = torch.nn.functional.softplus(projected["dt_proj"] + layer.dt_bias.double())
+        input_matrix, output_matrix = torch.nn.functional.softplus(projected["bc_proj"]).chunk(2, dim=-1)
+        generator = -torch.nn.functional.softplus(layer.ssm_generator_raw.double()).view(heads, value_dim)
+        skip = torch.nn.functional.softplus(layer.ssm_skip_raw.double()).view(heads, value_dim)
+        p = ssm_prior(per_head(delta), generator, input_matrix, output_matrix, skip, valid)
+    mu, f = explicit_read(p, value, beta)
+    if not config.use_lse:
+        mixed = mu
+    elif config.use_temperature_gate:
+        lam = torch.sigmoid(per_head(projected["temperature_proj"]))
+        mixed = (1 - lam) * mu + lam * f  # eq. 10
+    else:
+        mixed = f  # lambda = 1: F(beta_max), eq. 4
+    if config.use_outer_gate:
+        gate = torch.nn.functional.softplus(per_head(projected["outer_gate_proj"]))
+        gate = gate / torch.sqrt(gate.square().mean(-1, keepdim=True) + config.rms_norm_eps)
+        mixed = gate * mixed  # eq. 11
+    o_proj = layer.o_proj
+    output = mixed.reshape(batch, length, -1) @ o_proj.weight.double().T
+    if o_proj.bias is not None:
+        output = output + o_proj.bias.double()
+    return output, mu, f
