@@ -15,7 +15,7 @@ from .modeling.modeling_tel import (
     TELViTModel,
 )
 from .modeling.outputs import EnergyTrace
-from .modeling.tel import EquilibriumRefinement, TELSettings, ThermodynamicEquilibriumLayer
+from .modeling.tel_layer import ThermodynamicRefinement, TELSettings, ThermodynamicEquilibriumLayer
 from .presets import config_from_preset, model_from_preset, preset_card, preset_names
 from .registry import register_all
 
@@ -29,7 +29,7 @@ __all__ = [
     "FEMForSequenceClassification",
     "FEMModel",
     "FEMPreTrainedModel",
-    "EquilibriumRefinement",
+    "ThermodynamicRefinement",
     "TELGPT2Config",
     "TELGPT2LMHeadModel",
     "TELGPT2Model",

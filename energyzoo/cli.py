@@ -6,7 +6,7 @@ import sys
 
 
 def _quickstart(args) -> int:
-    from .training.quickstart import run_quickstart
+    from .quickstart import run_quickstart
 
     report = run_quickstart(args.output_dir, steps=args.steps)
     mc = report.local_results["energyzoo_pydoc_mc"]
@@ -16,6 +16,7 @@ def _quickstart(args) -> int:
           f"  (uniform over the vocabulary: {report.uniform_loss:.3f})")
     print(f"local eval      pydoc_mc acc {mc['acc']:.3f} (chance 0.25), pydoc_ppl bits/byte {ppl['bits_per_byte']:.3f}")
     print(f"sample          {report.sample!r}")
+    print(f"energy plot     {report.energy_plot}  (free-energy gain and temperature per layer)")
     print(f"exported to     {report.export_dir}  ({report.seconds:.0f} s)")
     print(f"load it with    AutoModelForCausalLM.from_pretrained({str(report.export_dir)!r}, trust_remote_code=True)")
     print(f"push it with    energyzoo export {report.export_dir.parent / 'train' / 'model'} {report.export_dir} "
@@ -83,11 +84,12 @@ def _bench(args) -> int:
         _print_and_save(format_tel_table(result), result, args.output)
         return 0
     if args.scaling:
-        result = run_length_scaling(args.preset if args.preset != "fem-lm-table5" else "fem-lm-tiny",
+        result = run_length_scaling(args.preset or "fem-lm-tiny",
                                     priors=tuple(args.priors), repeats=args.repeats, device=args.device)
         _print_and_save(format_scaling_table(result), result, args.output)
         return 0
-    settings = BenchSettings(preset=args.preset, baseline=args.baseline, batch_size=args.batch_size,
+    preset = {"preset": args.preset} if args.preset else {}
+    settings = BenchSettings(**preset, baseline=args.baseline, batch_size=args.batch_size,
                              seq_len=args.seq_len, repeats=args.repeats, device=args.device, dtype=args.dtype,
                              compile=args.compile)
     result = run_fem_vs_llama(settings)
@@ -96,7 +98,7 @@ def _bench(args) -> int:
 
 
 def _reproduce(args) -> int:
-    from .eval.tel_stage1 import StageOneSettings, format_markdown, run_stage_one, write_report
+    from .reproduce.tel_stage1 import StageOneSettings, format_markdown, run_stage_one, write_report
 
     settings = StageOneSettings(datasets=tuple(args.datasets), widths=tuple(args.widths), seeds=args.seeds,
                                 epochs=args.epochs)
@@ -142,7 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
     export.set_defaults(run=_export)
 
     bench = commands.add_parser("bench", help="FEM-LM vs its Llama baseline: forward, train step, peak memory")
-    bench.add_argument("--preset", default="fem-lm-table5", help="FEM preset (default: fem.txt Table 5 shape)")
+    bench.add_argument("--preset", default=None,
+                       help="FEM preset (default: the registry's FEM bench preset, fem.txt Table 5 shape)")
     bench.add_argument("--baseline", default=None, help="Llama preset (default: the preset card's baseline)")
     bench.add_argument("--batch-size", type=int, default=4)
     bench.add_argument("--seq-len", type=int, default=1024)

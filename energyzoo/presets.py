@@ -10,11 +10,9 @@ import json
 from functools import cache
 from importlib import resources
 
-from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageClassification, PretrainedConfig
+from transformers import AutoConfig, PretrainedConfig
 
-from . import registry  # noqa: F401  (registers the zoo's model types with AutoConfig)
-
-TASK_AUTO_CLASSES = {"causal-lm": AutoModelForCausalLM, "image-classification": AutoModelForImageClassification}
+from .registry import TASKS
 
 
 @cache
@@ -52,5 +50,5 @@ def config_from_preset(name: str, **overrides) -> PretrainedConfig:
 def model_from_preset(name: str, auto_class=None, **overrides):
     """A randomly initialised model of a named preset (use the `meta` device context to only count); the Auto
     class defaults to the one of the card's task (causal-lm, image-classification)."""
-    auto_class = auto_class or TASK_AUTO_CLASSES[preset_card(name)["task"]]
+    auto_class = auto_class or TASKS[preset_card(name)["task"]].auto_class
     return auto_class.from_config(config_from_preset(name, **overrides))

@@ -1,15 +1,24 @@
-"""Registration of every zoo architecture with the transformers Auto classes and for remote code.
+"""The one table where an architecture is declared (DESIGN.md): its config, base model and task heads, its
+card template and facts, and the presets `energyzoo bench` measures. The Auto registration, export, fine-tuning,
+training, the bench and the contract testers read it; adding an architecture adds an entry here and touches no
+other table.
 
-`ARCHITECTURES` is the single table of what the zoo contains: per `model_type`, the config class and the
-model class for each Auto class it supports. Importing energyzoo registers all of them.
+`TASKS` names what each task head is to transformers and the Hub (its Auto class, pipeline tag); what training
+does per task (data, batch -> model kwargs, metrics) is `training.tasks`, keyed by the same names.
 """
+
+from dataclasses import dataclass, field
+from typing import Callable
 
 from transformers import (
     AutoConfig,
     AutoModel,
     AutoModelForCausalLM,
     AutoModelForImageClassification,
+    AutoModelForMaskedImageModeling,
     AutoModelForSequenceClassification,
+    AutoModelForTokenClassification,
+    PretrainedConfig,
 )
 
 from .modeling.configuration_fem import FEMConfig
@@ -24,21 +33,96 @@ from .modeling.modeling_tel import (
     TELViTModel,
 )
 
-ARCHITECTURES = {
-    "fem": (FEMConfig, {AutoModel: FEMModel, AutoModelForCausalLM: FEMForCausalLM,
-                        AutoModelForSequenceClassification: FEMForSequenceClassification}),
-    "tel-gpt2": (TELGPT2Config, {AutoModel: TELGPT2Model, AutoModelForCausalLM: TELGPT2LMHeadModel}),
-    "tel-vit": (TELViTConfig, {AutoModel: TELViTModel, AutoModelForImageClassification: TELViTForImageClassification}),
-    "tel-resnet": (TELResNetConfig, {AutoModel: TELResNetModel,
-                                     AutoModelForImageClassification: TELResNetForImageClassification}),
+
+@dataclass(frozen=True)
+class Task:
+    """A task head as transformers and the Hub know it."""
+
+    auto_class: type
+    pipeline_tag: str
+    description: str
+
+
+TASKS = {
+    "causal-lm": Task(AutoModelForCausalLM, "text-generation", "language modelling"),
+    "sequence-classification": Task(AutoModelForSequenceClassification, "text-classification",
+                                    "sequence classification"),
+    "token-classification": Task(AutoModelForTokenClassification, "token-classification", "token classification"),
+    "image-classification": Task(AutoModelForImageClassification, "image-classification", "image classification"),
+    "masked-image-modeling": Task(AutoModelForMaskedImageModeling, "unconditional-image-generation",
+                                  "masked image modelling"),
 }
 
 
+@dataclass(frozen=True)
+class Architecture:
+    """One architecture of the zoo.
+
+    heads: task -> head model class (the first is the architecture's main head); each task is a `TASKS` key.
+    card_template: the model-card template in ``hub_cards/``; card_facts(config) gives its own variables.
+    bench_presets: presets `energyzoo bench` measures against the baseline their cards name.
+    """
+
+    config_class: type
+    base_model: type
+    heads: dict[str, type]
+    card_template: str
+    card_facts: Callable[[PretrainedConfig], dict] = field(default=lambda config: {})
+    bench_presets: tuple[str, ...] = ()
+
+    @property
+    def model_classes(self) -> dict[type, type]:
+        """Auto class -> model class, the base model's included."""
+        return {AutoModel: self.base_model, **{TASKS[task].auto_class: head for task, head in self.heads.items()}}
+
+    def head(self, architectures: list[str] | None = None) -> tuple[str, type]:
+        """(task, head class) of a saved model whose `config.architectures` names it; the main head otherwise."""
+        for task, head in self.heads.items():
+            if architectures and head.__name__ in architectures:
+                return task, head
+        return next(iter(self.heads.items()))
+
+
+def _tel_card_facts(backbone: str):
+    def facts(config) -> dict:
+        return dict(backbone=backbone, tel_blocks=config.tel_blocks(), tel_placement=config.tel_placement,
+                    tel_steps=config.tel_steps, tel_activation=config.tel_activation)
+
+    return facts
+
+
+ARCHITECTURES = {
+    "fem": Architecture(
+        FEMConfig,
+        FEMModel,
+        {"causal-lm": FEMForCausalLM, "sequence-classification": FEMForSequenceClassification},
+        "fem.md",
+        card_facts=lambda config: dict(prior=config.prior),
+        bench_presets=("fem-lm-table5",),
+    ),
+    "tel-gpt2": Architecture(TELGPT2Config, TELGPT2Model, {"causal-lm": TELGPT2LMHeadModel}, "tel.md",
+                             card_facts=_tel_card_facts("GPT-2"), bench_presets=("tel-gpt2-head", "tel-gpt2-full")),
+    "tel-vit": Architecture(TELViTConfig, TELViTModel, {"image-classification": TELViTForImageClassification},
+                            "tel.md", card_facts=_tel_card_facts("ViT")),
+    "tel-resnet": Architecture(TELResNetConfig, TELResNetModel,
+                               {"image-classification": TELResNetForImageClassification}, "tel.md",
+                               card_facts=_tel_card_facts("ResNet")),
+}
+
+
+def architecture(model_type: str) -> Architecture:
+    if model_type not in ARCHITECTURES:
+        raise ValueError(f"{model_type!r} is not a zoo architecture; the zoo has {sorted(ARCHITECTURES)}")
+    return ARCHITECTURES[model_type]
+
+
 def register_all() -> None:
-    for config_class, auto_models in ARCHITECTURES.values():
+    """Register every architecture with AutoConfig, its Auto model classes, and for remote code."""
+    for entry in ARCHITECTURES.values():
+        config_class = entry.config_class
         AutoConfig.register(config_class.model_type, config_class, exist_ok=True)
         config_class.register_for_auto_class()
-        for auto_class, model_class in auto_models.items():
+        for auto_class, model_class in entry.model_classes.items():
             auto_class.register(config_class, model_class, exist_ok=True)
             model_class.register_for_auto_class(auto_class.__name__)
 
@@ -46,8 +130,6 @@ def register_all() -> None:
 def auto_map_for(model_type: str) -> dict[str, str]:
     """`config.auto_map` naming every Auto class the architecture supports (save_pretrained alone records
     only the saved class)."""
-    config_class, auto_models = ARCHITECTURES[model_type]
-    auto_map = {"AutoConfig": f"{config_class.__module__.rsplit('.', 1)[-1]}.{config_class.__name__}"}
-    for auto_class, model_class in auto_models.items():
-        auto_map[auto_class.__name__] = f"{model_class.__module__.rsplit('.', 1)[-1]}.{model_class.__name__}"
-    return auto_map
+    entry = architecture(model_type)
+    classes = {AutoConfig: entry.config_class, **entry.model_classes}
+    return {auto.__name__: f"{cls.__module__.rsplit('.', 1)[-1]}.{cls.__name__}" for auto, cls in classes.items()}

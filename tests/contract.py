@@ -2,22 +2,25 @@
 
 A new architecture adds a small tester: subclass `ModelContract` (vision), `CausalLMContract` or
 `SequenceClassificationContract` (token models, which add padding items 3/6 and, for causal LMs, item 7)
-in a `test_*.py` file, set the class attributes and implement `make_config`, `without_distinctive_term`
+in a `test_*.py` file, name its `model_type` and `task` (the classes under test come from the registry), set
+the other class attributes and implement `make_config`, `without_distinctive_term` and `recomputed_energy`
 (and `make_inputs` for non-token models; `perturb` where a module is zero-initialised). Kernel-level float64
 checks (item 8, second half) live in each architecture's own test files.
 """
 
 import copy
+import pickle
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoConfig, Trainer, TrainingArguments
+from transformers import AutoConfig, AutoModel, Trainer, TrainingArguments
 
 from energyzoo.hub_cards import export_model
-from energyzoo.modeling.outputs import EnergyTrace
+from energyzoo.modeling.outputs import COMMON_ENERGY_KEYS, EnergyTrace
+from energyzoo.registry import ARCHITECTURES, TASKS
 
 REMOTE_LOAD_SCRIPT = Path(__file__).with_name("remote_load_check.py")
 
@@ -35,14 +38,13 @@ def loss_and_gradients(model, inputs, forward=None) -> tuple[torch.Tensor, dict[
 
 
 class ModelContract:
-    model_type: str
-    config_class: type
-    auto_classes: dict  # {AutoModel: ModelClass, AutoModelForX: XClass}
-    head_class: type  # the class that takes `labels`
-    head_auto_class: type
+    model_type: str  # a `registry.ARCHITECTURES` key
+    task: str  # the head under test: a task of the architecture's `heads`
     causal_lm: bool = False
     lora_target_modules: list[str]
-    energy_names: set[str]
+    energy_names: set[str]  # the family's own keys every trace has
+    common_energy_keys: tuple[str, ...]  # the shared keys (`COMMON_ENERGY_KEYS`) the family records
+    configured_steps: int | None = None  # K of an iterative model's tiny config; None: not iterative
     invalid_config_values: list[tuple[str, object]]
     tolerance: float = 1e-5
     supports_activation_checkpointing: bool = True
@@ -50,6 +52,23 @@ class ModelContract:
     attention_implementations: tuple[str, ...] = ("eager", "sdpa")  # accepted; "flash_attention_2" is refused on CPU
     has_attentions: bool = True  # eager attention returns probabilities with output_attentions=True
     half_precision_dtypes: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16)
+
+    @property
+    def config_class(self) -> type:
+        return ARCHITECTURES[self.model_type].config_class
+
+    @property
+    def head_class(self) -> type:
+        """The class under test (it takes `labels`)."""
+        return ARCHITECTURES[self.model_type].heads[self.task]
+
+    @property
+    def head_auto_class(self) -> type:
+        return TASKS[self.task].auto_class
+
+    @property
+    def auto_classes(self) -> dict[type, type]:
+        return {AutoModel: ARCHITECTURES[self.model_type].base_model, self.head_auto_class: self.head_class}
 
     def make_config(self, **overrides):
         raise NotImplementedError
@@ -257,7 +276,12 @@ class ModelContract:
         effect_on_grads = (flat("fp32") - flat("collapsed")).norm()
         assert (flat("low") - flat("fp32")).norm() < 0.25 * effect_on_grads, effect_on_grads
 
-    # 9. energies -------------------------------------------------------------------------------------
+    # 9. energies and refinement steps --------------------------------------------------------------
+    def recomputed_energy(self, model, inputs) -> tuple[int, str, tuple, torch.Tensor]:
+        """``(layer index, key, index into the value, value)`` of one traced quantity, recomputed independently
+        of the model's code."""
+        raise NotImplementedError
+
     def test_output_energies_returns_the_models_energy_trace(self):
         model = self.build()
         inputs = self.without_labels(self.make_inputs(model.config))
@@ -267,11 +291,65 @@ class ModelContract:
         assert plain.energies is None
         trace = traced.energies
         assert isinstance(trace, EnergyTrace) and trace.architecture == self.model_type
-        assert self.energy_names <= set(trace.names()), trace.names()
+        assert self.common_energy_keys and set(self.common_energy_keys) <= set(COMMON_ENERGY_KEYS)
+        assert set(self.common_energy_keys) | self.energy_names <= set(trace.names()), trace.names()
         for layer in trace.layers:
             for name, value in layer.items():
                 assert torch.isfinite(value).all(), name
         assert torch.equal(output_tensor(plain), output_tensor(traced))
+        layer, key, item, expected = self.recomputed_energy(model, inputs)
+        torch.testing.assert_close(trace.layers[layer][key][item].double(), expected.double(), rtol=1e-4, atol=1e-6)
+        restored = pickle.loads(pickle.dumps(traced))  # an explicit output class, not one made at runtime
+        assert type(restored) is type(traced) and torch.equal(output_tensor(restored), output_tensor(traced))
+        self.assert_same_trace(restored.energies, trace)
+
+    def test_energy_trace_is_the_same_under_activation_checkpointing_and_compile(self):
+        """The trace of a training-mode forward: recomputation in backward records nothing more, and a
+        fullgraph-compiled forward records what eager does."""
+        model = self.build().train()
+        inputs = self.make_inputs(model.config)
+        reference = model(**inputs, output_energies=True).energies
+        if self.supports_activation_checkpointing:
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            outputs = model(**inputs, output_energies=True)
+            outputs.loss.backward()
+            self.assert_same_trace(outputs.energies, reference)
+            model.activation_checkpointing_disable()
+        torch._dynamo.reset()
+        compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+        self.assert_same_trace(compiled(**inputs, output_energies=True).energies, reference)
+
+    @staticmethod
+    def assert_same_trace(trace, reference):
+        assert len(trace.layers) == len(reference.layers)
+        for ours, theirs in zip(trace.layers, reference.layers):
+            assert ours.keys() == theirs.keys()
+            for name in ours:
+                torch.testing.assert_close(ours[name], theirs[name], rtol=1e-5, atol=1e-6, msg=name)
+
+    def test_iterative_models_take_refinement_steps_at_run_time(self):
+        """``refinement_steps``: K = the configured one changes nothing, another K changes the outputs and the
+        traced iterations; `generate` passes it on. Models without iterations refuse it."""
+        model = self.build()
+        inputs = self.without_labels(self.make_inputs(model.config))
+        if self.configured_steps is None:
+            with pytest.raises(TypeError):
+                model(**inputs, refinement_steps=2)
+            return
+        with torch.no_grad():
+            default = model(**inputs, output_energies=True)
+            same = model(**inputs, refinement_steps=self.configured_steps)
+            fewer = model(**inputs, refinement_steps=1, output_energies=True)
+        assert torch.equal(output_tensor(same), output_tensor(default))
+        assert not torch.allclose(output_tensor(fewer), output_tensor(default))
+        assert (fewer.energies.stack("iterations") == 1).all()
+        assert (default.energies.stack("iterations") == self.configured_steps).all()
+        if self.causal_lm:
+            settings = dict(max_new_tokens=4, do_sample=False, pad_token_id=model.config.pad_token_id)
+            one = model.generate(**inputs, refinement_steps=1, **settings)
+            with torch.no_grad():
+                first = model(**inputs, refinement_steps=1).logits[:, -1].argmax(-1)
+            assert torch.equal(one[:, inputs["input_ids"].shape[1]], first)
 
     # 10. invalid configs -----------------------------------------------------------------------------
     def test_invalid_config_values_raise_value_error_naming_the_field(self):

@@ -153,7 +153,7 @@ def test_contract_fixture_reaches_the_exp_cap_with_a_working_conditioner():
 
 @pytest.mark.parametrize("prior", ["softmax", "gla"])
 def test_traced_energies_equal_the_float64_recomputation(prior):
-    """output_energies: per layer, free_energy_gain = mean over channels of (F(beta_max) - mu) (FEM eq. 6),
+    """output_energies: per layer, energy = mean over channels of (F(beta_max) - mu) (FEM eq. 6),
     temperature_gate = mean lambda and inverse_temperature = beta_max, against the float64 reference run on
     the input each layer received."""
     model = tiny_fem(prior=prior, prior_chunk_size=4, time_decay_chunk_size=4).double()
@@ -164,7 +164,7 @@ def test_traced_energies_equal_the_float64_recomputation(prior):
     for index, (layer, (hidden, _)) in enumerate(zip(model.model.layers, captured)):
         attention = layer.self_attn
         _, mu, f = fem_layer_reference(attention, hidden)
-        torch.testing.assert_close(trace.layers[index]["free_energy_gain"], (f - mu).mean(dim=(-2, -1)))
+        torch.testing.assert_close(trace.layers[index]["energy"], (f - mu).mean(dim=(-2, -1)))
         assert (f - mu).mean() > 0.1  # values near the cap: a large gain (f -> max v), not a rounding residue
         torch.testing.assert_close(trace.layers[index]["inverse_temperature"], attention.beta_max())
 

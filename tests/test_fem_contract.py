@@ -5,12 +5,12 @@ zero-initialised output map gets random weights (modulators != 1) and the values
 beta_max |v| reaches the exp cap of 40 (some below it, some clipped)."""
 
 import torch
-from transformers import AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification
 
-from energyzoo import FEMConfig, FEMForCausalLM, FEMForSequenceClassification, FEMModel
+from energyzoo import FEMConfig
 from energyzoo.modeling.modeling_fem import FEMAttention
 
 from contract import CausalLMContract, SequenceClassificationContract
+from fem_reference import fem_layer_reference
 
 VALUE_SCALE = 60.0  # beta_max |v| of the tiny models then peaks at ~35-50 (test_fem.py checks the fixture)
 
@@ -46,8 +46,8 @@ def without_lse_branch(model):
 
 class FEMTester:
     model_type = "fem"
-    config_class = FEMConfig
-    energy_names = {"inverse_temperature", "free_energy_gain", "temperature_gate"}
+    common_energy_keys = ("energy", "temperature")
+    energy_names = {"inverse_temperature", "temperature_gate"}
     lora_target_modules = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     invalid_config_values = [
         ("num_attention_heads", 5),  # does not divide the widths
@@ -86,11 +86,18 @@ class FEMTester:
     def without_distinctive_term(self, model):
         return without_lse_branch(model)
 
+    def recomputed_energy(self, model, inputs):
+        """Layer 0's ``energy`` (F(beta_max) - mu per token, FEM eq. 6) from the float64 layer reference."""
+        base = model.model
+        layer = base.layers[0]
+        with torch.no_grad():
+            hidden = layer.input_layernorm(base.embed_tokens(inputs["input_ids"]))
+            _, mu, f = fem_layer_reference(layer.self_attn, hidden)
+        return 0, "energy", (), (f - mu).mean(dim=(-2, -1))
+
 
 class TestFEMContract(FEMTester, CausalLMContract):
-    auto_classes = {AutoModel: FEMModel, AutoModelForCausalLM: FEMForCausalLM}
-    head_class = FEMForCausalLM
-    head_auto_class = AutoModelForCausalLM
+    task = "causal-lm"
 
 
 class RecurrentPriorTester:
@@ -131,9 +138,7 @@ class TestFEMSequenceClassificationContract(FEMTester, SequenceClassificationCon
     """FEMForSequenceClassification (softmax prior): pooled from the last real token, also when the padding
     holds ordinary tokens."""
 
-    auto_classes = {AutoModel: FEMModel, AutoModelForSequenceClassification: FEMForSequenceClassification}
-    head_class = FEMForSequenceClassification
-    head_auto_class = AutoModelForSequenceClassification
+    task = "sequence-classification"
     lora_target_modules = ["q_proj", "v_proj", "o_proj", "down_proj"]
 
     def make_config(self, **overrides):

@@ -5,8 +5,8 @@ test_fem_reads.py."""
 import pytest
 import torch
 
-from energyzoo.modeling.free_energy import gated_free_energy, outer_gate_activation, softmax_free_energy_read
-from energyzoo.modeling.time_decay import decayed_cumsum
+from energyzoo.modeling.fem_free_energy import gated_free_energy, outer_gate_activation, softmax_free_energy_read
+from energyzoo.modeling.fem_time_decay import decayed_cumsum
 
 
 def random_case(seed, batch=2, heads=3, length=9, qk_dim=8, v_dim=4, value_scale=1.0):
@@ -107,7 +107,7 @@ def test_decayed_cumsum_in_pieces_equals_whole_and_survives_long_strong_decay():
 
 def test_modulation_is_equation_34():
     """x_i (1 + c_i) with c = h W_c split into one column block per modulated tensor (FEM eq. 34a-d)."""
-    from energyzoo.modeling.time_decay import TimeDecayConditioner
+    from energyzoo.modeling.fem_time_decay import TimeDecayConditioner
 
     g = torch.Generator().manual_seed(0)
     conditioner = TimeDecayConditioner(hidden_size=6, rank=3, out_features=7)

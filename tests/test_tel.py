@@ -7,16 +7,25 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from energyzoo import EquilibriumRefinement, TELSettings, ThermodynamicEquilibriumLayer
-from energyzoo.modeling.tel import ACTIVATION_LIPSCHITZ, EntropyEstimator
+from energyzoo import TELSettings, ThermodynamicEquilibriumLayer, ThermodynamicRefinement
+from energyzoo.modeling.outputs import tracing_energies
+from energyzoo.modeling.tel_layer import ACTIVATION_LIPSCHITZ, EntropyEstimator
 
 PHI = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu, "tanh": torch.tanh}
 
 
 def refinement(width=16, channel_dim=-1, dtype=torch.float64, **fields):
-    layer = EquilibriumRefinement(width, channel_dim, TELSettings(**fields)).to(dtype)
+    layer = ThermodynamicRefinement(width, channel_dim, TELSettings(**fields)).to(dtype)
     layer.reset_parameters()  # initial values exact in `dtype`
     return layer.eval()
+
+
+def traced(layer, anchor):
+    """(output, the layer's energy-trace entry: its per-step diagnostics) of one call."""
+    with tracing_energies("tel") as trace:
+        output = layer(anchor)
+    (entry,) = trace.layers
+    return output, entry
 
 
 def naive_algorithm_1(anchor, settings: TELSettings, etas, tau0, training):
@@ -42,7 +51,7 @@ def naive_algorithm_1(anchor, settings: TELSettings, etas, tau0, training):
 @pytest.mark.parametrize("training", [False, True])
 def test_forward_matches_a_float64_naive_algorithm_1(training):
     settings = TELSettings(tel_steps=4, tel_dual_step=0.02, tel_entropy_shift=0.3)
-    layer = EquilibriumRefinement(24, -1, settings).train(training)
+    layer = ThermodynamicRefinement(24, -1, settings).train(training)
     with torch.no_grad():
         layer.tel_log_step_sizes.copy_(torch.log(torch.tensor([0.9, 0.6, 0.3, 0.8])))
     anchor = 2 * torch.randn(3, 7, 24, dtype=torch.float64)
@@ -104,26 +113,20 @@ def test_step_sizes_and_temperatures_are_clipped_to_the_design_range():
         layer.tel_log_step_sizes.copy_(torch.tensor([5.0, -30.0, 0.0]))
         layer.tel_log_temperature.fill_(10.0)
     assert layer.step_sizes().tolist() == pytest.approx([1.0, 1e-4, 1.0])
-    layer.record_trace = True
-    layer(torch.randn(4, 16, dtype=torch.float64))
-    assert layer.last_trace["temperature"].max() <= 1 / ACTIVATION_LIPSCHITZ["silu"] + 1e-9
+    _, trace = traced(layer, torch.randn(4, 16, dtype=torch.float64))
+    assert trace["temperature"].max() <= 1 / ACTIVATION_LIPSCHITZ["silu"] + 1e-9
 
 
 def test_temperature_is_frozen_at_inference_and_adapts_in_training():
     layer = refinement(tel_dual_step=0.02)
     anchor = torch.randn(32, 16, dtype=torch.float64)
-    layer.record_trace = True
-    layer(anchor)
-    assert torch.all(layer.last_trace["temperature"] == 0.5)
-    layer.train()(anchor)
-    trained = layer.last_trace["temperature"]
+    assert torch.all(traced(layer, anchor)[1]["temperature"] == 0.5)
+    trained = traced(layer.train(), anchor)[1]["temperature"]
     assert trained[0] == 0.5 and (trained[1:] != 0.5).all()
     # var(silu(N(0,1))) < 1, so the Gaussian entropy estimate is negative and T falls (eq. 9 with beta0 = 0)
     assert (trained.diff() < 0).all()
     adapting = refinement(tel_dual_step=0.02, tel_adapt_at_inference=True)
-    adapting.record_trace = True
-    adapting(anchor)
-    torch.testing.assert_close(adapting.last_trace["temperature"], trained)
+    torch.testing.assert_close(traced(adapting, anchor)[1]["temperature"], trained)
 
 
 def test_channel_temperatures_broadcast_over_conv_channels():
@@ -148,13 +151,11 @@ def test_early_exit_stops_each_position_on_its_own():
     y = exiting(anchor)
     torch.testing.assert_close(y[0], one_step(anchor)[0])
     torch.testing.assert_close(y[1:], full(anchor)[1:])
-    exiting.record_trace = True
-    exiting(anchor)
-    assert exiting.last_trace["iterations"] == pytest.approx((1 + 5 * 5) / 6)
+    assert traced(exiting, anchor)[1]["iterations"] == pytest.approx((1 + 5 * 5) / 6)
     loose = refinement(tel_early_exit=True, tel_exit_tolerance=1e9, tel_exit_patience=2)
-    loose.record_trace = True
-    torch.testing.assert_close(loose(anchor), refinement(tel_steps=2)(anchor))
-    assert loose.last_trace["iterations"] == 2
+    output, trace = traced(loose, anchor)
+    torch.testing.assert_close(output, refinement(tel_steps=2)(anchor))
+    assert trace["iterations"] == 2
     # training always runs all K steps (App. E)
     torch.testing.assert_close(loose.train()(anchor), full.train()(anchor))
 
@@ -162,32 +163,27 @@ def test_early_exit_stops_each_position_on_its_own():
 @pytest.mark.parametrize("activation", ["gelu", "tanh", "relu", "prelu"])
 def test_free_energy_decreases_and_energy_rule_exits(activation):
     layer = refinement(tel_activation=activation, tel_initial_step_size=1.0, tel_initial_temperature=0.85)
-    layer.record_trace = True
-    layer(3 * torch.randn(64, 16, dtype=torch.float64))
-    assert (layer.last_trace["free_energy_change"] <= 1e-12).all()
-    assert layer.last_trace["free_energy"].diff().le(1e-12).all()
+    _, trace = traced(layer, 3 * torch.randn(64, 16, dtype=torch.float64))
+    assert (trace["free_energy_change"] <= 1e-12).all()
+    assert trace["energy"].diff().le(1e-12).all()
     exiting = refinement(tel_activation=activation, tel_early_exit=True, tel_exit_rule="energy", tel_exit_tolerance=1e9,
                          tel_exit_patience=1)
-    exiting.record_trace = True
-    exiting(torch.randn(4, 16, dtype=torch.float64))
-    assert exiting.last_trace["iterations"] == 1
+    assert traced(exiting, torch.randn(4, 16, dtype=torch.float64))[1]["iterations"] == 1
 
 
 def test_diagnostics_follow_their_definitions():
     layer = refinement(tel_steps=3, tel_activation="tanh")
-    layer.record_trace = True
     anchor = torch.randn(10, 16, dtype=torch.float64)
-    layer(anchor)
-    trace = layer.last_trace
+    _, trace = traced(layer, anchor)
     # step 0: g_H = 0, so rho = 0 and kappa = 0; ||g_G|| = T ||phi(Wx)||
     assert trace["enthalpy_entropy_ratio"][0] == 0 and trace["gradient_alignment"][0] == 0
-    torch.testing.assert_close(trace["gradient_norm"][0], (0.5 * torch.tanh(anchor)).norm(dim=-1).mean())
+    torch.testing.assert_close(trace["residual"][0], (0.5 * torch.tanh(anchor)).norm(dim=-1).mean())
     y1 = anchor + 0.25 * torch.tanh(anchor)
     g_h, t_g_s = y1 - anchor, 0.5 * torch.tanh(y1)
     torch.testing.assert_close(trace["enthalpy_entropy_ratio"][1], (g_h.norm(dim=-1) / t_g_s.norm(dim=-1)).mean())
     torch.testing.assert_close(trace["gradient_alignment"][1], F.cosine_similarity(g_h, t_g_s, dim=-1).mean())
     energy = (0.5 * (y1 - anchor).square() - 0.5 * torch.log(torch.cosh(y1))).sum(-1).mean()
-    torch.testing.assert_close(trace["free_energy"][1], energy)
+    torch.testing.assert_close(trace["energy"][1], energy)
 
 
 def estimate(kind, sample, **fields):
@@ -222,11 +218,10 @@ def test_analytic_estimators_agree_on_gaussian_data_and_drive_the_temperature_th
     anchor = torch.randn(64, 16, generator=torch.Generator().manual_seed(2))
     drifts = []
     for kind in constants:
-        layer = EquilibriumRefinement(16, -1, TELSettings(tel_estimator=kind)).train()
+        layer = ThermodynamicRefinement(16, -1, TELSettings(tel_estimator=kind)).train()
         layer.entropy_force.forward = lambda y: y  # phi = identity: the statistics are those of y itself
-        layer.record_trace = True
-        layer(anchor * sigma)
-        drifts.append(layer.last_trace["temperature"][-1] - layer.last_trace["temperature"][0])
+        temperatures = traced(layer, anchor * sigma)[1]["temperature"]
+        drifts.append(temperatures[-1] - temperatures[0])
     assert all((drift > 0) == (sigma > 1) and drift != 0 for drift in drifts), drifts
 
 
@@ -252,17 +247,15 @@ def test_temperature_and_dual_update_stay_in_fp32_in_a_bf16_layer():
     anchor = (2 * torch.randn(64, 32, generator=torch.Generator().manual_seed(4))).bfloat16()
     temperatures = []
     for dtype in (torch.float32, torch.bfloat16):
-        layer = EquilibriumRefinement(32, -1, TELSettings(tel_dual_step=0.05)).to(dtype).train()
-        layer.record_trace = True
-        layer(anchor.to(dtype))
-        temperatures.append(layer.last_trace["temperature"])
+        layer = ThermodynamicRefinement(32, -1, TELSettings(tel_dual_step=0.05)).to(dtype).train()
+        temperatures.append(traced(layer, anchor.to(dtype))[1]["temperature"])
     assert temperatures[1].dtype == torch.float32
     assert (temperatures[0].diff().abs() > 1e-3).all()  # the dual update moves T by ~3e-3 per step
     torch.testing.assert_close(temperatures[1], temperatures[0], rtol=0, atol=1e-4)
 
 
 def test_mlp_estimator_learns_through_the_temperature():
-    layer = EquilibriumRefinement(16, -1, TELSettings(tel_estimator="mlp", tel_temperature="channel")).train()
+    layer = ThermodynamicRefinement(16, -1, TELSettings(tel_estimator="mlp", tel_temperature="channel")).train()
     layer(torch.randn(32, 16)).square().sum().backward()
     estimator = layer.entropy_estimator
     assert estimator.tel_estimator_in.weight.grad.abs().sum() > 0
@@ -270,7 +263,7 @@ def test_mlp_estimator_learns_through_the_temperature():
 
 
 def test_bf16_forward_is_finite_and_close_to_fp32():
-    layer = EquilibriumRefinement(32, -1, TELSettings()).train()
+    layer = ThermodynamicRefinement(32, -1, TELSettings()).train()
     anchor = 5 * torch.randn(8, 32)
     reference = layer(anchor)
     low = layer.to(torch.bfloat16)(anchor.bfloat16())

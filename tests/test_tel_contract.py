@@ -4,24 +4,11 @@ import copy
 import math
 
 import torch
-from transformers import AutoModel, AutoModelForCausalLM, AutoModelForImageClassification
 
-from energyzoo import (
-    EquilibriumRefinement,
-    TELGPT2Config,
-    TELGPT2LMHeadModel,
-    TELGPT2Model,
-    TELResNetConfig,
-    TELResNetForImageClassification,
-    TELResNetModel,
-    TELViTConfig,
-    TELViTForImageClassification,
-    TELViTModel,
-)
+from energyzoo import TELGPT2Config, TELResNetConfig, TELViTConfig, ThermodynamicRefinement
 
 from contract import CausalLMContract, ModelContract
 
-TEL_ENERGIES = {"temperature", "step_size", "gradient_norm", "enthalpy_entropy_ratio", "gradient_alignment", "iterations"}
 INVALID_TEL_VALUES = [
     ("tel_steps", 0),
     ("tel_activation", "swish"),
@@ -43,20 +30,22 @@ def anchored_only(model):
     twin = copy.deepcopy(model)
     with torch.no_grad():
         for module in twin.modules():
-            if isinstance(module, EquilibriumRefinement):
+            if isinstance(module, ThermodynamicRefinement):
                 module.tel_log_step_sizes.fill_(math.log(module.settings.tel_step_size_min))
     return twin
 
 
 class TELTester:
-    energy_names = TEL_ENERGIES
+    common_energy_keys = ("temperature", "step_size", "iterations", "residual")
+    energy_names = {"enthalpy_entropy_ratio", "gradient_alignment"}
+    configured_steps = 5  # tel_steps' default (tel.txt G.2)
 
     def perturb(self, model):
         """Temperature and step sizes at 95% of their design maxima (eq. 13, 32): a strong refinement, far
         from the anchor, so that precision checks have a term to lose."""
         with torch.no_grad():
             for module in model.modules():
-                if isinstance(module, EquilibriumRefinement):
+                if isinstance(module, ThermodynamicRefinement):
                     settings = module.settings
                     module.tel_log_temperature.fill_(math.log(0.95 * settings.tel_resolved_temperature_max))
                     module.tel_log_step_sizes.fill_(math.log(0.95 * settings.tel_step_size_max))
@@ -64,13 +53,24 @@ class TELTester:
     def without_distinctive_term(self, model):
         return anchored_only(model)
 
+    def recomputed_energy(self, model, inputs):
+        """The first TEL layer's step-0 ``residual`` ||g_G|| = T_0 ||phi(Wx)|| (Algorithm 1 line 8 at y = Wx),
+        from the anchor it receives and the fixture's T_0 = 0.95 T_max; phi = silu."""
+        layer = next(m for m in model.modules() if isinstance(m, ThermodynamicRefinement))
+        anchors = []
+        handle = layer.register_forward_pre_hook(lambda module, args: anchors.append(args[0]))
+        with torch.no_grad():
+            model(**inputs)
+        handle.remove()
+        temperature = 0.95 * layer.settings.tel_resolved_temperature_max
+        norms = torch.linalg.vector_norm(temperature * torch.nn.functional.silu(anchors[0].double()),
+                                         dim=layer.channel_dim)
+        return 0, "residual", 0, norms.mean()
+
 
 class TestTELGPT2Contract(TELTester, CausalLMContract):
     model_type = "tel-gpt2"
-    config_class = TELGPT2Config
-    auto_classes = {AutoModel: TELGPT2Model, AutoModelForCausalLM: TELGPT2LMHeadModel}
-    head_class = TELGPT2LMHeadModel
-    head_auto_class = AutoModelForCausalLM
+    task = "causal-lm"
     lora_target_modules = ["c_attn", "c_proj", "c_fc"]
     invalid_config_values = INVALID_TEL_VALUES + [("tel_placement", [2]), ("tel_entropy_pooling", "sequence")]
 
@@ -90,10 +90,7 @@ class VisionContract(TELTester, ModelContract):
 
 class TestTELViTContract(VisionContract):
     model_type = "tel-vit"
-    config_class = TELViTConfig
-    auto_classes = {AutoModel: TELViTModel, AutoModelForImageClassification: TELViTForImageClassification}
-    head_class = TELViTForImageClassification
-    head_auto_class = AutoModelForImageClassification
+    task = "image-classification"
     checkpointed_block = "ViTLayer"
     lora_target_modules = ["q_proj", "v_proj", "fc1", "fc2"]
     invalid_config_values = INVALID_TEL_VALUES + [("tel_placement", [2])]
@@ -107,10 +104,7 @@ class TestTELViTContract(VisionContract):
 
 class TestTELResNetContract(VisionContract):
     model_type = "tel-resnet"
-    config_class = TELResNetConfig
-    auto_classes = {AutoModel: TELResNetModel, AutoModelForImageClassification: TELResNetForImageClassification}
-    head_class = TELResNetForImageClassification
-    head_auto_class = AutoModelForImageClassification
+    task = "image-classification"
     supports_activation_checkpointing = False  # transformers' ResNet has no checkpointable blocks
     attention_implementations = ("eager",)  # no attention: transformers refuses sdpa and flash for ResNet
     has_attentions = False

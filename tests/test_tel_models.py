@@ -13,7 +13,7 @@ from transformers import (
 from transformers.testing_utils import CaptureLogger
 
 from energyzoo import (
-    EquilibriumRefinement,
+    ThermodynamicRefinement,
     TELGPT2LMHeadModel,
     TELResNetForImageClassification,
     TELViTForImageClassification,
@@ -38,7 +38,7 @@ FAMILIES = {
 
 
 def tel_blocks_of(model) -> list[str]:
-    return [name for name, module in model.named_modules() if isinstance(module, EquilibriumRefinement)]
+    return [name for name, module in model.named_modules() if isinstance(module, ThermodynamicRefinement)]
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -100,7 +100,7 @@ def test_energy_trace_has_one_entry_per_tel_layer_in_block_order():
         trace = model(input_ids=torch.randint(3, 97, (1, 8)), output_energies=True).energies
     assert len(trace.layers) == 3 and trace.stack("temperature").shape == (3, 3)
     torch.testing.assert_close(trace.stack("temperature")[2], torch.full((3,), torch.tensor(-2.0).exp().item()))
-    assert {"free_energy", "free_energy_change"} <= set(trace.names())  # tanh: S = log cosh has a closed form
+    assert {"energy", "free_energy_change"} <= set(trace.names())  # tanh: S = log cosh has a closed form
     assert torch.all(trace.stack("iterations") == 3)
 
 

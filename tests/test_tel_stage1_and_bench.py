@@ -7,7 +7,7 @@ import pytest
 
 from energyzoo.cli import main
 from energyzoo.eval.speed import format_tel_table, run_tel_vs_vanilla
-from energyzoo.eval.tel_stage1 import MODELS, load_task
+from energyzoo.reproduce.tel_stage1 import MODELS, load_task
 
 
 def test_reproduce_tel_stage1_writes_a_consistent_report(tmp_path):

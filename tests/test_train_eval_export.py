@@ -22,7 +22,7 @@ from energyzoo.hub_cards import export_folder
 from energyzoo.modeling import modeling_fem
 from energyzoo.presets import preset_names
 from energyzoo.training.finetune import finetune_with_trainer
-from energyzoo.training.quickstart import run_quickstart
+from energyzoo.quickstart import run_quickstart
 from energyzoo.training.recipe import load_recipe, shipped_recipe_path
 from energyzoo.training.run import BatchSchedule, run_training
 
@@ -222,6 +222,7 @@ def test_export_folder_card_and_push(trained_model, tmp_path):
     parsed = {(r.dataset_type, r.metric_type): r.metric_value for r in results}
     assert parsed[("energyzoo_pydoc_mc", "acc")] == pytest.approx(local["energyzoo_pydoc_mc"]["acc,none"])
     assert "Free Energy Mixer" in card.text and "from_pretrained(\"someone/fem-tiny\"" in card.text
+    assert "the Python documentation shipped with CPython (`pydoc_data.topics`) in blocks of 128 tokens: 30 steps" in card.text
     # (d) the upload contains the card and the code files
     assert [call[0] for call in api.calls] == ["create_repo", "upload_folder"]
     uploaded = api.calls[1][2]
@@ -275,6 +276,7 @@ def test_tel_classifier_exports_with_its_card_and_accuracy(tmp_path):
     assert code == 0
     card = ModelCard.load(tmp_path / "export" / "README.md")
     assert card.data.pipeline_tag == "image-classification" and "Thermodynamic Equilibrium Layers" in card.text
+    assert "Trained with `energyzoo train` on scikit-learn's 8x8 digits: 20 steps" in card.text
     _, results = model_index_to_eval_results(card.data.to_dict()["model-index"])
     assert results[0].metric_type == "accuracy"
     assert results[0].metric_value == pytest.approx(trained.final_metrics["validation_accuracy"])
@@ -319,3 +321,4 @@ def test_short_quickstart_trains_evaluates_and_exports(tmp_path):
     assert ModelCard.load(report.export_dir / "README.md").data.to_dict()["model-index"]
     model = AutoModelForCausalLM.from_pretrained(report.export_dir, trust_remote_code=True)
     assert model.config.model_type == "fem"
+    assert report.energy_plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,1 +1,1 @@
-"""Evaluation: speed benchmarks (and, later, lm-eval integration and synthetic benchmarks)."""
+"""Evaluation: lm-evaluation-harness suites (`harness`) and the speed benchmark (`speed`)."""

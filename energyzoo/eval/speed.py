@@ -26,16 +26,24 @@ import torch
 from transformers import AutoModel
 
 from ..presets import config_from_preset, model_from_preset, preset_card
+from ..registry import ARCHITECTURES
 
 TARGETS = {"forward": 1.10, "train_step": 1.20, "peak_memory": 1.20, "decode_tokens_per_s": 0.85}
 LINEAR_SCALING_TARGET = 4.5  # time(T=4096) / time(T=1024) for O(T) priors (DESIGN.md)
 TEL_HEAD_FORWARD_TARGET = 1.05  # TEL-head GPT-2 / GPT-2 forward time (DESIGN.md)
 
 
+def card_baseline(preset: str) -> str:
+    baseline = preset_card(preset).get("baseline")
+    if baseline is None:
+        raise ValueError(f"preset {preset!r} names no baseline in its card; pass baseline=")
+    return baseline
+
+
 @dataclass
 class BenchSettings:
-    preset: str = "fem-lm-table5"
-    baseline: str | None = None
+    preset: str = ARCHITECTURES["fem"].bench_presets[0]
+    baseline: str | None = None  # None: the preset card's baseline
     batch_size: int = 4
     seq_len: int = 1024
     repeats: int = 5
@@ -46,10 +54,7 @@ class BenchSettings:
     compile: bool = False
 
     def resolved_baseline(self) -> str:
-        baseline = self.baseline or preset_card(self.preset).get("baseline")
-        if baseline is None:
-            raise ValueError(f"preset {self.preset!r} names no baseline; pass baseline=")
-        return baseline
+        return self.baseline or card_baseline(self.preset)
 
 
 def _build(preset: str, settings: BenchSettings):
@@ -234,15 +239,17 @@ def format_table(result: dict) -> str:
 
 
 def run_tel_vs_vanilla(
-    baseline: str = "gpt2-124m",
-    variants: tuple[str, ...] = ("tel-gpt2-head", "tel-gpt2-full"),
+    variants: tuple[str, ...] = ARCHITECTURES["tel-gpt2"].bench_presets,
+    baseline: str | None = None,
     batch_size: int = 2,
     seq_len: int = 512,
     repeats: int = 9,
     device: str = "cpu",
 ) -> dict:
     """Forward time of TEL models against their vanilla baseline of equal size (DESIGN.md: TEL-head GPT-2 <=
-    1.05x GPT-2); ratio = median over repeats of the per-repeat ratio variant / baseline."""
+    1.05x GPT-2); ratio = median over repeats of the per-repeat ratio variant / baseline. ``baseline`` None: the
+    first variant's card baseline."""
+    baseline = baseline or card_baseline(variants[0])
     names = {"baseline": baseline, **{variant: variant for variant in variants}}
     models, sizes = {}, {}
     for key, name in names.items():

@@ -17,22 +17,9 @@ import yaml
 from huggingface_hub import EvalResult, HfApi, ModelCard, ModelCardData
 from transformers import AutoConfig, AutoTokenizer
 
-from ..registry import ARCHITECTURES, auto_map_for
+from ..registry import ARCHITECTURES, TASKS, architecture, auto_map_for
+from ..training.tasks import training_task
 
-TEMPLATES = {"fem": "fem.md", "tel-gpt2": "tel.md", "tel-vit": "tel.md", "tel-resnet": "tel.md"}
-PIPELINE_TAGS = {"AutoModelForCausalLM": "text-generation", "AutoModelForImageClassification": "image-classification",
-                 "AutoModelForSequenceClassification": "text-classification"}
-TEL_BACKBONES = {"tel-gpt2": "GPT-2", "tel-vit": "ViT", "tel-resnet": "ResNet"}
-LIMITATIONS = {
-    "fem": "Quality depends on the training run recorded below; small presets trained on the embedded corpus are "
-           "demonstrations, not useful language models. The GLA / SSM / AFT priors run energyzoo's chunkwise "
-           "PyTorch path (no fused CUDA kernels yet). Not aligned or filtered for harmful content.",
-    "tel": "With `tel_entropy_pooling=\"batch\"` (tel.txt D.4, the vision models' default) TEL's training-mode "
-           "temperature is a batch statistic (like BatchNorm's), so training-mode outputs depend on the batch; "
-           "TEL-GPT2 pools per token, so it stays causal in training. At inference the layer acts on each position "
-           "alone. TEL-full costs K refinement steps in every block. The paper's large-scale results are not "
-           "reproduced by this checkpoint.",
-}
 SKIPPED_CONFIG_KEYS = {"auto_map", "architectures", "transformers_version", "id2label", "label2id", "dtype"}
 
 
@@ -48,42 +35,34 @@ def export_model(model, output_dir: str | Path, tokenizer=None) -> Path:
     return output_dir
 
 
-def head_auto_class(model_type: str, architectures: list[str] | None):
-    """The Auto class whose registered model is the saved architecture (its head), e.g. AutoModelForCausalLM."""
-    _, auto_models = ARCHITECTURES[model_type]
-    for auto_class, model_class in auto_models.items():
-        if architectures and model_class.__name__ in architectures:
-            return auto_class
-    return next(auto for auto in auto_models if auto.__name__ != "AutoModel")
-
-
 def load_for_export(model_dir: Path):
-    """(model, tokenizer or None, Auto class) of a zoo model folder."""
+    """(model, tokenizer or None, task) of a zoo model folder; the task is the one of the saved head."""
     config = AutoConfig.from_pretrained(model_dir)
     if config.model_type not in ARCHITECTURES:
         raise ValueError(f"{model_dir} holds a {config.model_type!r} model; energyzoo exports {sorted(ARCHITECTURES)}")
-    auto_class = head_auto_class(config.model_type, config.architectures)
-    model = auto_class.from_pretrained(model_dir)
+    task, head = architecture(config.model_type).head(config.architectures)
+    model = head.from_pretrained(model_dir)
     has_tokenizer = (model_dir / "tokenizer_config.json").exists()
-    return model, AutoTokenizer.from_pretrained(model_dir) if has_tokenizer else None, auto_class
+    return model, AutoTokenizer.from_pretrained(model_dir) if has_tokenizer else None, task
 
 
-def eval_results(model_dir: Path) -> list[EvalResult]:
-    """Every numeric metric of the lm-eval result files in ``model_dir/eval``, and the validation accuracy of an
-    `energyzoo train` run of a classifier, as `EvalResult`s."""
+def eval_results(model_dir: Path, pipeline_tag: str) -> list[EvalResult]:
+    """The validation metrics of an `energyzoo train` run (``training_metrics.json``; the loss excepted) and every
+    numeric metric of the lm-eval result files in ``model_dir/eval``, as `EvalResult`s."""
     results = []
     metrics_path, recipe_path = model_dir / "training_metrics.json", model_dir / "recipe.yaml"
     if metrics_path.exists() and recipe_path.exists():
-        accuracy = json.loads(metrics_path.read_text()).get("validation_accuracy")
         source = yaml.safe_load(recipe_path.read_text())["data"]["source"]
-        if accuracy is not None:
-            results.append(EvalResult(task_type="image-classification", dataset_type=source, dataset_name=source,
-                                      dataset_split="validation", metric_type="accuracy", metric_value=accuracy))
+        for key, value in json.loads(metrics_path.read_text()).items():
+            if key.startswith("validation_") and key != "validation_loss":
+                results.append(EvalResult(task_type=pipeline_tag, dataset_type=source, dataset_name=source,
+                                          dataset_split="validation", metric_type=key.removeprefix("validation_"),
+                                          metric_value=value))
     for path in sorted((model_dir / "eval").glob("*.json")):
         for task, metrics in json.loads(path.read_text()).get("results", {}).items():
             for key, value in metrics.items():
                 if "," in key and "_stderr" not in key and isinstance(value, (int, float)):
-                    results.append(EvalResult(task_type="text-generation", dataset_type=task, dataset_name=task,
+                    results.append(EvalResult(task_type=pipeline_tag, dataset_type=task, dataset_name=task,
                                               metric_type=key.split(",")[0], metric_value=float(value),
                                               task_name=f"{path.stem} suite"))
     return results
@@ -97,18 +76,16 @@ def _config_table(config) -> str:
     return "\n".join(rows)
 
 
-def _training_data(model_dir: Path) -> str:
+def _training_data(model_dir: Path, task: str) -> str:
     recipe_path = model_dir / "recipe.yaml"
     if not recipe_path.exists():
         return "No training recipe in the folder: the weights were initialised or trained outside `energyzoo train`."
     recipe = yaml.safe_load(recipe_path.read_text())
     data, training = recipe["data"], recipe["training"]
-    source = {"python-docs": "the Python documentation shipped with CPython (`pydoc_data.topics`)",
-              "digits": "scikit-learn's 8x8 digits", "hf": f"the `datasets` source `{data.get('name')}`"}.get(
-        data["source"], f"local {data['source']} files")
+    source = training_task(task).sources[data["source"]].format(**data)
     return (f"Trained with `energyzoo train` on {source}: {training['steps']} steps of {training['batch_size']} "
-            f"examples (block size {data['block_size']}), AdamW lr {training['learning_rate']}, weight decay "
-            f"{training['weight_decay']}, seed {training['seed']}. The full recipe is `recipe.yaml` in this repository.")
+            f"examples, AdamW lr {training['learning_rate']}, weight decay {training['weight_decay']}, seed "
+            f"{training['seed']}. The full recipe is `recipe.yaml` in this repository.")
 
 
 def _eval_table(model_dir: Path) -> str:
@@ -117,31 +94,26 @@ def _eval_table(model_dir: Path) -> str:
     return "\n\n".join(tables) if tables else "No evaluation results in the folder (run `energyzoo eval` before exporting)."
 
 
-def render_card(model, model_dir: Path, auto_class, repo_id: str | None = None) -> ModelCard:
+def render_card(model, model_dir: Path, task: str, repo_id: str | None = None) -> ModelCard:
+    """The model card from the architecture's template (registry: template name and its own facts)."""
     config = model.config
     model_type = config.model_type
+    entry = architecture(model_type)
     folder = Path(model_dir).resolve()
     # `energyzoo train` writes runs/<name>/model: name the card after the run
     name = repo_id.split("/")[-1] if repo_id else (folder.parent.name if folder.name == "model" else folder.name)
-    results = eval_results(model_dir)
-    pipeline_tag = PIPELINE_TAGS[auto_class.__name__]
-    card_data = ModelCardData(library_name="transformers", pipeline_tag=pipeline_tag, license="apache-2.0",
+    results = eval_results(model_dir, TASKS[task].pipeline_tag)
+    card_data = ModelCardData(library_name="transformers", pipeline_tag=TASKS[task].pipeline_tag, license="apache-2.0",
                               tags=["energyzoo", model_type, "custom_code"], model_name=name,
                               eval_results=results or None)
     variables = dict(
-        model_name=name, model_type=model_type, architecture=type(model).__name__, auto_class=auto_class.__name__,
+        model_name=name, model_type=model_type, architecture=type(model).__name__,
+        auto_class=TASKS[task].auto_class.__name__, task_description=TASKS[task].description,
         repo_id=repo_id or "path/to/this/folder", parameters=f"{sum(p.numel() for p in model.parameters()):,}",
-        config_table=_config_table(config), training_data=_training_data(model_dir), eval_table=_eval_table(model_dir),
-        limitations=LIMITATIONS["fem" if model_type == "fem" else "tel"],
+        config_table=_config_table(config), training_data=_training_data(model_dir, task), eval_table=_eval_table(model_dir),
+        **entry.card_facts(config),
     )
-    if model_type == "fem":
-        variables["prior"] = config.prior
-    else:
-        variables.update(backbone=TEL_BACKBONES[model_type], tel_blocks=config.tel_blocks(),
-                         tel_placement=config.tel_placement, tel_steps=config.tel_steps,
-                         tel_activation=config.tel_activation,
-                         task_description="language modelling" if pipeline_tag == "text-generation" else "image classification")
-    template = resources.files("energyzoo") / "hub_cards" / TEMPLATES[model_type]
+    template = resources.files("energyzoo") / "hub_cards" / entry.card_template
     return ModelCard.from_template(card_data, template_str=template.read_text(), **variables)
 
 
@@ -149,9 +121,9 @@ def export_folder(model_dir: str | Path, output_dir: str | Path, push_to: str | 
                   private: bool = False) -> Path:
     """Write the Hub-ready folder of a trained zoo model; with ``push_to``, upload it (card included)."""
     model_dir, output_dir = Path(model_dir), Path(output_dir)
-    model, tokenizer, auto_class = load_for_export(model_dir)
+    model, tokenizer, task = load_for_export(model_dir)
     export_model(model, output_dir, tokenizer)
-    render_card(model, model_dir, auto_class, push_to).save(output_dir / "README.md")
+    render_card(model, model_dir, task, push_to).save(output_dir / "README.md")
     for extra in ("recipe.yaml", "training_metrics.json"):
         if (model_dir / extra).exists():
             shutil.copy(model_dir / extra, output_dir / extra)

@@ -6,18 +6,16 @@ from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
 from transformers.activations import ACT2FN
 
+from .checks import require
+
 FEM_PRIORS = ("softmax", "gla", "aft", "ssm")
+OWNER = "FEMConfig"
 GLA_DECAY_KINDS = ("head", "channel")
 
 
 def fem_layer_type(prior: str) -> str:
     """Cache-layer type name of a FEM layer with this prior (registered by modeling_fem)."""
     return f"fem_{prior}"
-
-
-def _require(condition: bool, field: str, allowed: str, value) -> None:
-    if not condition:
-        raise ValueError(f"FEMConfig.{field} must be {allowed}, got {value!r}")
 
 
 @strict
@@ -106,7 +104,7 @@ class FEMConfig(PreTrainedConfig):
     layer_types: list[str] | None = None
 
     def __post_init__(self, **kwargs):
-        self._validate_fem_fields()
+        self._check_fem_fields()
         if self.rope_parameters is None:
             self.rope_parameters = {"rope_type": "default", "rope_theta": 10000.0}
         if self.time_decay_rank is None:
@@ -115,54 +113,45 @@ class FEMConfig(PreTrainedConfig):
             self.layer_types = [fem_layer_type(self.prior)] * self.num_hidden_layers
         super().__post_init__(**kwargs)
 
-    def _validate_fem_fields(self) -> None:
+    def _check_fem_fields(self) -> None:
+        """Every FEM field against its allowed range (run once, from ``__post_init__``, before derived values
+        such as the default conditioner rank are computed from them)."""
         for field in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"):
             value = getattr(self, field)
-            _require(isinstance(value, int) and value > 0, field, "a positive integer", value)
-        _require(self.hidden_act in ACT2FN, "hidden_act", f"one of {sorted(ACT2FN)}", self.hidden_act)
-        _require(self.prior in FEM_PRIORS, "prior", f"one of {FEM_PRIORS}", self.prior)
+            require(OWNER, isinstance(value, int) and value > 0, field, "a positive integer", value)
+        require(OWNER, self.hidden_act in ACT2FN, "hidden_act", f"one of {sorted(ACT2FN)}", self.hidden_act)
+        require(OWNER, self.prior in FEM_PRIORS, "prior", f"one of {FEM_PRIORS}", self.prior)
         for field in ("qk_ratio", "value_ratio"):
             value = getattr(self, field)
-            _require(math.isfinite(value) and value > 0, field, "a positive finite number", value)
+            require(OWNER, math.isfinite(value) and value > 0, field, "a positive finite number", value)
         heads = self.num_attention_heads
         for field, width in (("qk_ratio", self.hidden_size * self.qk_ratio), ("value_ratio", self.value_width_exact)):
-            _require(
-                float(width).is_integer() and int(width) % heads == 0,
-                field,
-                f"such that hidden_size * {field} is an integer multiple of num_attention_heads ({heads})",
-                getattr(self, field),
-            )
-        _require(self.head_dim % 2 == 0, "qk_ratio", "such that the per-head Q/K width is even (RoPE)", self.qk_ratio)
-        _require(
-            math.isfinite(self.beta_max_init) and self.beta_max_init > 0,
-            "beta_max_init",
-            "a positive finite number",
-            self.beta_max_init,
-        )
+            multiple = f"such that hidden_size * {field} is an integer multiple of num_attention_heads ({heads})"
+            require(OWNER, float(width).is_integer() and int(width) % heads == 0, field, multiple, getattr(self, field))
+        even = "such that the per-head Q/K width is even (RoPE)"
+        require(OWNER, self.head_dim % 2 == 0, "qk_ratio", even, self.qk_ratio)
+        finite = math.isfinite(self.beta_max_init) and self.beta_max_init > 0
+        require(OWNER, finite, "beta_max_init", "a positive finite number", self.beta_max_init)
         if self.time_decay_rank is not None:
-            _require(self.time_decay_rank > 0, "time_decay_rank", "a positive integer or None", self.time_decay_rank)
-        _require(self.time_decay_chunk_size > 0, "time_decay_chunk_size", "a positive integer", self.time_decay_chunk_size)
-        _require(self.gla_decay in GLA_DECAY_KINDS, "gla_decay", f"one of {GLA_DECAY_KINDS}", self.gla_decay)
-        _require(self.decay_normalizer > 0, "decay_normalizer", "> 0", self.decay_normalizer)
-        _require(self.ssm_state_size > 0, "ssm_state_size", "a positive integer", self.ssm_state_size)
-        _require(self.prior_chunk_size > 0, "prior_chunk_size", "a positive integer", self.prior_chunk_size)
-        _require(self.feature_eps > 0, "feature_eps", "> 0", self.feature_eps)
-        _require(self.rms_norm_eps > 0, "rms_norm_eps", "> 0", self.rms_norm_eps)
-        _require(0 <= self.initializer_range <= 1, "initializer_range", "in [0, 1]", self.initializer_range)
-        _require(self.max_position_embeddings > 0, "max_position_embeddings", "a positive integer", self.max_position_embeddings)
+            rank = self.time_decay_rank
+            require(OWNER, rank > 0, "time_decay_rank", "a positive integer or None", rank)
+        for field in ("time_decay_chunk_size", "ssm_state_size", "prior_chunk_size", "max_position_embeddings"):
+            require(OWNER, getattr(self, field) > 0, field, "a positive integer", getattr(self, field))
+        require(OWNER, self.gla_decay in GLA_DECAY_KINDS, "gla_decay", f"one of {GLA_DECAY_KINDS}", self.gla_decay)
+        for field in ("decay_normalizer", "feature_eps", "rms_norm_eps"):
+            require(OWNER, getattr(self, field) > 0, field, "> 0", getattr(self, field))
+        require(OWNER, 0 <= self.initializer_range <= 1, "initializer_range", "in [0, 1]", self.initializer_range)
 
     def validate_layer_type(self):
-        """Accept the FEM cache-layer types (the base class only knows attention layer types)."""
+        """Accept the FEM cache-layer types (the base class only knows attention layer types); the one strict
+        class validator of FEMConfig."""
         if self.layer_types is None:
             return
         allowed = [fem_layer_type(prior) for prior in FEM_PRIORS]
-        _require(all(t in allowed for t in self.layer_types), "layer_types", f"entries of {allowed}", self.layer_types)
-        _require(
-            len(self.layer_types) == self.num_hidden_layers,
-            "layer_types",
-            f"a list of num_hidden_layers ({self.num_hidden_layers}) entries",
-            self.layer_types,
-        )
+        known = all(t in allowed for t in self.layer_types)
+        require(OWNER, known, "layer_types", f"entries of {allowed}", self.layer_types)
+        count = f"a list of num_hidden_layers ({self.num_hidden_layers}) entries"
+        require(OWNER, len(self.layer_types) == self.num_hidden_layers, "layer_types", count, self.layer_types)
 
     @property
     def head_dim(self) -> int:

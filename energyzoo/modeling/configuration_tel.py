@@ -10,7 +10,8 @@ residual units counted across stages (TEL replaces the unit's first conv + norm 
 from huggingface_hub.dataclasses import strict
 from transformers import GPT2Config, ResNetConfig, ViTConfig
 
-from .tel import TELSettings
+from .checks import require
+from .tel_layer import TELSettings
 
 PLACEMENTS = ("head", "full")
 
@@ -22,8 +23,8 @@ class TELPlacementMixin:
 
     def __post_init__(self, **kwargs):
         kwargs.pop("model_type", None)  # a vanilla checkpoint's "gpt2" / "vit" / "resnet" must not stick
+        self.check_tel_config()
         super().__post_init__(**kwargs)
-        self.validate_tel()
 
     @property
     def tel_block_count(self) -> int:
@@ -37,15 +38,17 @@ class TELPlacementMixin:
             return list(range(self.tel_block_count))
         return sorted(self.tel_placement)
 
-    def validate_tel(self) -> None:
-        self.validate_tel_settings()
+    def check_tel_config(self) -> None:
+        """The TEL fields and the placement, once, from ``__post_init__`` (so a bad value raises the plain
+        `ValueError` of `checks.require`; a ``validate_*`` name would make it a ``@strict`` class validator, whose
+        errors huggingface_hub rewraps, and run it again at every save)."""
+        self.check_tel_settings()
         placement = self.tel_placement
         count = self.tel_block_count
         valid = placement in PLACEMENTS if isinstance(placement, str) else (
             len(set(placement)) == len(placement) and all(0 <= index < count for index in placement))
-        if not valid:
-            raise ValueError(f"{type(self).__name__}.tel_placement must be 'head', 'full' or a list of distinct block "
-                             f"indices in [0, {count}), got {placement!r}")
+        allowed = f"'head', 'full' or a list of distinct block indices in [0, {count})"
+        require(type(self).__name__, valid, "tel_placement", allowed, placement)
 
 
 @strict

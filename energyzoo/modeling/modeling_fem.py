@@ -29,23 +29,25 @@ from transformers.utils.output_capturing import capture_outputs
 
 from .configuration_fem import FEMConfig
 from .fem_cache import FEMAFTCacheLayer, FEMGLACacheLayer, FEMSoftmaxCacheLayer, FEMSSMCacheLayer
-from .free_energy import (
+from .fem_free_energy import (
     gated_free_energy,
     outer_gate_activation,
     sdpa_attention,
     softmax_free_energy_read,
     widened,
 )
-from .prior_aft import aft_free_energy_read
-from .prior_gla import gla_free_energy_read
-from .prior_ssm import ssm_free_energy_read
+from .fem_prior_aft import aft_free_energy_read
+from .fem_prior_gla import gla_free_energy_read
+from .fem_prior_ssm import ssm_free_energy_read
 from .outputs import (
     BaseModelOutputWithEnergies,
     CausalLMOutputWithEnergies,
-    EnergyTrace,
     SequenceClassifierOutputWithEnergies,
+    record_energies,
+    recording_energies,
+    records_energies,
 )
-from .time_decay import TimeDecayConditioner
+from .fem_time_decay import TimeDecayConditioner
 
 
 # The projections of a FEM layer, in the order the conditioner's modulators are laid out (FEM eq. 34a-d).
@@ -74,7 +76,7 @@ class FEMAttention(nn.Module):
     per channel with optional decay (H.3), or a nonnegative SSM impulse response per channel (H.4).
 
     Each prior contributes only its selection tensors (``_<prior>_selection``); the read itself is the
-    prior's function in ``READS`` (see `free_energy`), the one its float64 tests check. The softmax prior
+    prior's function in ``READS`` (see `fem_free_energy`), the one its float64 tests check. The softmax prior
     reads through the attention function of ``config._attn_implementation``: "sdpa" (default), "eager"
     (transformers'; materialises the prior's probabilities, returned with ``output_attentions=True``) or
     "flash_attention_2" (transformers' flash-attn path).
@@ -143,7 +145,6 @@ class FEMAttention(nn.Module):
         attention_mask: torch.Tensor | None = None,
         padding_mask: torch.Tensor | None = None,
         past_key_values: Cache | None = None,
-        energy_records: list | None = None,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Returns the block output and the prior's probabilities (eager softmax prior only, else None)."""
@@ -184,8 +185,8 @@ class FEMAttention(nn.Module):
         f_max = read.f_max if self.config.use_lse else None
         gate_logits = [projected[name].view(heads) for name in GATE_PROJECTIONS if name in projected]
         output, temperature_gate = self._recomputed_in_backward(self._gated_output, read.mu, f_max, *gate_logits)
-        if energy_records is not None:
-            energy_records.append(self._energy_record(read.mu, f_max, temperature_gate))
+        if recording_energies():
+            record_energies(self._energy_record(read.mu, f_max, temperature_gate))
         return self.o_proj(output.reshape(batch, length, -1)), read.weights
 
     def _projections(self, hidden_states) -> list[torch.Tensor]:
@@ -289,10 +290,14 @@ class FEMAttention(nn.Module):
 
     @torch.no_grad()
     def _energy_record(self, mu, f_max, temperature_gate) -> dict[str, torch.Tensor]:
+        """The layer's `EnergyTrace` entry: ``energy`` the free-energy gain F(beta_max) - mu = KL(p* || p) /
+        beta_max (FEM eq. 6) per token, averaged over channels; ``temperature`` 1 / beta_max and
+        ``inverse_temperature`` beta_max per channel (eq. 9); the inner gate lambda's mean and spread per token
+        (``temperature_gate``, eq. 10)."""
         record = {}
         if f_max is not None:
-            record["inverse_temperature"] = self.beta_max().detach()
-            record["free_energy_gain"] = widened(f_max - mu).mean(dim=(-2, -1))  # KL(p||q)/beta, eq. 6: (b, s)
+            beta = self.beta_max()
+            record.update(energy=widened(f_max - mu).mean(dim=(-2, -1)), temperature=1 / beta, inverse_temperature=beta)
         if temperature_gate is not None:
             gate = widened(temperature_gate).flatten(-2)
             record["temperature_gate"] = gate.mean(dim=-1)  # lambda, eq. 10: (b, s)
@@ -369,6 +374,7 @@ class FEMModel(FEMPreTrainedModel):
         self.rotary_emb = LlamaRotaryEmbedding(config=config)
         self.post_init()
 
+    @records_energies
     @capture_outputs
     def forward(
         self,
@@ -378,16 +384,16 @@ class FEMModel(FEMPreTrainedModel):
         past_key_values: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
-        output_energies: bool = False,
         **kwargs,
     ) -> BaseModelOutputWithEnergies:
-        """``output_energies=True`` adds an `EnergyTrace` with, per layer, beta_max
-        (``inverse_temperature``), the free-energy gain f_max - mu per token (``free_energy_gain``, the KL
-        term of FEM eq. 6) and the inner gate lambda's mean and spread (``temperature_gate``).
+        """``output_energies=True`` adds an `EnergyTrace` with one entry per layer (`FEMAttention._energy_record`:
+        ``energy`` the free-energy gain per token, ``temperature`` / ``inverse_temperature``, ``temperature_gate``).
         ``output_attentions=True`` returns the softmax prior's probabilities; it needs
         ``attn_implementation="eager"`` (the other attention functions never form them)."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of input_ids or inputs_embeds.")
+        if kwargs.get("refinement_steps") is not None:
+            raise TypeError("FEM-LM has no iterative refinement: refinement_steps does not apply to it")
         if kwargs.get("output_attentions", self.config.output_attentions) and (
             self.config.prior != "softmax" or self.config._attn_implementation != "eager"
         ):
@@ -422,7 +428,6 @@ class FEMModel(FEMPreTrainedModel):
                 position_ids=position_ids,
             )
 
-        energy_records = [] if output_energies else None
         hidden_states = inputs_embeds
         position_embeddings = self.rotary_emb(hidden_states, position_ids=position_ids)
         for layer in self.layers:
@@ -432,16 +437,8 @@ class FEMModel(FEMPreTrainedModel):
                 attention_mask=causal_mask,
                 padding_mask=padding_mask,
                 past_key_values=past_key_values,
-                energy_records=energy_records,
             )
-        energies = None
-        if output_energies:  # a copy: activation checkpointing may append again during backward
-            energies = EnergyTrace(self.config.model_type, list(energy_records))
-        return BaseModelOutputWithEnergies(
-            last_hidden_state=self.norm(hidden_states),
-            past_key_values=past_key_values,
-            energies=energies,
-        )
+        return BaseModelOutputWithEnergies(last_hidden_state=self.norm(hidden_states), past_key_values=past_key_values)
 
 
 class FEMForCausalLM(FEMPreTrainedModel, GenerationMixin):

@@ -1,7 +1,7 @@
 """TEL-GPT2, TEL-ViT and TEL-ResNet: the transformers GPT-2, ViT and ResNet models with Thermodynamic
 Equilibrium Layers at the insertion points of tel.txt G.4 (TEL-head / TEL-full / chosen blocks).
 
-Each class subclasses the transformers model and, after building it, puts an `EquilibriumRefinement` into
+Each class subclasses the transformers model and, after building it, puts a `ThermodynamicRefinement` into
 the activation slot that follows the linear map TEL anchors to:
 
 - GPT-2: ``h[i].mlp.act`` after ``h[i].mlp.c_fc`` (the FFN's first linear map + activation);
@@ -13,11 +13,14 @@ No weight is renamed, so these classes load vanilla checkpoints: the TEL paramet
 line says so) and with an empty `tel_placement` the model computes the vanilla one exactly. At inference the
 temperature is frozen (TEL Algorithm 1 line 14), so TEL acts on each position alone and TEL-GPT2's KV cache,
 padding and generation behave as GPT-2's (TEL-GPT2 also takes the positions of a left-padded batch from its
-attention mask when no position ids are given, as `generate()` does). Every forward takes ``output_energies=True`` and then returns an
-`EnergyTrace` with one entry per TEL layer (in block order) of per-step diagnostics (tel.txt §3.4, App. H.7):
-temperature T_i, step_size eta_i, gradient_norm ||g_G||, enthalpy_entropy_ratio rho_i = ||g_H|| / ||T g_S||,
-gradient_alignment kappa_i = cos(g_H, T g_S), free_energy G and free_energy_change Delta G (activations
-whose entropy has a closed form), and iterations K_eff.
+attention mask when no position ids are given, as `generate()` does).
+
+Every forward takes ``refinement_steps=K`` (K of every TEL layer for that call; None: ``tel_steps``) and
+``output_energies=True``, which returns an `EnergyTrace` with one entry per TEL layer (in block order) of
+per-step diagnostics (tel.txt §3.4, App. H.7): ``temperature`` T_i, ``step_size`` eta_i, ``residual`` ||g_G||,
+``enthalpy_entropy_ratio`` rho_i = ||g_H|| / ||T g_S||, ``gradient_alignment`` kappa_i = cos(g_H, T g_S),
+``energy`` G and ``free_energy_change`` Delta G (activations whose entropy has a closed form), and
+``iterations`` K_eff.
 """
 
 import inspect
@@ -33,14 +36,11 @@ from transformers.models.vit.modeling_vit import ViTForImageClassification, ViTM
 from transformers.utils import logging
 
 from .configuration_tel import TELGPT2Config, TELResNetConfig, TELViTConfig
-from .outputs import EnergyTrace, attach_energies
-from .tel import FP32_PARAMETERS, EquilibriumRefinement
+from .outputs import records_energies
+from .refinement import takes_refinement_steps
+from .tel_layer import FP32_PARAMETERS, ThermodynamicRefinement
 
 logger = logging.get_logger(__name__)
-
-
-def _tel_layers(model: torch.nn.Module) -> list[EquilibriumRefinement]:
-    return [module for module in model.modules() if isinstance(module, EquilibriumRefinement)]
 
 
 def positions_from_attention_mask(arguments: dict) -> None:
@@ -56,42 +56,38 @@ def positions_from_attention_mask(arguments: dict) -> None:
 
 
 def forward_with_energies(vanilla_forward, prepare=None):
-    """The vanilla model's forward plus a keyword ``output_energies`` (default False): when set, the output
-    carries the `EnergyTrace` of the model's TEL layers. The signature is the vanilla one plus that keyword,
-    so `generate()` and `Trainer` see the arguments they expect. `prepare(arguments)` may edit the bound
-    arguments first."""
+    """The vanilla model's forward plus the zoo's keywords: ``output_energies`` (default False; the output then
+    carries the `EnergyTrace` its TEL layers record, `outputs.records_energies`) and ``refinement_steps`` (K of
+    every TEL layer for this call, `refinement.takes_refinement_steps`). The signature is the vanilla one plus
+    those keywords, so `generate()` and `Trainer` see the arguments they expect. `prepare(arguments)` may edit
+    the bound arguments first."""
     signature = inspect.signature(vanilla_forward)
 
-    def forward(self, *args, output_energies: bool = False, **kwargs):
+    def prepared(self, *args, **kwargs):
         if prepare is not None:
             bound = signature.bind(self, *args, **kwargs)
             prepare(bound.arguments)
             args, kwargs = bound.args[1:], bound.kwargs
-        layers = _tel_layers(self) if output_energies else []
-        for layer in layers:
-            layer.record_trace = True
-        try:
-            outputs = vanilla_forward(self, *args, **kwargs)
-        finally:
-            for layer in layers:
-                layer.record_trace = False
-        trace = EnergyTrace(self.config.model_type, [layer.last_trace for layer in layers]) if output_energies else None
-        return attach_energies(outputs, trace)
+        return vanilla_forward(self, *args, **kwargs)
 
+    forward = records_energies(takes_refinement_steps(prepared))
     parameters = list(signature.parameters.values())
-    keyword = inspect.Parameter("output_energies", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=bool)
+    keywords = [
+        inspect.Parameter("output_energies", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=bool),
+        inspect.Parameter("refinement_steps", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=int | None),
+    ]
     position = next((i for i, p in enumerate(parameters) if p.kind is inspect.Parameter.VAR_KEYWORD), len(parameters))
-    forward.__signature__ = signature.replace(parameters=[*parameters[:position], keyword, *parameters[position:]])
+    forward.__signature__ = signature.replace(parameters=[*parameters[:position], *keywords, *parameters[position:]])
     forward.__doc__ = vanilla_forward.__doc__
     return forward
 
 
 def install_tel(blocks, slot, config) -> None:
-    """Put an `EquilibriumRefinement` into the activation slot of every block `config.tel_blocks()` names;
+    """Put an `ThermodynamicRefinement` into the activation slot of every block `config.tel_blocks()` names;
     `slot(block)` gives (module owning the activation, attribute name, anchor width, channel axis)."""
     for index in config.tel_blocks():
         owner, attribute, width, channel_dim = slot(blocks[index])
-        setattr(owner, attribute, EquilibriumRefinement(width, channel_dim, config))
+        setattr(owner, attribute, ThermodynamicRefinement(width, channel_dim, config))
 
 
 def _gpt2_slot(block):
@@ -130,7 +126,7 @@ class TELModelMixin:
             initialised = []
             with torch.no_grad():
                 for name, module in model.named_modules():
-                    if isinstance(module, EquilibriumRefinement) and any(key.startswith(f"{name}.") for key in fresh):
+                    if isinstance(module, ThermodynamicRefinement) and any(key.startswith(f"{name}.") for key in fresh):
                         module.reset_parameters()
                         initialised.append(name)
             logger.warning(

@@ -1,18 +1,30 @@
-"""Output records shared by every energyzoo architecture.
+"""Output records shared by every energyzoo architecture, and the one energy mechanism of the zoo.
 
-`EnergyTrace` is the one diagnostics record of the zoo: each model fills it with its own thermodynamic
-quantities when called with `output_energies=True`. Quantities are stored per layer (or per refinement
-step) under documented names, so that callbacks and plots work across architectures:
+`EnergyTrace` is the zoo's diagnostics record: a model called with ``output_energies=True`` returns one, filled
+by its layers with their thermodynamic quantities, one dict per layer in the order the layers ran. Every family
+fills it the same way: the model's forward is wrapped by `records_energies`, which starts a trace for the
+forward in progress, and layers call `record_energies(...)` (a no-op unless a trace is being recorded, so the
+quantities cost nothing otherwise). Recomputation under activation checkpointing happens after the forward
+returned and records nothing; under torch.compile the trace lives in a plain global while tracing.
 
-- ``temperature`` / ``inverse_temperature``: T or beta (FEM: beta_max per channel, FEM eq. 9);
-- ``energy``: the energy or free-energy term the layer optimises (FEM: the free-energy gain
-  f_max - mu = KL(p || q) / beta, FEM eq. 6);
-- ``step_size``: gradient step sizes of iterative layers;
-- ``iterations``: refinement steps actually used.
-Architectures add their own keys (FEM adds ``temperature_gate``, the lambda of eq. 10).
+Keys shared by the families (`COMMON_ENERGY_KEYS`; per-step quantities are stacked over the steps):
+
+- ``energy``: the energy or free energy the layer computes or descends (FEM: the free-energy gain
+  F(beta_max) - mu = KL(p* || p) / beta_max per token, FEM eq. 6; TEL: G(y) per step where the entropy S has a
+  closed form, TEL eq. 2-3);
+- ``temperature``: T (FEM: 1 / beta_max per channel, eq. 9; TEL: T_i per step, eq. 7);
+- ``step_size``: the step size of an iterative update (TEL: eta_i, eq. 8);
+- ``iterations``: refinement steps actually taken (mean over positions);
+- ``residual``: the norm of the gradient that drives the update, per step (TEL: ||g_G||, Algorithm 1 line 8).
+
+Families add their own keys beside them (FEM: ``inverse_temperature``, ``temperature_gate``; TEL:
+``free_energy_change``, ``enthalpy_entropy_ratio``, ``gradient_alignment``).
 """
 
+import contextlib
+import functools
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from transformers.modeling_outputs import (
@@ -26,6 +38,12 @@ from transformers.modeling_outputs import (
     ImageClassifierOutputWithNoAttention,
     SequenceClassifierOutputWithPast,
 )
+from transformers.utils.output_capturing import CompileableContextVar
+
+COMMON_ENERGY_KEYS = ("energy", "temperature", "step_size", "iterations", "residual")
+
+# The trace of the forward in progress (None: nothing is recorded).
+_ACTIVE_TRACE = CompileableContextVar("energyzoo_energy_trace")
 
 
 @dataclass
@@ -34,7 +52,8 @@ class EnergyTrace:
 
     Attributes:
         architecture: the `model_type` that produced the trace.
-        layers: one dict per layer (or step), mapping a quantity name to a detached tensor.
+        layers: one dict per layer, in the order the layers ran, mapping a quantity name to a detached tensor
+            (per-step quantities stacked over the steps on dim 0).
     """
 
     architecture: str
@@ -62,6 +81,80 @@ class EnergyTrace:
             for index, layer in enumerate(self.layers)
             for name, value in layer.items()
         }
+
+    def plot(self, path: str | Path | None = None, names: tuple[str, ...] = ("energy", "temperature", "residual")):
+        """Draw each of ``names`` the trace has, one panel per quantity: for iterative families (their layers
+        record ``iterations`` and stack per-step quantities on dim 0) one line per layer over the refinement
+        steps, otherwise the per-layer mean over the layers. Saved as a PNG at ``path`` if given; returns the
+        matplotlib figure."""
+        from matplotlib.figure import Figure  # no pyplot: the caller's backend and figure list stay untouched
+
+        present = [name for name in names if name in self.names()]
+        if not present:
+            raise ValueError(f"the {self.architecture} trace has none of {names}; it has {self.names()}")
+        per_step = "iterations" in self.names()
+        figure = Figure(figsize=(4.2 * len(present), 3.4))
+        axes = figure.subplots(1, len(present), squeeze=False)
+        for axis, name in zip(axes[0], present):
+            if per_step:
+                for index, layer in enumerate(self.layers):
+                    values = layer[name].float().reshape(layer[name].shape[0], -1).mean(-1)
+                    axis.plot(range(len(values)), values.tolist(), marker="o", markersize=3, label=f"layer {index}")
+                axis.set_xlabel("refinement step")
+                axis.legend(fontsize=7)
+            else:
+                means = [float(layer[name].float().mean()) for layer in self.layers]
+                axis.plot(range(len(means)), means, marker="o")
+                axis.set_xlabel("layer")
+            axis.set_title(name)
+        figure.suptitle(f"{self.architecture} energy trace")
+        figure.tight_layout()
+        if path is not None:
+            figure.savefig(path, dpi=110)
+        return figure
+
+
+def record_energies(values: dict[str, torch.Tensor]) -> None:
+    """Add one layer's quantities (detached) to the trace of the forward in progress; nothing when none is
+    being recorded. Check `recording_energies()` first where computing the values costs something."""
+    trace = _ACTIVE_TRACE.get()
+    if trace is not None:
+        trace.layers.append({name: value.detach() for name, value in values.items()})
+
+
+def recording_energies() -> bool:
+    """Whether the forward in progress records an `EnergyTrace`."""
+    return _ACTIVE_TRACE.get() is not None
+
+
+@contextlib.contextmanager
+def tracing_energies(architecture: str):
+    """Record the `EnergyTrace` of whatever runs inside (zoo layers used outside a zoo model, e.g. a TEL layer in
+    a plain module): ``with tracing_energies("tel") as trace: module(x)``. Zoo models use `records_energies`."""
+    trace = EnergyTrace(architecture)
+    token = _ACTIVE_TRACE.set(trace)
+    try:
+        yield trace
+    finally:
+        _ACTIVE_TRACE.reset(token)
+
+
+def records_energies(forward):
+    """Wrap a model's ``forward`` so that ``output_energies=True`` records an `EnergyTrace` of its layers and
+    returns it in the output's ``energies`` field (after the other fields, in tuples). The one energy path of
+    every family; the output class must have an ``energies`` field (`WITH_ENERGIES` extends transformers')."""
+
+    @functools.wraps(forward)
+    def wrapper(self, *args, output_energies: bool = False, **kwargs):
+        trace = EnergyTrace(self.config.model_type) if output_energies else None
+        token = _ACTIVE_TRACE.set(trace)
+        try:
+            outputs = forward(self, *args, **kwargs)
+        finally:
+            _ACTIVE_TRACE.reset(token)
+        return attach_energies(outputs, trace)
+
+    return wrapper
 
 
 @dataclass
@@ -144,7 +237,12 @@ WITH_ENERGIES = {
 
 
 def attach_energies(outputs, energies: EnergyTrace | None):
-    """Return `outputs` with its `EnergyTrace` attached (appended when `return_dict=False` gave a tuple)."""
+    """Return `outputs` with its `EnergyTrace` in the ``energies`` field (a transformers output class becomes its
+    `WITH_ENERGIES` extension); appended when `return_dict=False` gave a tuple."""
     if isinstance(outputs, tuple):
         return outputs if energies is None else (*outputs, energies)
-    return WITH_ENERGIES[type(outputs)](**outputs, energies=energies)
+    if "energies" not in outputs.__dataclass_fields__:
+        outputs = WITH_ENERGIES[type(outputs)](**outputs)
+    if energies is not None:
+        outputs["energies"] = energies  # item assignment: to_tuple() includes it
+    return outputs

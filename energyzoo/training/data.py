@@ -133,3 +133,59 @@ def digits_split(validation_fraction: float, seed: int):
     order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed))
     cut = int(len(labels) * (1 - validation_fraction))
     return images[order[:cut]], labels[order[:cut]], images[order[cut:]], labels[order[cut:]]
+
+
+def sudoku_solutions(count: int, generator: torch.Generator) -> torch.Tensor:
+    """``count`` valid 9x9 Sudoku solutions, (count, 81) digits 1..9: the pattern grid
+    (3 (r mod 3) + r // 3 + c) mod 9 + 1 under the symmetries that keep a grid valid (digit relabelling,
+    rows within a band, bands, columns within a stack, stacks), drawn independently per board."""
+
+    def within_groups() -> torch.Tensor:  # a random order of 9 lines that keeps each group of 3 together
+        groups = torch.stack([torch.randperm(3, generator=generator) for _ in range(count)])  # (count, 3)
+        inside = torch.stack([torch.stack([torch.randperm(3, generator=generator) for _ in range(3)])
+                              for _ in range(count)])  # (count, 3, 3)
+        return (groups[:, :, None] * 3 + inside).reshape(count, 9)
+
+    rows, columns = within_groups(), within_groups()
+    base = (3 * (torch.arange(9)[:, None] % 3) + torch.arange(9)[:, None] // 3 + torch.arange(9)[None, :]) % 9
+    grids = base[rows[:, :, None], columns[:, None, :]]  # (count, 9, 9) digits 0..8
+    relabel = torch.stack([torch.randperm(9, generator=generator) for _ in range(count)])
+    return torch.gather(relabel, 1, grids.reshape(count, 81)) + 1
+
+
+def sudoku_split(examples: int, givens: tuple[int, int], validation_fraction: float, seed: int):
+    """Sudoku puzzles for token classification (hyperset.txt §5.1 format): ``input_ids`` digits 0..9 with 0 a
+    blank, labels digit - 1 on blanks and -100 on givens. Each board keeps a uniform number of givens in
+    ``givens`` at random cells (the puzzle may have other solutions; metrics score against the generating
+    one). Returns (train inputs, train labels, validation inputs, validation labels)."""
+    generator = torch.Generator().manual_seed(seed)
+    solutions = sudoku_solutions(examples, generator)
+    kept = torch.randint(givens[0], givens[1] + 1, (examples, 1), generator=generator)
+    ranks = torch.rand(examples, 81, generator=generator).argsort(dim=1).argsort(dim=1)
+    given = ranks < kept
+    puzzles = solutions.masked_fill(~given, 0)
+    labels = (solutions - 1).masked_fill(given, -100)
+    cut = int(examples * (1 - validation_fraction))
+    return puzzles[:cut], labels[:cut], puzzles[cut:], labels[cut:]
+
+
+DIGIT_CODES = 17  # the 8x8 digits' pixels are integers 0..16: a ready-made 17-code grid of 64 tokens
+DIGIT_MASK_ID = DIGIT_CODES
+
+
+def digit_code_split(validation_fraction: float, seed: int):
+    """scikit-learn's digits as 8x8 grids of codes 0..16 for masked image modelling (MaskGIT, hyperset.txt
+    §5.3): each image masks ceil(64 cos(pi u / 2)) random cells, u ~ U(0, 1) (MaskGIT's cosine schedule), with
+    ``DIGIT_MASK_ID``; labels are the codes at masked cells and -100 elsewhere. Masks are drawn once per
+    example from ``seed``. Returns (train inputs, train labels, validation inputs, validation labels)."""
+    from sklearn.datasets import load_digits
+
+    codes = torch.tensor(load_digits().images, dtype=torch.long).reshape(-1, 64)
+    generator = torch.Generator().manual_seed(seed)
+    codes = codes[torch.randperm(len(codes), generator=generator)]
+    ratio = torch.cos(torch.pi / 2 * torch.rand(len(codes), 1, generator=generator))
+    masked = torch.rand(len(codes), 64, generator=generator).argsort(dim=1).argsort(dim=1) < (64 * ratio).ceil()
+    inputs = codes.masked_fill(masked, DIGIT_MASK_ID)
+    labels = codes.masked_fill(~masked, -100)
+    cut = int(len(codes) * (1 - validation_fraction))
+    return inputs[:cut], labels[:cut], inputs[cut:], labels[cut:]

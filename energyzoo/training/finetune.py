@@ -3,26 +3,19 @@
     >>> from energyzoo.training.finetune import finetune_with_trainer
     >>> finetune_with_trainer("runs/quickstart/train/model", "runs/finetuned", max_steps=100)
 
-Language models fine-tune on packed blocks of the given texts (default: the embedded Python documentation);
-image classifiers on scikit-learn's digits. The tuned model is saved in `output_dir` (tokenizer included).
+The saved head's task (registry) picks the data and the batch mapping (`training.tasks`): language models
+fine-tune on packed blocks of the given texts (default: the embedded Python documentation), image classifiers
+on scikit-learn's digits, and so on. The tuned model is saved in `output_dir` (tokenizer included).
 """
 
 from pathlib import Path
 
 from transformers import AutoConfig, AutoTokenizer, Trainer, TrainingArguments
 
-from ..hub_cards.export import head_auto_class
-from .data import digits_split, pack_into_blocks, python_docs_corpus
-
-
-def finetune_rows(model_dir: Path, auto_class, texts: list[str] | None, block_size: int):
-    """Training rows for `Trainer` and the tokenizer (None for image classifiers)."""
-    if auto_class.__name__ == "AutoModelForImageClassification":
-        images, labels, _, _ = digits_split(validation_fraction=0.2, seed=0)
-        return [{"pixel_values": image, "labels": label} for image, label in zip(images, labels)], None
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    blocks = pack_into_blocks(texts if texts is not None else python_docs_corpus()[0], tokenizer, block_size)
-    return [{"input_ids": block, "labels": block} for block in blocks], tokenizer
+from ..registry import architecture
+from .data import pack_into_blocks
+from .recipe import DataSection
+from .tasks import TrainingData, training_task
 
 
 def finetune_with_trainer(model_dir: str | Path, output_dir: str | Path, max_steps: int = 100,
@@ -31,9 +24,16 @@ def finetune_with_trainer(model_dir: str | Path, output_dir: str | Path, max_ste
     """Fine-tune the zoo model saved in `model_dir` with `Trainer` on CPU or GPU; returns the trainer."""
     model_dir = Path(model_dir)
     config = AutoConfig.from_pretrained(model_dir)
-    auto_class = head_auto_class(config.model_type, config.architectures)
-    model = auto_class.from_pretrained(model_dir)
-    rows, tokenizer = finetune_rows(model_dir, auto_class, texts, block_size)
+    task_name, head = architecture(config.model_type).head(config.architectures)
+    task = training_task(task_name)
+    model = head.from_pretrained(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir) if task.tokenized else None
+    if texts is not None:
+        blocks = pack_into_blocks(texts, tokenizer, block_size)
+        data = TrainingData(blocks, blocks, blocks[:0], blocks[:0])
+    else:
+        data = task.load(DataSection(source=next(iter(task.sources)), block_size=block_size), tokenizer, 0)
+    rows = [task.model_inputs(inputs, labels) for inputs, labels in zip(data.train_inputs, data.train_labels)]
     arguments = TrainingArguments(output_dir=str(output_dir), max_steps=max_steps, learning_rate=learning_rate,
                                   per_device_train_batch_size=batch_size, lr_scheduler_type="cosine",
                                   warmup_steps=max(1, max_steps // 10), weight_decay=0.1, max_grad_norm=1.0,

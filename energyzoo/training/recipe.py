@@ -20,29 +20,41 @@ from pathlib import Path
 
 import yaml
 
-DATA_SOURCES = ("python-docs", "digits", "text", "jsonl", "hf")
+from ..modeling.checks import require
+from ..presets import preset_card
+from .tasks import TRAINING_TASKS, training_task
+
+DATA_SOURCES = tuple(dict.fromkeys(source for task in TRAINING_TASKS.values() for source in task.sources))
 MIXED_PRECISION = ("no", "bf16", "fp16")
-
-
-def _fail(section: str, name: str, allowed: str, value) -> None:
-    raise ValueError(f"recipe {section}.{name} must be {allowed}, got {value!r}")
 
 
 @dataclass
 class ModelSection:
+    """A preset (whose card states its task) or a raw ``config`` with the ``task`` it is trained for."""
+
     preset: str | None = None
     config: dict | None = None
+    task: str | None = None
     overrides: dict = field(default_factory=dict)
 
     def validate(self) -> None:
-        if (self.preset is None) == (self.config is None):
-            _fail("model", "preset", "given, or else model.config (exactly one of them)", self.preset)
+        owner = "recipe model"
+        require(owner, (self.preset is None) != (self.config is None), "preset",
+                "given, or else model.config (exactly one of them)", self.preset)
+        if self.preset is not None:
+            card_task = preset_card(self.preset)["task"]
+            require(owner, self.task in (None, card_task), "task", f"{card_task!r} (preset {self.preset}'s card)",
+                    self.task)
+            self.task = card_task
+        require(owner, self.task in TRAINING_TASKS, "task", f"one of {sorted(TRAINING_TASKS)}", self.task)
 
 
 @dataclass
 class DataSection:
     """source: "python-docs" (embedded text), "digits" (embedded 8x8 images), "text" / "jsonl" (local files in
-    `paths`; JSONL reads `text_field`), or "hf" (a `datasets` name, streamed; needs the network)."""
+    `paths`; JSONL reads `text_field`), "hf" (a `datasets` name, streamed; needs the network), "sudoku"
+    (`examples` generated puzzles with `givens` = [min, max] givens) or "digit-codes" (the digits as masked
+    17-code grids). Which sources a model reads depends on its task (`training.tasks`)."""
 
     source: str = "python-docs"
     paths: list[str] = field(default_factory=list)
@@ -52,18 +64,22 @@ class DataSection:
     split: str = "train"
     block_size: int = 128
     validation_fraction: float = 0.1
+    examples: int = 4000
+    givens: list[int] = field(default_factory=lambda: [30, 45])
 
-    def validate(self) -> None:
-        if self.source not in DATA_SOURCES:
-            _fail("data", "source", f"one of {list(DATA_SOURCES)}", self.source)
-        if self.source in ("text", "jsonl") and not self.paths:
-            _fail("data", "paths", f"a non-empty list of files for source {self.source!r}", self.paths)
-        if self.source == "hf" and not self.name:
-            _fail("data", "name", "a `datasets` name for source 'hf'", self.name)
-        if self.block_size < 2:
-            _fail("data", "block_size", ">= 2", self.block_size)
-        if not 0 < self.validation_fraction < 1:
-            _fail("data", "validation_fraction", "in (0, 1)", self.validation_fraction)
+    def validate(self, task: str) -> None:
+        owner = "recipe data"
+        sources = training_task(task).sources
+        require(owner, self.source in sources, "source", f"one of {list(sources)} (the sources of {task!r})",
+                self.source)
+        require(owner, self.source not in ("text", "jsonl") or bool(self.paths), "paths",
+                f"a non-empty list of files for source {self.source!r}", self.paths)
+        require(owner, self.source != "hf" or bool(self.name), "name", "a `datasets` name for source 'hf'", self.name)
+        require(owner, self.block_size >= 2, "block_size", ">= 2", self.block_size)
+        require(owner, 0 < self.validation_fraction < 1, "validation_fraction", "in (0, 1)", self.validation_fraction)
+        require(owner, self.examples >= 10, "examples", ">= 10", self.examples)
+        ordered = len(self.givens) == 2 and 17 <= self.givens[0] <= self.givens[1] <= 80
+        require(owner, ordered, "givens", "[min, max] with 17 <= min <= max <= 80", self.givens)
 
 
 @dataclass
@@ -103,21 +119,19 @@ class TrainingSection:
             self.warmup_steps = round(self.warmup_tokens / (self.batch_size * block_size))
 
     def validate(self) -> None:
+        owner = "recipe training"
         for name in ("steps", "batch_size", "gradient_accumulation", "save_every", "eval_every", "log_every"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                _fail("training", name, "an integer >= 1", value)
-        if self.batch_size % self.gradient_accumulation:
-            _fail("training", "gradient_accumulation", f"a divisor of batch_size {self.batch_size}",
-                  self.gradient_accumulation)
-        if not self.learning_rate > 0:
-            _fail("training", "learning_rate", "> 0", self.learning_rate)
-        if self.warmup_steps is None or not 0 <= self.warmup_steps < self.steps:
-            _fail("training", "warmup_steps", f"in [0, steps={self.steps})", self.warmup_steps)
-        if self.mixed_precision not in MIXED_PRECISION:
-            _fail("training", "mixed_precision", f"one of {list(MIXED_PRECISION)}", self.mixed_precision)
-        if self.weight_decay < 0 or self.max_grad_norm <= 0:
-            _fail("training", "weight_decay / max_grad_norm", ">= 0 / > 0", (self.weight_decay, self.max_grad_norm))
+            require(owner, isinstance(value, int) and value >= 1, name, "an integer >= 1", value)
+        require(owner, self.batch_size % self.gradient_accumulation == 0, "gradient_accumulation",
+                f"a divisor of batch_size {self.batch_size}", self.gradient_accumulation)
+        require(owner, self.learning_rate > 0, "learning_rate", "> 0", self.learning_rate)
+        require(owner, self.warmup_steps is not None and 0 <= self.warmup_steps < self.steps, "warmup_steps",
+                f"in [0, steps={self.steps})", self.warmup_steps)
+        require(owner, self.mixed_precision in MIXED_PRECISION, "mixed_precision", f"one of {list(MIXED_PRECISION)}",
+                self.mixed_precision)
+        require(owner, self.weight_decay >= 0, "weight_decay", ">= 0", self.weight_decay)
+        require(owner, self.max_grad_norm > 0, "max_grad_norm", "> 0", self.max_grad_norm)
 
 
 @dataclass
@@ -130,11 +144,12 @@ class Recipe:
 
     @property
     def task(self) -> str:
-        return "image-classification" if self.data.source == "digits" else "causal-lm"
+        """The model's task: its preset card's, or ``model.task`` for a raw config (never guessed from data)."""
+        return self.model.task
 
     def validate(self) -> "Recipe":
         self.model.validate()
-        self.data.validate()
+        self.data.validate(self.task)
         self.training.resolve_token_budget(self.data.block_size)
         self.training.validate()
         return self

@@ -29,40 +29,31 @@ from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoTokenizer, get_cosine_schedule_with_warmup
 
-from ..presets import TASK_AUTO_CLASSES, config_from_preset
-from ..registry import auto_map_for
-from .data import digits_split, language_model_blocks, tokenizer_training_texts, train_bpe_tokenizer
+from ..presets import config_from_preset
+from ..registry import TASKS, auto_map_for
+from .data import tokenizer_training_texts, train_bpe_tokenizer
 from .recipe import Recipe
+from .tasks import TrainingData, TrainingTask, training_task
 
 CHECKPOINTS = "checkpoints"
 STATE_FILE = "trainer_state.json"
 
 
-@dataclass
-class TrainingData:
-    train_inputs: torch.Tensor
-    train_labels: torch.Tensor
-    validation_inputs: torch.Tensor
-    validation_labels: torch.Tensor
-
-
 def prepare_data(recipe: Recipe, output_dir: Path, is_main: bool, accelerator: Accelerator):
-    """(data, tokenizer or None). The tokenizer is trained once and kept in ``output_dir/tokenizer`` so a resumed
-    run uses the same one."""
-    if recipe.task == "image-classification":
-        inputs, labels, validation_inputs, validation_labels = digits_split(recipe.data.validation_fraction,
-                                                                            recipe.training.seed)
-        return TrainingData(inputs, labels, validation_inputs, validation_labels), None
-    tokenizer_dir = output_dir / "tokenizer"
-    if not tokenizer_dir.exists():
-        if is_main:
-            tokenizer = (AutoTokenizer.from_pretrained(recipe.tokenizer.name) if recipe.tokenizer.name else
-                         train_bpe_tokenizer(tokenizer_training_texts(recipe.data), recipe.tokenizer.train_vocab_size))
-            tokenizer.save_pretrained(tokenizer_dir)
-        accelerator.wait_for_everyone()
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    train, validation = language_model_blocks(recipe.data, tokenizer)
-    return TrainingData(train, train, validation, validation), tokenizer
+    """(data, tokenizer or None) of the recipe's task. A text task's tokenizer is trained once and kept in
+    ``output_dir/tokenizer`` so a resumed run uses the same one."""
+    task = training_task(recipe.task)
+    tokenizer = None
+    if task.tokenized:
+        tokenizer_dir = output_dir / "tokenizer"
+        if not tokenizer_dir.exists():
+            if is_main:
+                trained = (AutoTokenizer.from_pretrained(recipe.tokenizer.name) if recipe.tokenizer.name else
+                           train_bpe_tokenizer(tokenizer_training_texts(recipe.data), recipe.tokenizer.train_vocab_size))
+                trained.save_pretrained(tokenizer_dir)
+            accelerator.wait_for_everyone()
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    return task.load(recipe.data, tokenizer, recipe.training.seed), tokenizer
 
 
 def build_model(recipe: Recipe, tokenizer):
@@ -74,7 +65,7 @@ def build_model(recipe: Recipe, tokenizer):
         for name, value in dict(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
                                 bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id).items():
             setattr(config, name, value)
-    return TASK_AUTO_CLASSES[recipe.task].from_config(config)
+    return TASKS[recipe.task].auto_class.from_config(config)
 
 
 class BatchSchedule:
@@ -99,37 +90,30 @@ class BatchSchedule:
                           for epoch in epochs.unique()])
 
 
-def _loss(model, inputs: torch.Tensor, labels: torch.Tensor, task: str) -> torch.Tensor:
-    if task == "image-classification":
-        return model(pixel_values=inputs, labels=labels).loss
-    return model(input_ids=inputs, labels=labels, use_cache=False).loss
-
-
 @torch.no_grad()
-def evaluate(model, data: TrainingData, task: str, accelerator: Accelerator, batch_size: int = 32) -> dict:
-    """Validation loss (and accuracy for classifiers), each process on its share, reduced over processes."""
+def evaluate(model, data: TrainingData, task: TrainingTask, accelerator: Accelerator, batch_size: int = 32) -> dict:
+    """Validation loss and the task's metrics, each process on its share, summed over processes."""
     model.eval()
-    totals = torch.zeros(3, device=accelerator.device)  # loss sum, correct, count
+    totals: dict[str, torch.Tensor] = {}
+
+    def add(name: str, numerator, denominator) -> None:
+        pair = torch.stack([torch.as_tensor(numerator), torch.as_tensor(denominator)]).float().to(accelerator.device)
+        totals[name] = totals.get(name, torch.zeros(2, device=accelerator.device)) + pair
+
     share = range(accelerator.process_index, len(data.validation_inputs), accelerator.num_processes)
     indices = torch.tensor(list(share), dtype=torch.long)
     for start in range(0, len(indices), batch_size):
         chunk = indices[start : start + batch_size]
-        inputs = data.validation_inputs[chunk].to(accelerator.device)
         labels = data.validation_labels[chunk].to(accelerator.device)
-        if task == "image-classification":
-            output = model(pixel_values=inputs, labels=labels)
-            totals += torch.stack([output.loss * len(chunk), (output.logits.argmax(-1) == labels).sum(),
-                                   torch.tensor(len(chunk), device=accelerator.device)]).float()
-        else:
-            loss = model(input_ids=inputs, labels=labels, use_cache=False).loss
-            totals += torch.stack([loss * len(chunk), torch.zeros((), device=accelerator.device),
-                                   torch.tensor(len(chunk), device=accelerator.device)]).float()
-    totals = accelerator.reduce(totals, reduction="sum")
+        inputs = data.validation_inputs[chunk].to(accelerator.device)
+        outputs = model(**task.model_inputs(inputs, labels), **task.model_options)
+        add("loss", outputs.loss * len(chunk), len(chunk))
+        for name, (numerator, denominator) in task.metrics(outputs, labels).items():
+            add(name, numerator, denominator)
     model.train()
-    result = {"validation_loss": float(totals[0] / totals[2])}
-    if task == "image-classification":
-        result["validation_accuracy"] = float(totals[1] / totals[2])
-    return result
+    names = sorted(totals)  # the same order on every process
+    reduced = accelerator.reduce(torch.stack([totals[name] for name in names]), reduction="sum")
+    return {f"validation_{name}": float(pair[0] / pair[1]) for name, pair in zip(names, reduced)}
 
 
 def latest_checkpoint(output_dir: Path) -> Path | None:
@@ -197,6 +181,7 @@ def run_training(recipe: Recipe, resume: bool = False, stop_after: int | None = 
         output_dir.mkdir(parents=True, exist_ok=True)
         (output_dir / "recipe.yaml").write_text(yaml.safe_dump(recipe.to_dict(), sort_keys=False))
     set_seed(settings.seed)
+    task = training_task(recipe.task)
     data, tokenizer = prepare_data(recipe, output_dir, is_main, accelerator)
     model = build_model(recipe, tokenizer)
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
@@ -240,7 +225,8 @@ def run_training(recipe: Recipe, resume: bool = False, stop_after: int | None = 
             labels = data.train_labels[chunk].to(accelerator.device)
             last = index == settings.gradient_accumulation - 1
             with nullcontext() if last else accelerator.no_sync(model):
-                loss = _loss(model, inputs, labels, recipe.task) / settings.gradient_accumulation
+                loss = model(**task.model_inputs(inputs, labels), **task.model_options).loss
+                loss = loss / settings.gradient_accumulation
                 accelerator.backward(loss)
             step_loss += loss.detach()
         accelerator.clip_grad_norm_(model.parameters(), settings.max_grad_norm)
@@ -255,7 +241,7 @@ def run_training(recipe: Recipe, resume: bool = False, stop_after: int | None = 
             _append_metrics(metrics_path, {"step": done, "loss": global_loss, "learning_rate": scheduler.get_last_lr()[0],
                                            "seconds": time.perf_counter() - started})
         if done % settings.eval_every == 0 or done == settings.steps:
-            final_metrics = evaluate(model, data, recipe.task, accelerator)
+            final_metrics = evaluate(model, data, task, accelerator)
             if is_main:
                 _append_metrics(metrics_path, {"step": done, **final_metrics})
         if done % settings.save_every == 0 and done < settings.steps:

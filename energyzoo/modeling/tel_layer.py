@@ -12,7 +12,7 @@ a dual update driven by an entropy estimate of the activations during training (
 
 The fixed point of eq. 8 is y = Wx + T phi(y) (the "Wx - T phi" of Prop. C.4 is a sign slip).
 
-`EquilibriumRefinement` is the K-step part: it takes the anchor output Wx, so a model swaps it into the
+`ThermodynamicRefinement` is the K-step part: it takes the anchor output Wx, so a model swaps it into the
 activation slot right after its linear map (GPT-2 `mlp.act`, ViT `mlp.activation_fn`, ResNet conv+norm's
 `activation`) and its checkpoints keep their weight names. `ThermodynamicEquilibriumLayer` wraps an anchor
 module (nn.Linear, Conv1D, nn.Conv2d, any module computing Wx) for standalone use.
@@ -43,6 +43,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .checks import require
+from .outputs import record_energies, recording_energies
+from .refinement import EarlyExit, refine, refinement_steps
 
 # Lipschitz constants L_phi = sup |phi'| (Assumption A1), computed numerically for silu and exact gelu.
 ACTIVATION_LIPSCHITZ = {"silu": 1.0998393, "gelu": 1.1289042, "relu": 1.0, "tanh": 1.0, "prelu": 1.0}
@@ -113,7 +117,7 @@ class TELSettings:
     tel_exit_patience: int = 2
 
     def __post_init__(self):
-        self.validate_tel_settings()
+        self.check_tel_settings()
 
     @property
     def tel_lipschitz(self) -> float:
@@ -128,44 +132,45 @@ class TELSettings:
         """min(1, 2 / (1 + T_max L_phi)): the design rule of TEL eq. 13."""
         return min(STEP_SIZE_CEILING, 2.0 / (1.0 + self.tel_resolved_temperature_max * self.tel_lipschitz))
 
-    def validate_tel_settings(self) -> None:
+    def check_tel_settings(self) -> None:
+        """Every TEL field against its allowed range. (Not named ``validate_*``: TEL configs are ``@strict``
+        dataclasses, whose ``validate_*`` methods all run as class validators; their one validator calls this.)"""
         owner = type(self).__name__
 
-        def require(condition: bool, field: str, allowed: str) -> None:
-            if not condition:
-                raise ValueError(f"{owner}.{field} must be {allowed}, got {getattr(self, field)!r}")
+        def check(condition: bool, field: str, allowed: str) -> None:
+            require(owner, condition, field, allowed, getattr(self, field))
 
-        require(self.tel_steps >= 1, "tel_steps", ">= 1")
-        require(self.tel_activation in ACTIVATION_LIPSCHITZ, "tel_activation", f"one of {sorted(ACTIVATION_LIPSCHITZ)}")
-        require(self.tel_temperature in ("global", "channel"), "tel_temperature", "'global' or 'channel'")
-        require(0 < self.tel_temperature_min < math.inf, "tel_temperature_min", "a finite number > 0")
+        check(self.tel_steps >= 1, "tel_steps", ">= 1")
+        check(self.tel_activation in ACTIVATION_LIPSCHITZ, "tel_activation", f"one of {sorted(ACTIVATION_LIPSCHITZ)}")
+        check(self.tel_temperature in ("global", "channel"), "tel_temperature", "'global' or 'channel'")
+        check(0 < self.tel_temperature_min < math.inf, "tel_temperature_min", "a finite number > 0")
         bound = 1.0 / self.tel_lipschitz
-        require(self.tel_temperature_max is None
-                or self.tel_temperature_min < self.tel_temperature_max <= bound + 1e-12,
-                "tel_temperature_max", f"None or in (tel_temperature_min, 1/L_phi = {bound:.4g}] (eq. 32)")
-        require(self.tel_temperature_min <= self.tel_initial_temperature <= self.tel_resolved_temperature_max,
-                "tel_initial_temperature", f"in [tel_temperature_min, T_max = {self.tel_resolved_temperature_max:.4g}]")
-        require(0 < self.tel_step_size_min < self.tel_step_size_max, "tel_step_size_min",
-                f"in (0, {self.tel_step_size_max:.4g})")
-        require(self.tel_step_size_min <= self.tel_initial_step_size <= self.tel_step_size_max,
-                "tel_initial_step_size", f"in [tel_step_size_min, {self.tel_step_size_max:.4g}] (eq. 13)")
-        require(self.tel_estimator in ENTROPY_ESTIMATORS, "tel_estimator", f"one of {list(ENTROPY_ESTIMATORS)}")
-        require(self.tel_estimator_hidden >= 1, "tel_estimator_hidden", ">= 1")
-        require(self.tel_entropy_pooling in ENTROPY_POOLINGS, "tel_entropy_pooling", f"one of {list(ENTROPY_POOLINGS)}")
-        require(self.tel_student_t_dof > 2, "tel_student_t_dof", "> 2 (finite variance)")
-        require(self.tel_entropy_ema_half_life is None or self.tel_entropy_ema_half_life > 0,
-                "tel_entropy_ema_half_life", "None or > 0")
-        require(self.tel_entropy_clip > 0, "tel_entropy_clip", "> 0")
-        require(0 <= self.tel_dual_step < self.tel_step_size_max, "tel_dual_step",
-                "in [0, eta_max): the dual step must be slower than the primal one (§2.3)")
-        require(math.isfinite(self.tel_entropy_scale) and self.tel_entropy_scale >= 0, "tel_entropy_scale",
-                "a finite number >= 0 (g_beta must be monotone)")
-        require(math.isfinite(self.tel_entropy_shift), "tel_entropy_shift", "finite")
-        require(self.tel_exit_rule in EXIT_RULES, "tel_exit_rule", f"one of {list(EXIT_RULES)}")
-        require(not (self.tel_exit_rule == "energy" and self.tel_activation == "silu"), "tel_exit_rule",
-                "'gradient' with tel_activation='silu' (its entropy S has no closed form)")
-        require(self.tel_exit_tolerance > 0, "tel_exit_tolerance", "> 0")
-        require(self.tel_exit_patience >= 1, "tel_exit_patience", ">= 1")
+        check(self.tel_temperature_max is None
+              or self.tel_temperature_min < self.tel_temperature_max <= bound + 1e-12,
+              "tel_temperature_max", f"None or in (tel_temperature_min, 1/L_phi = {bound:.4g}] (eq. 32)")
+        check(self.tel_temperature_min <= self.tel_initial_temperature <= self.tel_resolved_temperature_max,
+              "tel_initial_temperature", f"in [tel_temperature_min, T_max = {self.tel_resolved_temperature_max:.4g}]")
+        check(0 < self.tel_step_size_min < self.tel_step_size_max, "tel_step_size_min",
+              f"in (0, {self.tel_step_size_max:.4g})")
+        check(self.tel_step_size_min <= self.tel_initial_step_size <= self.tel_step_size_max,
+              "tel_initial_step_size", f"in [tel_step_size_min, {self.tel_step_size_max:.4g}] (eq. 13)")
+        check(self.tel_estimator in ENTROPY_ESTIMATORS, "tel_estimator", f"one of {list(ENTROPY_ESTIMATORS)}")
+        check(self.tel_estimator_hidden >= 1, "tel_estimator_hidden", ">= 1")
+        check(self.tel_entropy_pooling in ENTROPY_POOLINGS, "tel_entropy_pooling", f"one of {list(ENTROPY_POOLINGS)}")
+        check(self.tel_student_t_dof > 2, "tel_student_t_dof", "> 2 (finite variance)")
+        check(self.tel_entropy_ema_half_life is None or self.tel_entropy_ema_half_life > 0,
+              "tel_entropy_ema_half_life", "None or > 0")
+        check(self.tel_entropy_clip > 0, "tel_entropy_clip", "> 0")
+        check(0 <= self.tel_dual_step < self.tel_step_size_max, "tel_dual_step",
+              "in [0, eta_max): the dual step must be slower than the primal one (§2.3)")
+        check(math.isfinite(self.tel_entropy_scale) and self.tel_entropy_scale >= 0, "tel_entropy_scale",
+              "a finite number >= 0 (g_beta must be monotone)")
+        check(math.isfinite(self.tel_entropy_shift), "tel_entropy_shift", "finite")
+        check(self.tel_exit_rule in EXIT_RULES, "tel_exit_rule", f"one of {list(EXIT_RULES)}")
+        check(not (self.tel_exit_rule == "energy" and self.tel_activation == "silu"), "tel_exit_rule",
+              "'gradient' with tel_activation='silu' (its entropy S has no closed form)")
+        check(self.tel_exit_tolerance > 0, "tel_exit_tolerance", "> 0")
+        check(self.tel_exit_patience >= 1, "tel_exit_patience", ">= 1")
 
     def tel_settings(self) -> "TELSettings":
         """These fields as a plain `TELSettings` (configs inherit the fields)."""
@@ -290,9 +295,10 @@ class EntropyEstimator(nn.Module):
         return self.tel_estimator_out(features).squeeze(-1).to(samples.dtype)
 
 
-class EquilibriumRefinement(nn.Module):
+class ThermodynamicRefinement(nn.Module):
     """TEL Algorithm 1 on a given anchor output Wx: K steps of eq. 8 with the temperature of eq. 7 and the
-    dual update of eq. 9 (training, or `tel_adapt_at_inference`), optional early exit at inference (App. E).
+    dual update of eq. 9 (training, or `tel_adapt_at_inference`), optional early exit at inference (App. E),
+    run by the shared loop `refinement.refine`.
 
     Args:
         width: n_out, the number of output channels.
@@ -300,8 +306,14 @@ class EquilibriumRefinement(nn.Module):
         settings: a `TELSettings` (or a TEL config, which has the same fields).
 
     Parameters: ``tel_log_step_sizes`` (K learned log eta_i, eq. 30), ``tel_log_temperature`` (tau^(0),
-    scalar or per channel), plus the PReLU slope or MLP estimator when chosen. Set ``record_trace = True``
-    to keep the per-step diagnostics of the next forward in ``last_trace`` (tel.txt §3.4, App. H.7).
+    scalar or per channel), plus the PReLU slope or MLP estimator when chosen.
+
+    K is ``tel_steps`` unless a forward sets ``refinement_steps``; steps beyond the K learned step sizes reuse
+    the last one (which the design rule keeps non-expansive). While a forward records energies
+    (``output_energies=True``), each call adds its per-step diagnostics (tel.txt §3.4, App. H.7) to the trace:
+    ``temperature`` T_i, ``step_size`` eta_i, ``residual`` ||g_G||, ``enthalpy_entropy_ratio`` rho_i,
+    ``gradient_alignment`` kappa_i, where S has a closed form ``energy`` G and ``free_energy_change`` Delta G,
+    and ``iterations`` K_eff.
     """
 
     def __init__(self, width: int, channel_dim: int, settings: TELSettings):
@@ -319,8 +331,6 @@ class EquilibriumRefinement(nn.Module):
         self.tel_log_temperature = nn.Parameter(
             torch.empty(width if s.tel_temperature == "channel" else (), dtype=torch.float32)
         )
-        self.record_trace = False
-        self.last_trace: dict[str, torch.Tensor] | None = None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -395,62 +405,55 @@ class EquilibriumRefinement(nn.Module):
         entropy_term = temperature.to(wide) * force.to(wide)  # T g_S
         enthalpy_norm = self._channel_norm(enthalpy_gradient)
         values = {
-            "gradient_norm": self._channel_norm(enthalpy_gradient - entropy_term),  # ||g_G||, line 8
+            "residual": self._channel_norm(enthalpy_gradient - entropy_term),  # ||g_G||, line 8
             "enthalpy_entropy_ratio": enthalpy_norm / self._channel_norm(entropy_term).clamp_min(1e-12),
             "gradient_alignment": F.cosine_similarity(enthalpy_gradient, entropy_term, dim=self.channel_dim, eps=1e-12),
         }
         if with_energy:  # option B of Algorithm 1 line 17
-            values["free_energy"] = self.free_energy(y, anchor, temperature)
-            values["free_energy_change"] = self.free_energy(y_next, anchor, temperature) - values["free_energy"]
+            values["energy"] = self.free_energy(y, anchor, temperature)
+            values["free_energy_change"] = self.free_energy(y_next, anchor, temperature) - values["energy"]
         return values
 
     def forward(self, anchor: torch.Tensor) -> torch.Tensor:
         s = self.settings
+        steps = refinement_steps(s.tel_steps)
         adapt = s.tel_dual_step > 0 and (self.training or s.tel_adapt_at_inference)
-        early_exit = s.tel_early_exit and not self.training
-        record = self.record_trace
-        energy_available = s.tel_activation != "silu"
-        with_energy = energy_available and (record or early_exit and s.tel_exit_rule == "energy")
+        early_exit = EarlyExit(s.tel_exit_tolerance, s.tel_exit_patience, self.channel_dim) \
+            if s.tel_early_exit and not self.training else None
+        record = recording_energies()
+        with_energy = s.tel_activation != "silu" and (record or early_exit is not None and s.tel_exit_rule == "energy")
+        exit_rule = "residual" if s.tel_exit_rule == "gradient" else "free_energy_change"
         etas = self.step_sizes()
         tau = _widened(self.tel_log_temperature).clamp(*self.log_temperature_bounds)  # Algorithm 1 line 2
         tau = self._per_channel(tau, anchor.dim())
-        smoothed_entropy = streak = active = steps_taken = None
-        trace = []
-        y = anchor
-        for i in range(s.tel_steps):
+
+        def step(index: int, state: tuple):
+            y, tau, smoothed_entropy = state
+            eta = etas[min(index, len(etas) - 1)]
             temperature = tau.exp()  # eq. 7 (tau is kept clipped)
             force = self.entropy_force(y)  # g_S, line 7
-            y_next = self.step(y, anchor, etas[i], temperature, force)
-            if record or early_exit:
-                diagnostics = self._diagnostics(y, y_next, anchor, temperature, force, with_energy)
-            if early_exit:  # lines 16-25, per position
-                rule = "gradient_norm" if s.tel_exit_rule == "gradient" else "free_energy_change"
-                criterion = diagnostics[rule].abs()
-                if active is None:
-                    active = torch.ones_like(criterion, dtype=torch.bool)
-                    streak = torch.zeros_like(criterion, dtype=torch.long)
-                    steps_taken = torch.zeros_like(criterion)
-                y_next = torch.where(active.unsqueeze(self.channel_dim), y_next, y)
-                steps_taken = steps_taken + active
-                streak = torch.where(criterion <= s.tel_exit_tolerance, streak + 1, 0)
-                active = active & (streak < s.tel_exit_patience)
-            if record:
-                trace.append({"temperature": temperature.mean(), "step_size": etas[i],
-                              **{name: value.mean() for name, value in diagnostics.items()}})
+            y_next = self.step(y, anchor, eta, temperature, force)
+            records, residual = {}, None
+            if record or early_exit is not None:  # outside autograd: recording must not change the graph
+                with torch.no_grad():
+                    diagnostics = self._diagnostics(y, y_next, anchor, temperature, force, with_energy)
+                residual = diagnostics[exit_rule].abs() if early_exit is not None else None  # lines 16-25
+                if record:
+                    records = {"temperature": temperature.mean(), "step_size": eta,
+                               **{name: value.mean() for name, value in diagnostics.items()}}
             if adapt:
                 tau, smoothed_entropy = self._dual_update(tau, force, smoothed_entropy)
-            y = y_next
-            if early_exit and not active.any():
-                break
+            return (y_next, tau, smoothed_entropy), residual, records
+
+        refined = refine(step, (anchor, tau, None), steps, early_exit=early_exit,
+                         records="detached" if record else None)
         if record:
-            self.last_trace = {name: torch.stack([step[name] for step in trace]).detach() for name in trace[0]}
-            iterations = steps_taken.float().mean() if steps_taken is not None else torch.tensor(float(s.tel_steps))
-            self.last_trace["iterations"] = iterations.detach().to(anchor.device)
-        return y
+            record_energies({**refined.records, "iterations": refined.iterations.float().mean().to(anchor.device)})
+        return refined.state[0]
 
 
 class ThermodynamicEquilibriumLayer(nn.Module):
-    """A TEL layer (tel.txt §2.2, eq. 10): Phi(x) = y^(K) of `EquilibriumRefinement` started at y0 = anchor(x).
+    """A TEL layer (tel.txt §2.2, eq. 10): Phi(x) = y^(K) of `ThermodynamicRefinement` started at y0 = anchor(x).
 
     Args:
         anchor: the module computing Wx: nn.Linear, GPT-2's Conv1D, nn.Conv2d (channel axis 1), or any module
@@ -468,7 +471,7 @@ class ThermodynamicEquilibriumLayer(nn.Module):
         if channel_dim is None:
             channel_dim = 1 if isinstance(anchor, (nn.Conv1d, nn.Conv2d, nn.Conv3d)) else -1
         self.anchor = anchor
-        self.refinement = EquilibriumRefinement(_output_width(anchor), channel_dim, settings or TELSettings())
+        self.refinement = ThermodynamicRefinement(_output_width(anchor), channel_dim, settings or TELSettings())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.refinement(self.anchor(x))

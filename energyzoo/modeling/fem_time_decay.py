@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .free_energy import widened
+from .fem_free_energy import widened
 
 
 def decayed_cumsum(

@@ -17,7 +17,7 @@ decoding share the code. Padded positions (``valid`` False) get no weight and no
 
 import torch
 
-from .free_energy import (
+from .fem_free_energy import (
     EXP_ARGUMENT_CAP,
     FreeEnergyRead,
     clip_values_for_exp,
@@ -39,7 +39,7 @@ def aft_free_energy_read(
     state: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     chunk_size: int = 16,
 ) -> FreeEnergyRead:
-    """FEM read (mu, f_max) under the AFT prior, with the streaming state (signature: `free_energy`).
+    """FEM read (mu, f_max) under the AFT prior, with the streaming state (signature: `fem_free_energy`).
 
     Args:
         value: (batch, seq, heads, v_dim) values; beta: (heads, v_dim) inverse temperature.

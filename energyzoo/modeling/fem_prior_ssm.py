@@ -22,7 +22,7 @@ Padded positions (``valid`` False) neither enter the state nor decay it.
 
 import torch
 
-from .free_energy import (
+from .fem_free_energy import (
     EXP_ARGUMENT_CAP,
     FreeEnergyRead,
     clip_values_for_exp,
@@ -44,7 +44,7 @@ def ssm_free_energy_read(
     state: tuple[torch.Tensor, torch.Tensor] | None = None,
     chunk_size: int = 16,
 ) -> FreeEnergyRead:
-    """FEM read (mu, f_max) under the SSM prior, with the streaming state (signature: `free_energy`).
+    """FEM read (mu, f_max) under the SSM prior, with the streaming state (signature: `fem_free_energy`).
 
     Args:
         value: (batch, seq, heads, v_dim) values; beta: (heads, v_dim) inverse temperature.

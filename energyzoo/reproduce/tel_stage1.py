@@ -22,7 +22,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..modeling.tel import TELSettings, ThermodynamicEquilibriumLayer
+from ..modeling.outputs import tracing_energies
+from ..modeling.tel_layer import TELSettings, ThermodynamicEquilibriumLayer
 
 MODELS = ("linear", "mlp", "tel")
 BOTTLENECK = 2
@@ -177,16 +178,15 @@ def train_one(task: Task, kind: str, width: int, seed: int, settings: StageOneSe
 def tel_trace(model: nn.Module, task: Task, seed: int) -> dict[str, list[float]]:
     """Per-step diagnostics of the first TEL layer on the test split, in training mode (the dual update of
     TEL eq. 9 running) and at inference (T frozen)."""
-    layer = next(m for m in model.modules() if isinstance(m, ThermodynamicEquilibriumLayer)).refinement
     x_test = _splits(task, seed)["test"][0]
     traces = {}
-    layer.record_trace = True
     with torch.no_grad():
         for mode in ("train", "eval"):
             model.train(mode == "train")
-            model(x_test)
-            traces[mode] = {name: value.tolist() for name, value in layer.last_trace.items() if value.dim() == 1}
-    layer.record_trace = False
+            with tracing_energies("tel") as trace:
+                model(x_test)
+            first = trace.layers[0]
+            traces[mode] = {name: value.tolist() for name, value in first.items() if value.dim() == 1}
     return traces
 
 
@@ -269,7 +269,7 @@ def plot_traces(report: dict, path: Path) -> None:
     for dataset, traces in report["traces"].items():
         steps = range(1, len(traces["train"]["temperature"]) + 1)
         axes[0].plot(steps, traces["train"]["temperature"], marker="o", label=dataset)
-        axes[1].plot(steps, traces["eval"]["gradient_norm"], marker="o", label=dataset)
+        axes[1].plot(steps, traces["eval"]["residual"], marker="o", label=dataset)
         axes[2].plot(steps, traces["eval"]["enthalpy_entropy_ratio"], marker="o", label=dataset)
     titles = ("temperature T_i (training mode: eq. 9 dual update)", "||g_G|| = ||grad G|| per step (inference)",
               "rho_i = ||g_H|| / ||T g_S|| (inference)")

@@ -1,8 +1,9 @@
 """`energyzoo quickstart`: the short path through `train`, `eval` and `export`.
 
 Trains a tiny FEM-LM on the embedded Python documentation with the shipped `fem-lm-tiny` recipe, evaluates
-it on the offline `local` lm-eval suite, exports a Hub-ready folder (card included) and says how to push it.
-Offline throughout; a few minutes on 2 CPU cores.
+it on the offline `local` lm-eval suite, exports a Hub-ready folder (card included), plots the exported model's
+energy trace on the prompt (``energies.png``) and says how to push it. Offline throughout; a few minutes on
+2 CPU cores. It orchestrates `training`, `eval` and `hub_cards`, so it lives above them.
 """
 
 import math
@@ -10,12 +11,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from ..eval.harness import run_suite
-from ..hub_cards import export_folder
-from .recipe import load_recipe
-from .run import run_training
+from .eval.harness import run_suite
+from .hub_cards import export_folder
+from .training.recipe import load_recipe
+from .training.run import run_training
 
 
 @dataclass
@@ -26,6 +28,7 @@ class QuickstartReport:
     vocab_size: int
     local_results: dict  # {"energyzoo_pydoc_mc": {"acc": ...}, "energyzoo_pydoc_ppl": {...}}
     sample: str
+    energy_plot: Path  # the exported model's EnergyTrace on the prompt, per layer
     seconds: float
 
     @property
@@ -54,9 +57,14 @@ def run_quickstart(output_dir: str | Path = "runs/quickstart", steps: int = 500,
     export_dir = export_folder(trained.model_dir, output_dir / "export")
     model = AutoModelForCausalLM.from_pretrained(export_dir)
     tokenizer = AutoTokenizer.from_pretrained(export_dir)
-    generated = model.generate(**tokenizer(prompt, return_tensors="pt"), max_new_tokens=40, do_sample=False,
+    inputs = tokenizer(prompt, return_tensors="pt")
+    with torch.no_grad():
+        trace = model(**inputs, output_energies=True).energies
+    energy_plot = output_dir / "energies.png"
+    trace.plot(energy_plot)
+    generated = model.generate(**inputs, max_new_tokens=40, do_sample=False,
                                repetition_penalty=1.2, pad_token_id=tokenizer.pad_token_id)
     tail = trained.losses[-20:]
     return QuickstartReport(export_dir, sum(tail) / len(tail), trained.final_metrics["validation_loss"],
                             len(tokenizer), local, tokenizer.decode(generated[0], skip_special_tokens=True),
-                            time.perf_counter() - started)
+                            energy_plot, time.perf_counter() - started)

@@ -14,14 +14,14 @@ exponents <= 0, so long cumulative decays never underflow to a wrong value.
 Streaming numerics: M (detached: it cancels exactly) is a running per-channel maximum of beta v, raised chunk
 by chunk; when it grows, the state's exp columns are rescaled by exp(M_old - M_new) (online-softmax style).
 The same code serves prefill, chunked prefill and one-token decoding, which therefore agree. Values are
-clipped to |beta v| <= 40 as for the softmax prior (`free_energy.clip_values_for_exp`). Padded positions
+clipped to |beta v| <= 40 as for the softmax prior (`fem_free_energy.clip_values_for_exp`). Padded positions
 (``valid`` False) get k~ = 0 and no decay: they neither enter nor change the state.
 """
 
 import torch
 import torch.nn.functional as F
 
-from .free_energy import (
+from .fem_free_energy import (
     EXP_ARGUMENT_CAP,
     FreeEnergyRead,
     clip_values_for_exp,
@@ -68,7 +68,7 @@ def gla_free_energy_read(
     chunk_size: int = 64,
     eps: float = 1e-6,
 ) -> FreeEnergyRead:
-    """FEM read (mu, f_max) under the GLA prior, with the streaming state (signature: `free_energy`).
+    """FEM read (mu, f_max) under the GLA prior, with the streaming state (signature: `fem_free_energy`).
 
     Args:
         value: (batch, seq, heads, v_dim) values; beta: (heads, v_dim) inverse temperature.

@@ -1,0 +1,1 @@
+"""CPU-scale reruns of paper experiments, one file each (`energyzoo reproduce NAME`)."""

@@ -1,0 +1,105 @@
+"""The task table: what `energyzoo train` and fine-tuning do for each task a preset card names (DESIGN.md,
+keyed like `registry.TASKS`): the data a task reads, the batch -> model kwargs mapping, and its metrics.
+
+Metrics are sums over a batch, ``{name: (numerator, denominator)}``, so that `run.evaluate` can add them over
+batches and processes before dividing (an accuracy is correct / counted).
+"""
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from .data import digit_code_split, digits_split, language_model_blocks, sudoku_split
+
+
+@dataclass
+class TrainingData:
+    train_inputs: torch.Tensor
+    train_labels: torch.Tensor
+    validation_inputs: torch.Tensor
+    validation_labels: torch.Tensor
+
+
+@dataclass(frozen=True)
+class TrainingTask:
+    """sources: recipe data source -> its description for model cards, formatted with the recipe's data section
+    (the first source is the default); tokenized: it trains on text and
+    needs a tokenizer; load(data section, tokenizer, seed) -> `TrainingData`; model_inputs(inputs, labels) ->
+    the model's tensor kwargs (also `Trainer` rows); model_options: keyword arguments of every call that are
+    not per-example tensors; metrics(outputs, labels) -> ``{name: (numerator, denominator)}``."""
+
+    sources: dict[str, str]
+    tokenized: bool
+    load: Callable
+    model_inputs: Callable[[torch.Tensor, torch.Tensor], dict]
+    metrics: Callable[[object, torch.Tensor], dict[str, tuple[torch.Tensor, torch.Tensor]]]
+    model_options: dict = field(default_factory=dict)
+
+
+def _text_blocks(data, tokenizer, seed) -> TrainingData:
+    train, validation = language_model_blocks(data, tokenizer)
+    return TrainingData(train, train, validation, validation)
+
+
+def _accuracy(outputs, labels):
+    return {"accuracy": ((outputs.logits.argmax(-1) == labels).sum(), torch.tensor(labels.numel()))}
+
+
+def _masked_accuracy(outputs, labels):
+    """Accuracy over the labelled (masked) positions, labels != -100, of per-token logits."""
+    scored = labels != -100
+    return {"masked_accuracy": (((outputs.logits.argmax(-1) == labels) & scored).sum(), scored.sum())}
+
+
+def _sudoku_metrics(outputs, labels):
+    """cell_accuracy over the blanks, board_accuracy: boards with every blank right (hyperset.txt §5.1)."""
+    scored = labels != -100
+    wrong = (outputs.logits.argmax(-1) != labels) & scored
+    return {"cell_accuracy": ((scored & ~wrong).sum(), scored.sum()),
+            "board_accuracy": ((~wrong.any(-1)).sum(), torch.tensor(len(labels)))}
+
+
+TRAINING_TASKS = {
+    "causal-lm": TrainingTask(
+        sources={"python-docs": "the Python documentation shipped with CPython (`pydoc_data.topics`) in blocks of "
+                                "{block_size} tokens",
+                 "text": "local text files ({paths}) in blocks of {block_size} tokens",
+                 "jsonl": "the `{text_field}` field of local JSONL files ({paths}) in blocks of {block_size} tokens",
+                 "hf": "the `datasets` source `{name}` in blocks of {block_size} tokens"},
+        tokenized=True,
+        load=_text_blocks,
+        model_inputs=lambda inputs, labels: {"input_ids": inputs, "labels": labels},
+        metrics=lambda outputs, labels: {},
+        model_options={"use_cache": False},
+    ),
+    "image-classification": TrainingTask(
+        sources={"digits": "scikit-learn's 8x8 digits"},
+        tokenized=False,
+        load=lambda data, tokenizer, seed: TrainingData(*digits_split(data.validation_fraction, seed)),
+        model_inputs=lambda inputs, labels: {"pixel_values": inputs, "labels": labels},
+        metrics=_accuracy,
+    ),
+    "token-classification": TrainingTask(
+        sources={"sudoku": "{examples} generated Sudoku puzzles with {givens[0]} to {givens[1]} givens"},
+        tokenized=False,
+        load=lambda data, tokenizer, seed: TrainingData(
+            *sudoku_split(data.examples, tuple(data.givens), data.validation_fraction, seed)),
+        model_inputs=lambda inputs, labels: {"input_ids": inputs, "labels": labels},
+        metrics=_sudoku_metrics,
+    ),
+    "masked-image-modeling": TrainingTask(
+        sources={"digit-codes": "scikit-learn's 8x8 digits as grids of 17 codes, masked on MaskGIT's cosine "
+                                "schedule"},
+        tokenized=False,
+        load=lambda data, tokenizer, seed: TrainingData(*digit_code_split(data.validation_fraction, seed)),
+        model_inputs=lambda inputs, labels: {"input_ids": inputs, "labels": labels},
+        metrics=_masked_accuracy,
+    ),
+}
+
+
+def training_task(task: str) -> TrainingTask:
+    if task not in TRAINING_TASKS:
+        raise ValueError(f"energyzoo trains the tasks {sorted(TRAINING_TASKS)}; {task!r} has no training data here")
+    return TRAINING_TASKS[task]

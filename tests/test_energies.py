@@ -1,0 +1,51 @@
+"""The zoo's one energy mechanism (`energyzoo.modeling.outputs`): recording scope and the plot helper."""
+
+import torch
+from torch import nn
+
+from energyzoo import FEMConfig, FEMForCausalLM, TELSettings, ThermodynamicEquilibriumLayer
+from energyzoo.modeling.outputs import record_energies, recording_energies, tracing_energies
+
+
+def test_layers_record_only_inside_a_trace_and_into_the_innermost_one():
+    record_energies({"energy": torch.ones(1)})  # no trace: a no-op
+    assert not recording_energies()
+    with tracing_energies("outer") as outer:
+        record_energies({"energy": torch.zeros(1, requires_grad=True) + 1})
+        with tracing_energies("inner") as inner:
+            record_energies({"energy": torch.full((1,), 2.0)})
+        record_energies({"energy": torch.full((1,), 3.0)})
+    assert [float(layer["energy"]) for layer in outer.layers] == [1.0, 3.0]
+    assert [float(layer["energy"]) for layer in inner.layers] == [2.0]
+    assert outer.layers[0]["energy"].grad_fn is None  # stored detached
+    assert not recording_energies()
+
+
+def plotted(figure) -> dict[str, list[tuple[list[float], list[float]]]]:
+    return {axis.get_title(): [(list(line.get_xdata()), list(line.get_ydata())) for line in axis.get_lines()]
+            for axis in figure.axes}
+
+
+def test_plot_draws_per_step_quantities_of_iterative_layers(tmp_path):
+    module = nn.Sequential(ThermodynamicEquilibriumLayer(nn.Linear(4, 8), TELSettings(tel_activation="tanh")),
+                           ThermodynamicEquilibriumLayer(nn.Linear(8, 8), TELSettings(tel_steps=3))).train()
+    with tracing_energies("tel") as trace:
+        module(torch.randn(16, 4))
+    figure = trace.plot(tmp_path / "tel.png")
+    assert (tmp_path / "tel.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    lines = plotted(figure)
+    assert set(lines) == {"temperature", "residual"}  # silu (second layer) has no closed-form energy
+    for layer, (steps, temperatures) in zip(trace.layers, lines["temperature"]):
+        assert steps == list(range(len(layer["temperature"])))
+        torch.testing.assert_close(torch.tensor(temperatures, dtype=torch.float32), layer["temperature"].float())
+    assert len(lines["temperature"][1][0]) == 3
+
+
+def test_plot_draws_per_layer_means_of_non_iterative_layers(tmp_path):
+    model = FEMForCausalLM(FEMConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                                     num_attention_heads=4)).eval()
+    with torch.no_grad():
+        trace = model(torch.randint(3, 50, (2, 9)), output_energies=True).energies
+    ((layers, energies),) = plotted(trace.plot(tmp_path / "fem.png", names=("energy",)))["energy"]
+    assert layers == [0, 1, 2]
+    torch.testing.assert_close(torch.tensor(energies, dtype=torch.float32), trace.stack("energy").float().mean(dim=(1, 2)))

@@ -1,0 +1,92 @@
+"""The registry is the one place an architecture is declared: a walk over it checks that every declared class is
+registered with its Auto class, covered by a contract tester, and exportable as a folder of its own family's files.
+"""
+
+import importlib
+import inspect
+import json
+from pathlib import Path
+
+import pytest
+from transformers import AutoConfig, AutoModel
+
+from energyzoo.hub_cards import export_model
+from energyzoo.hub_cards.export import render_card
+from energyzoo.presets import config_from_preset, preset_card, preset_names
+from energyzoo.registry import ARCHITECTURES, TASKS, architecture
+
+from contract import ModelContract
+
+TESTS = Path(__file__).parent
+
+
+def contract_testers() -> list[type]:
+    """Every contract tester pytest runs (classes named Test* in the tests/test_*contract.py files)."""
+    testers = []
+    for path in sorted(TESTS.glob("test_*contract.py")):
+        module = importlib.import_module(path.stem)
+        testers += [cls for name, cls in vars(module).items()
+                    if name.startswith("Test") and inspect.isclass(cls) and issubclass(cls, ModelContract)]
+    return testers
+
+
+TESTERS = contract_testers()
+
+
+def family(model_type: str) -> str:
+    """The file prefix of an architecture's family ("tel-vit" -> "tel")."""
+    return model_type.split("-")[0]
+
+
+@pytest.mark.parametrize("model_type", sorted(ARCHITECTURES))
+def test_every_declared_class_is_registered_with_its_auto_class(model_type):
+    entry = ARCHITECTURES[model_type]
+    assert entry.config_class.model_type == model_type
+    assert AutoConfig.for_model(model_type).__class__ is entry.config_class
+    assert AutoModel._model_mapping[entry.config_class] is entry.base_model
+    for task, head in entry.heads.items():
+        assert TASKS[task].auto_class._model_mapping[entry.config_class] is head
+        assert head.config_class is entry.config_class
+
+
+@pytest.mark.parametrize("model_type", sorted(ARCHITECTURES))
+def test_every_declared_head_is_covered_by_a_contract_tester(model_type):
+    covered = {tester.task for tester in TESTERS if tester.model_type == model_type}
+    assert covered == set(ARCHITECTURES[model_type].heads), f"{model_type}: contract testers cover {covered}"
+
+
+def test_unknown_architectures_are_refused_by_name():
+    with pytest.raises(ValueError, match="'gpt2' is not a zoo architecture"):
+        architecture("gpt2")
+
+
+@pytest.mark.parametrize("model_type", sorted(ARCHITECTURES))
+def test_every_bench_preset_is_the_architecture_and_names_a_baseline(model_type):
+    for preset in ARCHITECTURES[model_type].bench_presets:
+        assert preset in preset_names()
+        card = preset_card(preset)
+        assert card["baseline"] in preset_names()
+        assert type(config_from_preset(preset)) is ARCHITECTURES[model_type].config_class
+
+
+@pytest.mark.parametrize("tester", [t for t in TESTERS if t.task == next(iter(ARCHITECTURES[t.model_type].heads))],
+                         ids=lambda tester: tester.__name__)
+def test_export_writes_a_full_auto_map_over_the_familys_files_only(tester, tmp_path):
+    """The exported folder's auto_map names every declared class, each in a modeling file of the folder; the
+    folder holds the architecture's family files and the shared ones, no other family's; its card renders."""
+    instance = tester()
+    model = instance.build()
+    folder = export_model(model, tmp_path / "export")
+    entry = ARCHITECTURES[tester.model_type]
+    auto_map = json.loads((folder / "config.json").read_text())["auto_map"]
+    declared = {entry.config_class, entry.base_model, *entry.heads.values()}
+    assert {target.split(".")[1] for target in auto_map.values()} == {cls.__name__ for cls in declared}
+    files = {path.stem for path in folder.glob("*.py")}
+    assert {target.split(".")[0] for target in auto_map.values()} <= files
+    own = family(tester.model_type)
+    others = {family(other) for other in ARCHITECTURES} - {own}
+    assert not [name for name in files if any(name.startswith(f"{other}_") or name.endswith(f"_{other}")
+                                               for other in others)], files
+    assert f"modeling_{own}" in files and f"configuration_{own}" in files
+    card = render_card(model, tmp_path / "export", next(iter(entry.heads)))
+    assert card.data.pipeline_tag == TASKS[next(iter(entry.heads))].pipeline_tag
