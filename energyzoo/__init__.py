@@ -5,6 +5,13 @@ Importing the package registers every architecture with AutoConfig / AutoModel /
 
 from .modeling.configuration_fem import FEMConfig
 from .modeling.modeling_fem import FEMForCausalLM, FEMForSequenceClassification, FEMModel, FEMPreTrainedModel
+from .modeling.configuration_hyperset import HyperSETConfig
+from .modeling.modeling_hyperset import (
+    HyperSETForImageClassification,
+    HyperSETForMaskedImageModeling,
+    HyperSETForTokenClassification,
+    HyperSETModel,
+)
 from .modeling.configuration_tel import TELGPT2Config, TELResNetConfig, TELViTConfig
 from .modeling.modeling_tel import (
     TELGPT2LMHeadModel,
@@ -29,6 +36,11 @@ __all__ = [
     "FEMForSequenceClassification",
     "FEMModel",
     "FEMPreTrainedModel",
+    "HyperSETConfig",
+    "HyperSETForImageClassification",
+    "HyperSETForMaskedImageModeling",
+    "HyperSETForTokenClassification",
+    "HyperSETModel",
     "ThermodynamicRefinement",
     "TELGPT2Config",
     "TELGPT2LMHeadModel",

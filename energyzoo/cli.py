@@ -98,12 +98,21 @@ def _bench(args) -> int:
 
 
 def _reproduce(args) -> int:
-    from .reproduce.tel_stage1 import StageOneSettings, format_markdown, run_stage_one, write_report
+    if args.experiment == "hyperset":
+        from .reproduce.hyperset import HypersetSettings, format_markdown, run_hyperset, write_report
 
-    settings = StageOneSettings(datasets=tuple(args.datasets), widths=tuple(args.widths), seeds=args.seeds,
-                                epochs=args.epochs)
-    report = run_stage_one(settings)
-    paths = write_report(report, args.output_dir)
+        settings = HypersetSettings(sudoku_steps=args.sudoku_steps, classification_steps=args.classification_steps,
+                                    maskgit_steps=args.maskgit_steps)
+        output_dir = args.output_dir or "runs/hyperset"
+        report = run_hyperset(settings, output_dir)
+    else:
+        from .reproduce.tel_stage1 import StageOneSettings, format_markdown, run_stage_one, write_report
+
+        settings = StageOneSettings(datasets=tuple(args.datasets), widths=tuple(args.widths), seeds=args.seeds,
+                                    epochs=args.epochs)
+        output_dir = args.output_dir or "runs/tel-stage1"
+        report = run_stage_one(settings)
+    paths = write_report(report, output_dir)
     print(format_markdown(report))
     print(f"\n{report['seconds']:.0f} s; wrote " + ", ".join(str(path) for path in paths.values()))
     return 0
@@ -164,13 +173,17 @@ def build_parser() -> argparse.ArgumentParser:
     bench.set_defaults(run=_bench)
 
     reproduce = commands.add_parser("reproduce", help="a CPU-scale rerun of a paper experiment, with a report")
-    reproduce.add_argument("experiment", choices=["tel-stage1"],
-                           help="tel-stage1: tel.txt Stage I, Linear vs MLP vs TEL at matched width")
-    reproduce.add_argument("--output-dir", default="runs/tel-stage1")
+    reproduce.add_argument("experiment", choices=["tel-stage1", "hyperset"],
+                           help="tel-stage1: tel.txt Stage I, Linear vs MLP vs TEL at matched width; hyperset: "
+                                "Sudoku test-time scaling, digits vs a matched ViT, energy curves")
+    reproduce.add_argument("--output-dir", default=None, help="default: runs/<experiment>")
     reproduce.add_argument("--datasets", nargs="+", default=["digits", "wine", "diabetes", "swiss_roll", "s_curve"])
     reproduce.add_argument("--widths", nargs="+", type=int, default=[16, 64, 256])
     reproduce.add_argument("--seeds", type=int, default=5)
     reproduce.add_argument("--epochs", type=int, default=60)
+    reproduce.add_argument("--sudoku-steps", type=int, default=2000, help="hyperset: Sudoku training steps")
+    reproduce.add_argument("--classification-steps", type=int, default=2000, help="hyperset: digits training steps")
+    reproduce.add_argument("--maskgit-steps", type=int, default=1500, help="hyperset: MaskGIT training steps")
     reproduce.set_defaults(run=_reproduce)
     return parser
 

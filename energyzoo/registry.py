@@ -22,8 +22,15 @@ from transformers import (
 )
 
 from .modeling.configuration_fem import FEMConfig
+from .modeling.configuration_hyperset import HyperSETConfig
 from .modeling.configuration_tel import TELGPT2Config, TELResNetConfig, TELViTConfig
 from .modeling.modeling_fem import FEMForCausalLM, FEMForSequenceClassification, FEMModel
+from .modeling.modeling_hyperset import (
+    HyperSETForImageClassification,
+    HyperSETForMaskedImageModeling,
+    HyperSETForTokenClassification,
+    HyperSETModel,
+)
 from .modeling.modeling_tel import (
     TELGPT2LMHeadModel,
     TELGPT2Model,
@@ -107,6 +114,15 @@ ARCHITECTURES = {
     "tel-resnet": Architecture(TELResNetConfig, TELResNetModel,
                                {"image-classification": TELResNetForImageClassification}, "tel.md",
                                card_facts=_tel_card_facts("ResNet")),
+    "hyperset": Architecture(
+        HyperSETConfig,
+        HyperSETModel,
+        {"image-classification": HyperSETForImageClassification,
+         "masked-image-modeling": HyperSETForMaskedImageModeling,
+         "token-classification": HyperSETForTokenClassification},
+        "hyperset.md",
+        card_facts=lambda config: dict(layers=config.num_hidden_layers, iterations=config.num_iterations),
+    ),
 }
 
 

@@ -183,16 +183,23 @@ class ModelContract:
                 model.activation_checkpointing_enable()
             return
         inputs = self.make_inputs(model.config)
-        plain_loss, plain_grads = loss_and_gradients(model, inputs)
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-        calls = []
         block_names = [self.checkpointed_block] if self.checkpointed_block else model._no_split_modules
         block = next(m for m in model.modules() if m.__class__.__name__ in block_names)
-        # Checkpointing wraps the block's forward, so a child of the block runs again during backward.
-        handle = next(block.children()).register_forward_hook(lambda *args: calls.append(1))
+        # Checkpointing wraps the block's forward, so the first module the block runs runs again during backward:
+        # twice as often as without checkpointing (a recurrent block runs it several times per forward).
+        calls = []
+        handles = [leaf.register_forward_hook(lambda module, *args: calls.append(module))
+                   for leaf in block.modules() if not list(leaf.children())]
+        plain_loss, plain_grads = loss_and_gradients(model, inputs)
+        first = calls[0]
+        plain_calls = sum(module is first for module in calls)
+        calls.clear()
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         checkpointed_loss, checkpointed_grads = loss_and_gradients(model, inputs)
-        handle.remove()
-        assert len(calls) == 2, "the block's forward should run again in backward when checkpointed"
+        for handle in handles:
+            handle.remove()
+        assert sum(module is first for module in calls) == 2 * plain_calls, \
+            "the block's forward should run again in backward when checkpointed"
         torch.testing.assert_close(checkpointed_loss, plain_loss)
         assert plain_grads.keys() == checkpointed_grads.keys()
         for name in plain_grads:

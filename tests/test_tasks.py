@@ -1,6 +1,8 @@
 """The task table (`training.tasks`): the generated data each task trains on, its metrics, and the recipe's task
 coming from the model card, never from the data source."""
 
+import functools
+import itertools
 from types import SimpleNamespace
 
 import numpy as np
@@ -8,39 +10,70 @@ import pytest
 import torch
 from sklearn.datasets import load_digits
 
-from energyzoo.training.data import DIGIT_MASK_ID, digit_code_split, sudoku_solutions, sudoku_split
+from energyzoo.training.data import DIGIT_MASK_ID, digit_code_split, masked_codes
+from energyzoo.training.image_tokenizer import (
+    DIGIT_PATCH_CODES,
+    digit_patch_split,
+    digit_patch_tokenizer,
+    reconstruction_metrics,
+)
+from energyzoo.training.sudoku import count_solutions, sudoku_solutions, sudoku_split
 from energyzoo.training.recipe import DATA_SOURCES, recipe_from_dict
 from energyzoo.training.tasks import TRAINING_TASKS, training_task
 
-DIGITS = set(range(1, 10))
-
-
-def is_solved_sudoku(board: torch.Tensor) -> bool:
-    grid = board.reshape(9, 9).tolist()
+def is_solved_sudoku(board: torch.Tensor, box: int = 3) -> bool:
+    side = box * box
+    grid = board.reshape(side, side).tolist()
+    digits = set(range(1, side + 1))
     rows = [set(row) for row in grid]
     columns = [set(column) for column in zip(*grid)]
-    boxes = [{grid[r][c] for r in range(br, br + 3) for c in range(bc, bc + 3)} for br in (0, 3, 6) for bc in (0, 3, 6)]
-    return all(group == DIGITS for group in rows + columns + boxes)
+    boxes = [{grid[r][c] for r in range(br, br + box) for c in range(bc, bc + box)}
+             for br in range(0, side, box) for bc in range(0, side, box)]
+    return all(group == digits for group in rows + columns + boxes)
 
 
-def test_generated_sudoku_solutions_are_valid_and_varied():
-    boards = sudoku_solutions(200, torch.Generator().manual_seed(0))
-    assert all(is_solved_sudoku(board) for board in boards)
-    assert len({tuple(board.tolist()) for board in boards}) == 200
+@functools.cache
+def all_4x4_grids() -> list[tuple[int, ...]]:
+    """Every solved 4x4 board, enumerated from rows that are permutations (an independent list: 288 of them)."""
+    rows = list(itertools.permutations(range(1, 5)))
+    return [sum(grid, ()) for grid in itertools.product(rows, repeat=4)
+            if is_solved_sudoku(torch.tensor(sum(grid, ())), 2)]
+
+
+def completions_4x4(board: list[int]) -> int:
+    return sum(all(given in (0, digit) for given, digit in zip(board, grid)) for grid in all_4x4_grids())
+
+
+@pytest.mark.parametrize("box", [2, 3])
+def test_generated_sudoku_solutions_are_valid_and_varied(box):
+    boards = sudoku_solutions(200, torch.Generator().manual_seed(0), box)
+    assert all(is_solved_sudoku(board, box) for board in boards)
+    distinct = len({tuple(board.tolist()) for board in boards})
+    assert distinct == 200 if box == 3 else distinct > 100  # 4x4 has only 288 grids: draws collide
     # every digit lands in every cell across boards: the symmetries are drawn, not a fixed grid relabelled
-    assert all(len(set(column.tolist())) == 9 for column in boards.T)
+    assert all(len(set(column.tolist())) == box * box for column in boards.T)
 
 
-def test_sudoku_puzzles_blank_cells_with_labels_from_the_solution():
-    train_inputs, train_labels, val_inputs, val_labels = sudoku_split(100, (30, 45), 0.2, seed=1)
-    assert (len(train_inputs), len(val_inputs)) == (80, 20)
+@pytest.mark.parametrize("box,givens", [(2, (4, 6)), (3, (28, 36))])
+def test_sudoku_puzzles_have_unique_solutions_and_labels_from_them(box, givens):
+    train_inputs, train_labels, val_inputs, val_labels = sudoku_split(40, givens, 0.25, seed=1, box=box)
+    assert (len(train_inputs), len(val_inputs)) == (30, 10)
     inputs, labels = torch.cat([train_inputs, val_inputs]), torch.cat([train_labels, val_labels])
     blanks = inputs == 0
     assert torch.equal(blanks, labels != -100)
-    givens = (~blanks).sum(-1)
-    assert givens.min() >= 30 and givens.max() <= 45 and len(set(givens.tolist())) > 5
+    kept = (~blanks).sum(-1)
+    assert kept.min() >= givens[0] and len(set(kept.tolist())) > 1
     solved = torch.where(blanks, labels + 1, inputs)
-    assert all(is_solved_sudoku(board) for board in solved)
+    assert all(is_solved_sudoku(board, box) for board in solved)
+    if box == 2:  # 4x4: check uniqueness by enumerating every completion
+        assert all(completions_4x4(board.tolist()) == 1 for board in inputs[:10])
+    assert all(count_solutions(board.tolist(), box) == 1 for board in inputs)
+
+
+def test_solution_counter_finds_several_solutions_and_contradictions():
+    empty = [0] * 16
+    assert count_solutions(empty, 2, limit=1000) == len(all_4x4_grids()) == 288
+    assert count_solutions([1, 1] + [0] * 14, 2) == 0
 
 
 def test_digit_codes_mask_on_the_cosine_schedule_and_keep_the_pixels_elsewhere():
@@ -55,6 +88,30 @@ def test_digit_codes_mask_on_the_cosine_schedule_and_keep_the_pixels_elsewhere()
     reference = {tuple(image) for image in load_digits().images.reshape(-1, 64).astype(int).tolist()}
     assert {tuple(image.tolist()) for image in images} <= reference
     assert len(images) == len(load_digits().images)
+
+
+def test_paper_masks_draw_a_ratio_below_0_4_and_mask_cells_independently():
+    """hyperset.txt D.4: ratio ~ U(0, 0.4) per image, Bernoulli per token: mean 0.2, per-image counts spread like
+    a binomial mixture (some images unmasked), never a fixed count."""
+    codes = torch.zeros(20000, 16, dtype=torch.long)
+    inputs, labels = masked_codes(codes, "bernoulli-0.4", 99, torch.Generator().manual_seed(0))
+    masked = inputs == 99
+    assert torch.equal(masked, labels != -100)
+    assert abs(masked.float().mean().item() - 0.2) < 0.01
+    counts = masked.sum(-1)
+    # P(no cell masked) = E[(1 - 0.4 u)^16] = (1 - 0.6^17) / (0.4 * 17)
+    assert abs((counts == 0).float().mean().item() - (1 - 0.6**17) / 6.8) < 0.01
+    assert counts.max() <= 16 and (counts > 12).float().mean() < 0.01
+
+
+def test_digit_patches_are_kmeans_codes_of_the_training_images():
+    train_inputs, train_labels, val_inputs, val_labels = digit_patch_split(0.1, seed=3, schedule="cosine")
+    codes = torch.where(train_inputs == DIGIT_PATCH_CODES, train_labels, train_inputs)
+    tokenizer = digit_patch_tokenizer(0.1, seed=3)
+    images = tokenizer.decode(codes, (8, 8))
+    original = load_digits().images[torch.randperm(1797, generator=torch.Generator().manual_seed(3))[: len(codes)]]
+    assert reconstruction_metrics(original, images)["psnr"] > 20  # a faithful 64-code tokenizer
+    assert codes.max() < DIGIT_PATCH_CODES and len(codes.unique()) > 40
 
 
 def logits_choosing(predictions: torch.Tensor, classes: int) -> SimpleNamespace:
@@ -91,7 +148,7 @@ def test_every_data_source_belongs_to_exactly_one_task():
 def test_recipe_task_comes_from_the_preset_card_not_from_the_data():
     recipe = recipe_from_dict({"model": {"preset": "tel-vit-tiny"}, "data": {"source": "digits"}})
     assert recipe.task == "image-classification"
-    with pytest.raises(ValueError, match=r"recipe data\.source must be one of \['digits'\]"):
+    with pytest.raises(ValueError, match=r"recipe data\.source must be one of \['digits', 'hf-images'\]"):
         recipe_from_dict({"model": {"preset": "tel-vit-tiny"}, "data": {"source": "python-docs"}})
     with pytest.raises(ValueError, match=r"recipe model\.task must be 'image-classification'"):
         recipe_from_dict({"model": {"preset": "tel-vit-tiny", "task": "causal-lm"}, "data": {"source": "digits"}})

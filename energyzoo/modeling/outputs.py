@@ -11,14 +11,16 @@ Keys shared by the families (`COMMON_ENERGY_KEYS`; per-step quantities are stack
 
 - ``energy``: the energy or free energy the layer computes or descends (FEM: the free-energy gain
   F(beta_max) - mu = KL(p* || p) / beta_max per token, FEM eq. 6; TEL: G(y) per step where the entropy S has a
-  closed form, TEL eq. 2-3);
+  closed form, TEL eq. 2-3; Hyper-SET: E_ATTN + E_FF per sample after each iteration, eq. 3-5);
 - ``temperature``: T (FEM: 1 / beta_max per channel, eq. 9; TEL: T_i per step, eq. 7);
-- ``step_size``: the step size of an iterative update (TEL: eta_i, eq. 8);
+- ``step_size``: the step size of an iterative update (TEL: eta_i, eq. 8; Hyper-SET: mean alpha_t, eq. 12);
 - ``iterations``: refinement steps actually taken (mean over positions);
-- ``residual``: the norm of the gradient that drives the update, per step (TEL: ||g_G||, Algorithm 1 line 8).
+- ``residual``: the size of the update, per step (TEL: ||g_G||, Algorithm 1 line 8; Hyper-SET: the mean
+  ||x_{t+1} - x_t|| over tokens).
 
 Families add their own keys beside them (FEM: ``inverse_temperature``, ``temperature_gate``; TEL:
-``free_energy_change``, ``enthalpy_entropy_ratio``, ``gradient_alignment``).
+``free_energy_change``, ``enthalpy_entropy_ratio``, ``gradient_alignment``; Hyper-SET: ``attention_energy``,
+``feedforward_energy``, ``feedforward_step_size``, ``effective_rank``, ``average_angle``).
 """
 
 import contextlib
@@ -36,7 +38,9 @@ from transformers.modeling_outputs import (
     CausalLMOutputWithPast,
     ImageClassifierOutput,
     ImageClassifierOutputWithNoAttention,
+    MaskedLMOutput,
     SequenceClassifierOutputWithPast,
+    TokenClassifierOutput,
 )
 from transformers.utils.output_capturing import CompileableContextVar
 
@@ -216,6 +220,20 @@ class BaseModelOutputWithPoolingAndNoAttentionAndEnergies(BaseModelOutputWithPoo
 @dataclass
 class ImageClassifierOutputWithNoAttentionAndEnergies(ImageClassifierOutputWithNoAttention):
     """ResNet's classifier output plus the `EnergyTrace` (None unless `output_energies=True`)."""
+
+    energies: EnergyTrace | None = None
+
+
+@dataclass
+class TokenClassifierOutputWithEnergies(TokenClassifierOutput):
+    """`TokenClassifierOutput` plus the model's `EnergyTrace` (None unless `output_energies=True`)."""
+
+    energies: EnergyTrace | None = None
+
+
+@dataclass
+class MaskedLMOutputWithEnergies(MaskedLMOutput):
+    """`MaskedLMOutput` (logits over the codebook for masked image modelling, as BEiT) plus the `EnergyTrace`."""
 
     energies: EnergyTrace | None = None
 

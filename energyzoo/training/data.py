@@ -5,6 +5,8 @@ a byte-level BPE tokenizer trained locally, and packing into fixed-length blocks
 import json
 
 import pydoc_data.topics
+
+import numpy as np
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
@@ -104,6 +106,36 @@ def _packed(dataset, tokenizer, data) -> ArrowBlocks:
     return ArrowBlocks(dataset.map(pack, batched=True, remove_columns=dataset.column_names))
 
 
+def hub_image_split(data, seed: int):
+    """A `datasets` image-classification source (``name``, ``subset``, ``split``; local files through ``paths``,
+    e.g. name "imagefolder"): images from ``image_column`` as RGB in [-1, 1], resized to ``image_size`` when given,
+    labels from ``label_column``, split by ``validation_fraction`` with ``seed``. Held in memory (CIFAR-size sets)."""
+    parts = _hub_dataset(data).train_test_split(test_size=data.validation_fraction, seed=seed)
+
+    def tensors(dataset):
+        images = torch.stack([torch.from_numpy(np.asarray(image.convert("RGB"), dtype=np.float32)).permute(2, 0, 1)
+                              for image in dataset[data.image_column]]) / 127.5 - 1.0
+        if data.image_size is not None:
+            images = torch.nn.functional.interpolate(images, size=data.image_size, mode="bilinear", antialias=True)
+        return images, torch.tensor(dataset[data.label_column], dtype=torch.long)
+
+    return (*tensors(parts["train"]), *tensors(parts["test"]))
+
+
+def hub_sudoku_split(data, seed: int):
+    """A `datasets` Sudoku source (e.g. the hard set of Palm et al. that hyperset.txt §5.1 uses): puzzles and
+    solutions as strings of digits in ``puzzle_column`` / ``solution_column`` ("0" or "." for a blank), in the
+    format of `sudoku.sudoku_examples`, split by ``validation_fraction`` with ``seed``."""
+    parts = _hub_dataset(data).train_test_split(test_size=data.validation_fraction, seed=seed)
+
+    def tensors(dataset):
+        digits = lambda column: torch.tensor([[0 if c == "." else int(c) for c in row] for row in dataset[column]])  # noqa: E731
+        puzzles, solutions = digits(data.puzzle_column), digits(data.solution_column)
+        return puzzles, (solutions - 1).masked_fill(puzzles != 0, -100)
+
+    return (*tensors(parts["train"]), *tensors(parts["test"]))
+
+
 def tokenizer_training_texts(data, limit: int = 50_000) -> list[str]:
     """Texts to train a BPE tokenizer on: the training documents (the first `limit` of a `datasets` source)."""
     if data.source == "hf":
@@ -135,57 +167,39 @@ def digits_split(validation_fraction: float, seed: int):
     return images[order[:cut]], labels[order[:cut]], images[order[cut:]], labels[order[cut:]]
 
 
-def sudoku_solutions(count: int, generator: torch.Generator) -> torch.Tensor:
-    """``count`` valid 9x9 Sudoku solutions, (count, 81) digits 1..9: the pattern grid
-    (3 (r mod 3) + r // 3 + c) mod 9 + 1 under the symmetries that keep a grid valid (digit relabelling,
-    rows within a band, bands, columns within a stack, stacks), drawn independently per board."""
-
-    def within_groups() -> torch.Tensor:  # a random order of 9 lines that keeps each group of 3 together
-        groups = torch.stack([torch.randperm(3, generator=generator) for _ in range(count)])  # (count, 3)
-        inside = torch.stack([torch.stack([torch.randperm(3, generator=generator) for _ in range(3)])
-                              for _ in range(count)])  # (count, 3, 3)
-        return (groups[:, :, None] * 3 + inside).reshape(count, 9)
-
-    rows, columns = within_groups(), within_groups()
-    base = (3 * (torch.arange(9)[:, None] % 3) + torch.arange(9)[:, None] // 3 + torch.arange(9)[None, :]) % 9
-    grids = base[rows[:, :, None], columns[:, None, :]]  # (count, 9, 9) digits 0..8
-    relabel = torch.stack([torch.randperm(9, generator=generator) for _ in range(count)])
-    return torch.gather(relabel, 1, grids.reshape(count, 81)) + 1
-
-
-def sudoku_split(examples: int, givens: tuple[int, int], validation_fraction: float, seed: int):
-    """Sudoku puzzles for token classification (hyperset.txt §5.1 format): ``input_ids`` digits 0..9 with 0 a
-    blank, labels digit - 1 on blanks and -100 on givens. Each board keeps a uniform number of givens in
-    ``givens`` at random cells (the puzzle may have other solutions; metrics score against the generating
-    one). Returns (train inputs, train labels, validation inputs, validation labels)."""
-    generator = torch.Generator().manual_seed(seed)
-    solutions = sudoku_solutions(examples, generator)
-    kept = torch.randint(givens[0], givens[1] + 1, (examples, 1), generator=generator)
-    ranks = torch.rand(examples, 81, generator=generator).argsort(dim=1).argsort(dim=1)
-    given = ranks < kept
-    puzzles = solutions.masked_fill(~given, 0)
-    labels = (solutions - 1).masked_fill(given, -100)
-    cut = int(examples * (1 - validation_fraction))
-    return puzzles[:cut], labels[:cut], puzzles[cut:], labels[cut:]
-
-
 DIGIT_CODES = 17  # the 8x8 digits' pixels are integers 0..16: a ready-made 17-code grid of 64 tokens
 DIGIT_MASK_ID = DIGIT_CODES
+MASK_SCHEDULES = ("cosine", "bernoulli-0.4")
 
 
-def digit_code_split(validation_fraction: float, seed: int):
-    """scikit-learn's digits as 8x8 grids of codes 0..16 for masked image modelling (MaskGIT, hyperset.txt
-    §5.3): each image masks ceil(64 cos(pi u / 2)) random cells, u ~ U(0, 1) (MaskGIT's cosine schedule), with
-    ``DIGIT_MASK_ID``; labels are the codes at masked cells and -100 elsewhere. Masks are drawn once per
-    example from ``seed``. Returns (train inputs, train labels, validation inputs, validation labels)."""
+def shuffled_digit_images(seed: int) -> torch.Tensor:
+    """scikit-learn's 8x8 digits, (N, 8, 8) intensities 0..16, in a seeded order (splits cut it)."""
     from sklearn.datasets import load_digits
 
-    codes = torch.tensor(load_digits().images, dtype=torch.long).reshape(-1, 64)
-    generator = torch.Generator().manual_seed(seed)
-    codes = codes[torch.randperm(len(codes), generator=generator)]
-    ratio = torch.cos(torch.pi / 2 * torch.rand(len(codes), 1, generator=generator))
-    masked = torch.rand(len(codes), 64, generator=generator).argsort(dim=1).argsort(dim=1) < (64 * ratio).ceil()
-    inputs = codes.masked_fill(masked, DIGIT_MASK_ID)
-    labels = codes.masked_fill(~masked, -100)
+    images = torch.tensor(load_digits().images, dtype=torch.float32)
+    return images[torch.randperm(len(images), generator=torch.Generator().manual_seed(seed))]
+
+
+def masked_codes(codes: torch.Tensor, schedule: str, mask_id: int, generator: torch.Generator):
+    """(inputs, labels) for masked image modelling: masked cells hold ``mask_id`` in the inputs and their code in
+    the labels (-100 elsewhere). Per example, ``schedule`` "cosine" masks ceil(n cos(pi u / 2)) random cells,
+    u ~ U(0, 1) (MaskGIT's training schedule); "bernoulli-0.4" masks each cell with probability 0.4 u
+    (hyperset.txt D.4: a ratio drawn in [0, 0.4], Bernoulli per token)."""
+    count, cells = codes.shape
+    u = torch.rand(count, 1, generator=generator)
+    if schedule == "cosine":
+        ranks = torch.rand(count, cells, generator=generator).argsort(dim=1).argsort(dim=1)
+        masked = ranks < (cells * torch.cos(torch.pi / 2 * u)).ceil()
+    else:
+        masked = torch.rand(count, cells, generator=generator) < 0.4 * u
+    return codes.masked_fill(masked, mask_id), codes.masked_fill(~masked, -100)
+
+
+def digit_code_split(validation_fraction: float, seed: int, schedule: str = "cosine"):
+    """scikit-learn's digits as 8x8 grids of codes 0..16 for masked image modelling (MaskGIT, hyperset.txt
+    §5.3), masked by `masked_codes` with ``DIGIT_MASK_ID``, masks drawn once per example from ``seed``. Returns
+    (train inputs, train labels, validation inputs, validation labels)."""
+    codes = shuffled_digit_images(seed).long().reshape(-1, 64)
+    inputs, labels = masked_codes(codes, schedule, DIGIT_MASK_ID, torch.Generator().manual_seed(seed + 1))
     cut = int(len(codes) * (1 - validation_fraction))
     return inputs[:cut], labels[:cut], inputs[cut:], labels[cut:]

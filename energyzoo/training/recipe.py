@@ -22,6 +22,7 @@ import yaml
 
 from ..modeling.checks import require
 from ..presets import preset_card
+from .data import MASK_SCHEDULES
 from .tasks import TRAINING_TASKS, training_task
 
 DATA_SOURCES = tuple(dict.fromkeys(source for task in TRAINING_TASKS.values() for source in task.sources))
@@ -52,9 +53,12 @@ class ModelSection:
 @dataclass
 class DataSection:
     """source: "python-docs" (embedded text), "digits" (embedded 8x8 images), "text" / "jsonl" (local files in
-    `paths`; JSONL reads `text_field`), "hf" (a `datasets` name, streamed; needs the network), "sudoku"
-    (`examples` generated puzzles with `givens` = [min, max] givens) or "digit-codes" (the digits as masked
-    17-code grids). Which sources a model reads depends on its task (`training.tasks`)."""
+    `paths`; JSONL reads `text_field`), "hf" (a `datasets` name, streamed; needs the network), "hf-images" /
+    "hf-sudoku" (a `datasets` image-classification / Sudoku source: `image_column`, `label_column`, `image_size`
+    / `puzzle_column`, `solution_column`; local files through `paths`), "sudoku"
+    (`examples` generated unique-solution puzzles of box `sudoku_box` with `givens` = [min, max] givens) or
+    "digit-codes" / "digit-patches" (the digits as 17-code pixel grids / 4x4 grids of k-means patch codes,
+    masked on `mask_schedule`: "cosine", MaskGIT's, or "bernoulli-0.4", hyperset.txt D.4's). Which sources a model reads depends on its task (`training.tasks`)."""
 
     source: str = "python-docs"
     paths: list[str] = field(default_factory=list)
@@ -66,6 +70,13 @@ class DataSection:
     validation_fraction: float = 0.1
     examples: int = 4000
     givens: list[int] = field(default_factory=lambda: [30, 45])
+    sudoku_box: int = 3
+    mask_schedule: str = "cosine"
+    image_column: str = "image"
+    label_column: str = "label"
+    image_size: int | None = None
+    puzzle_column: str = "puzzle"
+    solution_column: str = "solution"
 
     def validate(self, task: str) -> None:
         owner = "recipe data"
@@ -74,12 +85,17 @@ class DataSection:
                 self.source)
         require(owner, self.source not in ("text", "jsonl") or bool(self.paths), "paths",
                 f"a non-empty list of files for source {self.source!r}", self.paths)
-        require(owner, self.source != "hf" or bool(self.name), "name", "a `datasets` name for source 'hf'", self.name)
+        require(owner, not self.source.startswith("hf") or bool(self.name), "name",
+                f"a `datasets` name for source {self.source!r}", self.name)
         require(owner, self.block_size >= 2, "block_size", ">= 2", self.block_size)
         require(owner, 0 < self.validation_fraction < 1, "validation_fraction", "in (0, 1)", self.validation_fraction)
         require(owner, self.examples >= 10, "examples", ">= 10", self.examples)
-        ordered = len(self.givens) == 2 and 17 <= self.givens[0] <= self.givens[1] <= 80
-        require(owner, ordered, "givens", "[min, max] with 17 <= min <= max <= 80", self.givens)
+        require(owner, self.mask_schedule in MASK_SCHEDULES, "mask_schedule", f"one of {list(MASK_SCHEDULES)}",
+                self.mask_schedule)
+        require(owner, self.sudoku_box in (2, 3), "sudoku_box", "2 (4x4 boards) or 3 (9x9)", self.sudoku_box)
+        cells = self.sudoku_box**4
+        ordered = len(self.givens) == 2 and 1 <= self.givens[0] <= self.givens[1] < cells
+        require(owner, ordered, "givens", f"[min, max] with 1 <= min <= max < {cells}", self.givens)
 
 
 @dataclass
@@ -125,6 +141,9 @@ class TrainingSection:
             require(owner, isinstance(value, int) and value >= 1, name, "an integer >= 1", value)
         require(owner, self.batch_size % self.gradient_accumulation == 0, "gradient_accumulation",
                 f"a divisor of batch_size {self.batch_size}", self.gradient_accumulation)
+        for name in ("learning_rate", "weight_decay", "max_grad_norm"):  # YAML reads 3e-3 (no dot) as a string
+            value = getattr(self, name)
+            require(owner, isinstance(value, (int, float)), name, "a number (write 3.0e-3, not 3e-3, in YAML)", value)
         require(owner, self.learning_rate > 0, "learning_rate", "> 0", self.learning_rate)
         require(owner, self.warmup_steps is not None and 0 <= self.warmup_steps < self.steps, "warmup_steps",
                 f"in [0, steps={self.steps})", self.warmup_steps)

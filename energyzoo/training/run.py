@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoTokenizer, get_cosine_schedule_with_warmup
 
 from ..presets import config_from_preset
-from ..registry import TASKS, auto_map_for
+from ..registry import ARCHITECTURES, TASKS, auto_map_for
 from .data import tokenizer_training_texts, train_bpe_tokenizer
 from .recipe import Recipe
 from .tasks import TrainingData, TrainingTask, training_task
@@ -258,7 +258,8 @@ def run_training(recipe: Recipe, resume: bool = False, stop_after: int | None = 
     model_dir = output_dir / "model"
     if is_main:
         unwrapped = accelerator.unwrap_model(model)
-        unwrapped.config.auto_map = auto_map_for(unwrapped.config.model_type)
+        if unwrapped.config.model_type in ARCHITECTURES:  # vanilla baselines (a ViT, a Llama) need no remote code
+            unwrapped.config.auto_map = auto_map_for(unwrapped.config.model_type)
         unwrapped.save_pretrained(model_dir)
         if tokenizer is not None:
             tokenizer.save_pretrained(model_dir)

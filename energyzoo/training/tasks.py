@@ -10,7 +10,9 @@ from typing import Callable
 
 import torch
 
-from .data import digit_code_split, digits_split, language_model_blocks, sudoku_split
+from .data import digit_code_split, digits_split, hub_image_split, hub_sudoku_split, language_model_blocks
+from .image_tokenizer import digit_patch_split
+from .sudoku import sudoku_split
 
 
 @dataclass
@@ -74,25 +76,33 @@ TRAINING_TASKS = {
         model_options={"use_cache": False},
     ),
     "image-classification": TrainingTask(
-        sources={"digits": "scikit-learn's 8x8 digits"},
+        sources={"digits": "scikit-learn's 8x8 digits", "hf-images": "the `datasets` source `{name}`"},
         tokenized=False,
-        load=lambda data, tokenizer, seed: TrainingData(*digits_split(data.validation_fraction, seed)),
+        load=lambda data, tokenizer, seed: TrainingData(*(
+            digits_split(data.validation_fraction, seed) if data.source == "digits" else hub_image_split(data, seed))),
         model_inputs=lambda inputs, labels: {"pixel_values": inputs, "labels": labels},
         metrics=_accuracy,
     ),
     "token-classification": TrainingTask(
-        sources={"sudoku": "{examples} generated Sudoku puzzles with {givens[0]} to {givens[1]} givens"},
+        sources={"sudoku": "{examples} generated unique-solution Sudoku puzzles (box {sudoku_box}) with "
+                           "{givens[0]} to {givens[1]} givens",
+                 "hf-sudoku": "the Sudoku puzzles of the `datasets` source `{name}`"},
         tokenized=False,
-        load=lambda data, tokenizer, seed: TrainingData(
-            *sudoku_split(data.examples, tuple(data.givens), data.validation_fraction, seed)),
+        load=lambda data, tokenizer, seed: TrainingData(*(
+            sudoku_split(data.examples, tuple(data.givens), data.validation_fraction, seed, data.sudoku_box)
+            if data.source == "sudoku" else hub_sudoku_split(data, seed))),
         model_inputs=lambda inputs, labels: {"input_ids": inputs, "labels": labels},
         metrics=_sudoku_metrics,
     ),
     "masked-image-modeling": TrainingTask(
-        sources={"digit-codes": "scikit-learn's 8x8 digits as grids of 17 codes, masked on MaskGIT's cosine "
-                                "schedule"},
+        sources={"digit-codes": "scikit-learn's 8x8 digits as grids of 17 codes (the pixel values), masked on the "
+                                "{mask_schedule} schedule",
+                 "digit-patches": "scikit-learn's 8x8 digits as 4x4 grids of 64 k-means codes of 2x2 patches, masked "
+                                  "on the {mask_schedule} schedule"},
         tokenized=False,
-        load=lambda data, tokenizer, seed: TrainingData(*digit_code_split(data.validation_fraction, seed)),
+        load=lambda data, tokenizer, seed: TrainingData(*{"digit-codes": digit_code_split,
+                                                          "digit-patches": digit_patch_split}[data.source](
+            data.validation_fraction, seed, data.mask_schedule)),
         model_inputs=lambda inputs, labels: {"input_ids": inputs, "labels": labels},
         metrics=_masked_accuracy,
     ),

@@ -1,0 +1,156 @@
+"""Configuration of Hyper-SET, the hyperspherical energy transformer (hyperset.txt; spec: shared/specs/hyperset.md)."""
+
+import math
+
+from huggingface_hub.dataclasses import strict
+from transformers import PreTrainedConfig
+
+from .checks import require
+
+OWNER = "HyperSETConfig"
+CHOICES = {
+    "hidden_act": ("relu", "gelu"),
+    "attention_type": ("bisoftmax", "sigmoid", "linear"),
+    "ff_type": ("standard", "softmax", "gated"),
+    "qkv_norm": ("shared", "separate"),
+    "step_size_mode": ("learned", "fixed"),
+    "step_condition": ("input", "current"),
+    "step_zero_init": ("all", "output"),
+    "input_type": ("patches", "tokens"),
+    "position_embedding_type": ("sinusoidal", "learned", "sincos2d"),
+}
+
+
+@strict
+class HyperSETConfig(PreTrainedConfig):
+    r"""Configuration of a Hyper-SET model: L distinct layers, each applied R times, each iteration one step of
+    alternating descent on E = E_ATTN + E_FF on the hypersphere (hyperset.txt eq. 6, 9, 11).
+
+    Defaults are the paper's image-classification "Small-Scale-up" model (Table 13: d = 512, 8 heads, M = d,
+    R = 12, time embedding 512) on 32-pixel images with 4-pixel patches. Where the paper and its public code
+    differ, the choice is the spec's (shared/specs/hyperset.md §5) and is a field here:
+
+    Core:
+        hidden_size: d. num_attention_heads: H (head width p = d / H). intermediate_size: M, the width of D.
+        num_hidden_layers: L, distinct layers. num_iterations: R, iterations per layer; ``refinement_steps=R'`` in
+            `forward` evaluates the same weights at R' iterations (test-time scaling, Fig. 3b).
+        hidden_act: the feed-forward nonlinearity, "relu" (eq. 5, 11; the paper) or "gelu" (the IC code's).
+            The traced E_FF is always the ReLU energy of eq. 5, as in the paper's Fig. 5.
+        attention_type: "bisoftmax" (eq. 9), or App. G.1's alternative energies: "sigmoid" (weights
+            sigma(A)(1 - sigma(A))) and "linear" (phi = sigmoid: phi'(q) * (phi(v) phi(q)^T phi(k) / sqrt(p)), O(N)).
+        ff_type: "standard" (eq. 11 with `hidden_act`), or App. G.1's "softmax" (D softmax(RMSNorm(D^T x))) and
+            "gated" (D [(sum_m phi(h_m)) phi'(h)], phi = sigmoid).
+        qkv_norm: RMSNorm gains on the per-head projections: "shared" (one gain, eq. 8; Sudoku and MIM code)
+            or "separate" (query, key and value gains; the IC code).
+        rms_norm_eps: epsilon of every RMSNorm; None is torch's default (the code's).
+    Step sizes (eq. 12, App. D.1):
+        step_size_mode: "learned" (the step-size network) or "fixed" (alpha = gamma = `fixed_step_size`,
+            Table 4's ablation).
+        step_condition: what the network conditions on beside t: "input" (x(0), eq. 12; Sudoku, MIM) or
+            "current" (RMSNorm(x_t), the IC code's Tables 10/12 "X_t").
+        time_embed_dim: width of the sinusoidal embedding of t fed to an MLP (512, Table 6); 0 uses the raw
+            sinusoid of width d with no MLP (MIM, App. D.4).
+        step_net_rmsnorm: RMSNorms inside the t-path MLP (IC code). step_head_rmsnorm: an RMSNorm before the
+            head's GELU (IC "Basic" and MIM code).
+        step_zero_init: "all" zero-initialises every Linear of the network (the paper's ReZero init; the code's):
+            the model starts as the identity, and the t-path then never receives a gradient (spec §1.3), so the
+            steps depend on the conditioning only. "output" zero-initialises the last Linear alone, so t
+            matters (the spec found it trains worse on 4x4 Sudoku).
+    Depth-wise LoRA (App. G.2): lora_rank r > 0 adds per-iteration low-rank updates W + s A_r B_r and
+        D + s A'_r B'_r shared by the layers, s = lora_alpha / lora_rank (None: s = 4, the paper's).
+    Inputs:
+        input_type: "patches" (images: patch embedding LN-Linear-LN, the IC code) or "tokens" (ids: Sudoku
+            digits, MaskGIT visual tokens). image_size, patch_size (pixels: the paper's "patch size 8" is 8
+            patches per side, i.e. 4 pixels at 32 px), num_channels, use_cls_token (a CLS token in front).
+        position_embedding_type: "sinusoidal" (fixed 1-D, IC), "learned" (Sudoku: "vital for extrapolation"),
+            "sincos2d" (fixed 2-D, MIM). max_position_embeddings: token positions (81 for 9x9 Sudoku, 256 for a
+            16x16 code grid). embedding_dropout: after the embedding (0.1 in the Sudoku code).
+        vocab_size: token ids (Sudoku 10, MaskGIT codebook_size + 1); codebook_size: visual tokens the MIM head
+            predicts; mask_token_id: the MIM mask token (the paper's is codebook_size, with vocab_size = codebook_size + 1).
+    """
+
+    model_type = "hyperset"
+
+    hidden_size: int = 512
+    num_attention_heads: int = 8
+    intermediate_size: int = 512
+    num_hidden_layers: int = 1
+    num_iterations: int = 12
+    hidden_act: str = "relu"
+    attention_type: str = "bisoftmax"
+    ff_type: str = "standard"
+    qkv_norm: str = "shared"
+    rms_norm_eps: float | None = None
+    step_size_mode: str = "learned"
+    fixed_step_size: float = 0.1
+    step_condition: str = "input"
+    time_embed_dim: int = 512
+    step_net_rmsnorm: bool = False
+    step_head_rmsnorm: bool = False
+    step_zero_init: str = "all"
+    lora_rank: int = 0
+    lora_alpha: int | float | None = None
+    initializer_range: float = 0.02
+    input_type: str = "patches"
+    image_size: int = 32
+    patch_size: int = 4
+    num_channels: int = 3
+    use_cls_token: bool = True
+    position_embedding_type: str = "sinusoidal"
+    max_position_embeddings: int = 81
+    embedding_dropout: float = 0.0
+    vocab_size: int = 10
+    codebook_size: int = 1024
+    mask_token_id: int | None = None
+
+    def __post_init__(self, **kwargs):
+        self._check_hyperset_fields()
+        super().__post_init__(**kwargs)
+
+    def _check_hyperset_fields(self) -> None:
+        """Every field against its range, once, from ``__post_init__`` (`checks.require`)."""
+        for field in ("hidden_size", "num_attention_heads", "intermediate_size", "num_hidden_layers",
+                      "num_iterations", "image_size", "patch_size", "num_channels", "max_position_embeddings",
+                      "vocab_size", "codebook_size"):
+            value = getattr(self, field)
+            require(OWNER, isinstance(value, int) and value > 0, field, "a positive integer", value)
+        for field, allowed in CHOICES.items():
+            require(OWNER, getattr(self, field) in allowed, field, f"one of {list(allowed)}", getattr(self, field))
+        heads = self.num_attention_heads
+        require(OWNER, self.hidden_size % heads == 0, "num_attention_heads", f"a divisor of hidden_size "
+                f"({self.hidden_size})", heads)
+        require(OWNER, self.time_embed_dim >= 0 and self.time_embed_dim % 2 == 0, "time_embed_dim",
+                "an even integer >= 0", self.time_embed_dim)
+        require(OWNER, self.time_embed_dim > 0 or self.hidden_size % 2 == 0, "hidden_size",
+                "even when time_embed_dim = 0 (the raw sinusoid has width hidden_size)", self.hidden_size)
+        require(OWNER, math.isfinite(self.fixed_step_size), "fixed_step_size", "a finite number",
+                self.fixed_step_size)
+        require(OWNER, self.lora_rank >= 0, "lora_rank", "an integer >= 0", self.lora_rank)
+        require(OWNER, self.lora_alpha is None or self.lora_alpha > 0, "lora_alpha", "None or > 0", self.lora_alpha)
+        require(OWNER, self.rms_norm_eps is None or self.rms_norm_eps > 0, "rms_norm_eps", "None or > 0",
+                self.rms_norm_eps)
+        require(OWNER, 0 <= self.embedding_dropout < 1, "embedding_dropout", "in [0, 1)", self.embedding_dropout)
+        require(OWNER, 0 <= self.initializer_range <= 1, "initializer_range", "in [0, 1]", self.initializer_range)
+        require(OWNER, self.image_size % self.patch_size == 0, "patch_size",
+                f"a divisor of image_size ({self.image_size})", self.patch_size)
+        if self.position_embedding_type == "sincos2d":
+            side = math.isqrt(self.max_position_embeddings)
+            require(OWNER, side * side == self.max_position_embeddings and side % 2 == 0 and self.hidden_size % 4 == 0,
+                    "max_position_embeddings", "an even square grid (sincos2d) with hidden_size divisible by 4",
+                    self.max_position_embeddings)
+        mask = self.mask_token_id
+        require(OWNER, mask is None or 0 <= mask < self.vocab_size, "mask_token_id",
+                f"None or in [0, vocab_size={self.vocab_size})", mask)
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def lora_scale(self) -> float:
+        """s = lora_alpha / lora_rank (App. G.2); 4 when lora_alpha is None."""
+        return 4.0 if self.lora_alpha is None else self.lora_alpha / self.lora_rank
+
+    @property
+    def num_patches(self) -> int:
+        return (self.image_size // self.patch_size) ** 2

@@ -1,0 +1,214 @@
+"""The Hyper-SET layer: one iteration of alternating descent on the hyperspherical energy (hyperset.txt §4).
+
+Energies (per sample; W = [W_1..W_H] in R^{d x Hp}, D in R^{d x M}, beta = 1 / sqrt(p)):
+    E_ATTN = sum_h beta^-1 sum_i log sum_j exp(beta z_i^h . z_j^h),  z^h = W_h^T x,  ||z_i^h|| = sqrt(p)   (eq. 2-4)
+    E_FF   = -1/2 sum_i sum_m ReLU(d_m^T x_i)^2,                     ||D^T x_i|| = sqrt(M)                  (eq. 5)
+One iteration (eq. 9, 11), in the paper's closed form (not autograd; the RMSNorm Jacobian is dropped, eq. 9):
+    z = RMSNorm_p(W^T x) per head                                                                            (eq. 8)
+    x <- x - alpha * W [(softmax_row(A) + softmax_col(A)) z],  A = z z^T / sqrt(p)  ("bi-softmax", eq. 7, 9)
+    x <- x + gamma * D act(RMSNorm_M(D^T x))                                                                  (eq. 11)
+with per-token, per-channel step sizes alpha, gamma from `HyperSETStepSizes` (eq. 12). For a symmetric A the
+column softmax is the row softmax transposed, so the bracket is exactly grad_z of the attention energy.
+
+Each layer has exactly two matrices: W (`qkv_proj`: query = key = value, its transpose the output map) and D
+(`ff_proj`: up- and down-projection), plus RMSNorm gains. Both uses of a matrix read one effective weight, so an
+adapter that wraps the module (peft's LoRA) and the depth-wise LoRA of App. G.2 act on both.
+"""
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.modeling_layers import GradientCheckpointingLayer
+
+from .configuration_hyperset import HyperSETConfig
+
+
+def sinusoid(positions: torch.Tensor, dim: int) -> torch.Tensor:
+    """[sin(t f_k), cos(t f_k)] with f_k = exp(-ln(1e4) k / (dim/2 - 1)), k < dim/2: the step-size network's
+    embedding of the iteration t (App. D.1; the code's frequencies)."""
+    half = dim // 2
+    frequencies = torch.exp(-math.log(1e4) * torch.arange(half, dtype=torch.float32) / max(half - 1, 1))
+    angles = positions.float()[:, None] * frequencies.to(positions.device)[None]
+    return torch.cat([angles.sin(), angles.cos()], dim=-1)
+
+
+def effective_weight(linear: nn.Module) -> torch.Tensor:
+    """The (out, in) weight a linear module applies. A plain `nn.Linear` gives its weight; a wrapped one (peft's
+    LoRA layer adds its update in `forward` only) is read through its forward on the identity, so the update
+    also reaches the transposed use."""
+    if type(linear) is nn.Linear:
+        return linear.weight
+    weight = linear.get_base_layer().weight if hasattr(linear, "get_base_layer") else linear.weight
+    return linear(torch.eye(weight.shape[1], dtype=weight.dtype, device=weight.device)).T
+
+
+def split_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
+    batch, length, width = x.shape
+    return x.view(batch, length, heads, width // heads).transpose(1, 2)
+
+
+def merge_heads(x: torch.Tensor) -> torch.Tensor:
+    batch, heads, length, width = x.shape
+    return x.transpose(1, 2).reshape(batch, length, heads * width)
+
+
+def bisoftmax(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """(softmax_row(A) + softmax_col(A)) v with A = q k^T / sqrt(p), per head (eq. 9). Materialised: the column
+    softmax normalises over queries, which no fused attention kernel does."""
+    scores = query @ key.transpose(-1, -2) / math.sqrt(query.shape[-1])
+    return (scores.softmax(dim=-1) + scores.softmax(dim=-2)) @ value
+
+
+def sigmoid_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """sigma'(A) v = sigma(A)(1 - sigma(A)) v, A = q k^T / sqrt(p) (App. G.1, Table 19)."""
+    scores = torch.sigmoid(query @ key.transpose(-1, -2) / math.sqrt(query.shape[-1]))
+    return (scores * (1 - scores)) @ value
+
+
+def linear_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """phi'(q) * (phi(v) (phi(q)^T phi(k)) / sqrt(p)) with phi = sigmoid (App. G.1): O(N), a p x p summary."""
+    gate = torch.sigmoid(query)
+    summary = gate.transpose(-1, -2) @ torch.sigmoid(key) / math.sqrt(query.shape[-1])
+    return (torch.sigmoid(value) @ summary) * gate * (1 - gate)
+
+
+ATTENTIONS = {"bisoftmax": bisoftmax, "sigmoid": sigmoid_attention, "linear": linear_attention}
+
+
+def gated_activation(h: torch.Tensor) -> torch.Tensor:
+    """(sum_m phi(h_m)) phi'(h) with phi = sigmoid (App. G.1's gated feed-forward energy)."""
+    gate = torch.sigmoid(h)
+    return gate.sum(-1, keepdim=True) * gate * (1 - gate)
+
+
+def attention_energy(x: torch.Tensor, weight: torch.Tensor, heads: int, eps: float | None = None) -> torch.Tensor:
+    """E_ATTN per sample with unit-gain normalisation (eq. 3-4, as measured in Fig. 5):
+    sqrt(p) sum_{h,i} logsumexp_j(z_i . z_j / sqrt(p)), z = rms_norm(W_h^T x) (the model's RMSNorm eps)."""
+    z = unit_projections(x, weight, heads, eps)
+    scale = math.sqrt(z.shape[-1])
+    return scale * torch.logsumexp(z @ z.transpose(-1, -2) / scale, dim=-1).sum(dim=(1, 2))
+
+
+def feedforward_energy(x: torch.Tensor, weight: torch.Tensor, eps: float | None = None) -> torch.Tensor:
+    """E_FF per sample with unit-gain normalisation (eq. 5): -1/2 sum_i ||ReLU(rms_norm(D^T x_i))||^2."""
+    h = F.rms_norm(F.linear(x, weight), (weight.shape[0],), eps=eps)
+    return -0.5 * F.relu(h).square().sum(dim=(1, 2))
+
+
+def unit_projections(x: torch.Tensor, weight: torch.Tensor, heads: int, eps: float | None = None) -> torch.Tensor:
+    """rms_norm(W_h^T x) with unit gains, (batch, heads, tokens, p)."""
+    z = split_heads(F.linear(x, weight), heads)
+    return F.rms_norm(z, (z.shape[-1],), eps=eps)
+
+
+def effective_rank(z: torch.Tensor) -> torch.Tensor:
+    """exp(entropy of sigma / sum sigma) of each (tokens x p) matrix, the singular values sigma (eq. 17)."""
+    singular = torch.linalg.svdvals(z.float())
+    weights = singular / singular.sum(-1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)
+    return torch.exp(-(weights * torch.log(weights.clamp_min(1e-30))).sum(-1))
+
+
+def average_angle(z: torch.Tensor) -> torch.Tensor:
+    """Mean pairwise angle between the tokens of each (tokens x p) matrix, in degrees. The public code's
+    definition (mean of the arccos), not eq. 18's arccos of the mean cosine (spec §1.5)."""
+    unit = F.normalize(z.float(), dim=-1)
+    cosines = (unit @ unit.transpose(-1, -2)).clamp(-1.0, 1.0)
+    tokens = z.shape[-2]
+    upper = torch.triu(torch.ones(tokens, tokens, dtype=torch.bool, device=z.device), diagonal=1)
+    return torch.rad2deg(torch.arccos(cosines[..., upper])).mean(-1)
+
+
+class HyperSETLayer(GradientCheckpointingLayer):
+    """One Hyper-SET layer: W, D and their RMSNorm gains; `forward` is one iteration (eq. 9 then eq. 11)."""
+
+    def __init__(self, config: HyperSETConfig):
+        super().__init__()
+        self.heads = config.num_attention_heads
+        self.attention = ATTENTIONS[config.attention_type]
+        self.activation = {"standard": {"relu": F.relu, "gelu": F.gelu}[config.hidden_act],
+                           "softmax": lambda h: h.softmax(dim=-1), "gated": gated_activation}[config.ff_type]
+        self.qkv_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+        self.ff_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        gains = 1 if config.qkv_norm == "shared" else 3  # query, key, value
+        self.qkv_norms = nn.ModuleList(nn.RMSNorm(config.head_dim, eps=config.rms_norm_eps) for _ in range(gains))
+        self.ff_norm = nn.RMSNorm(config.intermediate_size, eps=config.rms_norm_eps)
+
+    def weights(self, lora: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(W, D) as (out, in) weights, with an iteration's depth-wise LoRA updates added."""
+        w, d = effective_weight(self.qkv_proj), effective_weight(self.ff_proj)
+        if lora is not None:
+            w, d = w + lora[0], d + lora[1]
+        return w, d
+
+    def attention_step(self, x: torch.Tensor, alpha: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """x - alpha * W [attention of the normalised projections] (eq. 9: bi-softmax; App. G.1 alternatives)."""
+        z = split_heads(F.linear(x, w), self.heads)
+        normed = [norm(z) for norm in self.qkv_norms]
+        query, key, value = normed if len(normed) == 3 else normed * 3
+        return x - alpha * (merge_heads(self.attention(query, key, value)) @ w)
+
+    def feedforward_step(self, x: torch.Tensor, gamma: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+        """x + gamma * D act(RMSNorm(D^T x)) (eq. 11; `ff_type` picks act)."""
+        return x + gamma * (self.activation(self.ff_norm(F.linear(x, d))) @ d)
+
+    def forward(self, x, alpha, gamma, w, d):
+        return self.feedforward_step(self.attention_step(x, alpha, w), gamma, d)
+
+
+class HyperSETStepSizes(nn.Module):
+    """Per-token, per-channel step sizes (alpha_t, gamma_t) = net(t, condition) (eq. 12, App. D.1 Table 6):
+    c_t = MLP(sinusoid_te(t)) (or the raw sinusoid of width d when time_embed_dim = 0), then
+    (alpha, gamma) = Linear_{d -> 2d}(GELU([RMSNorm](c_t + condition))), condition = x(0) or RMSNorm(x_t).
+    Zero-initialised (`step_zero_init`), so alpha = gamma = 0 at initialisation: the model is the identity."""
+
+    def __init__(self, config: HyperSETConfig):
+        super().__init__()
+        width, eps = config.hidden_size, config.rms_norm_eps
+        self.time_embed_dim = config.time_embed_dim
+        self.time_mlp = None
+        if config.time_embed_dim:
+            norm = (lambda: nn.RMSNorm(width, eps=eps)) if config.step_net_rmsnorm else nn.Identity
+            self.time_mlp = nn.Sequential(nn.Linear(config.time_embed_dim, width), norm(), nn.GELU(), norm(),
+                                          nn.Linear(width, width), norm())
+        self.condition_norm = nn.RMSNorm(width, eps=eps) if config.step_condition == "current" else None
+        self.head_norm = nn.RMSNorm(width, eps=eps) if config.step_head_rmsnorm else nn.Identity()
+        self.out_proj = nn.Linear(width, 2 * width)
+        zeroed = self.modules() if config.step_zero_init == "all" else [self.out_proj]
+        for linear in zeroed:
+            if isinstance(linear, nn.Linear):
+                linear.starts_at_zero = True  # read by the model's `_init_weights`
+
+    def time_embeddings(self, iterations: int, like: torch.Tensor) -> torch.Tensor:
+        """c_t for t = 1..iterations (the code's one-based t), (iterations, d): input-independent, so computed
+        once per forward."""
+        t = torch.arange(1, iterations + 1, device=like.device)
+        embedded = sinusoid(t, self.time_embed_dim or like.shape[-1]).to(like.dtype)
+        return embedded if self.time_mlp is None else self.time_mlp(embedded)
+
+    def forward(self, time_embedding: torch.Tensor, condition: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(alpha, gamma) of the iteration whose c_t is ``time_embedding``, per token and channel."""
+        if self.condition_norm is not None:
+            condition = self.condition_norm(condition)
+        hidden = F.gelu(self.head_norm(time_embedding + condition))
+        return self.out_proj(hidden).chunk(2, dim=-1)
+
+
+class DepthwiseLoRA(nn.Module):
+    """Per-iteration low-rank updates of every layer's W and D (App. G.2): W + s A_r B_r, D + s A'_r B'_r for
+    iteration r, shared by the layers, s = lora_alpha / lora_rank. Iterations beyond the R trained ones (test-time
+    scaling) reuse the last update. A and B start at N(0, 0.02), as in the code (neither is zero)."""
+
+    def __init__(self, config: HyperSETConfig):
+        super().__init__()
+        rank, width, steps = config.lora_rank, config.hidden_size, config.num_iterations
+        self.scale = config.lora_scale
+        self.qkv_down = nn.Parameter(torch.empty(steps, rank, width))
+        self.qkv_up = nn.Parameter(torch.empty(steps, width, rank))
+        self.ff_down = nn.Parameter(torch.empty(steps, rank, width))
+        self.ff_up = nn.Parameter(torch.empty(steps, config.intermediate_size, rank))
+
+    def forward(self, iteration: int) -> tuple[torch.Tensor, torch.Tensor]:
+        r = min(iteration, self.qkv_down.shape[0] - 1)
+        return self.scale * self.qkv_up[r] @ self.qkv_down[r], self.scale * self.ff_up[r] @ self.ff_down[r]

@@ -1,0 +1,345 @@
+"""Hyper-SET models (hyperset.txt): the recurrent encoder and its image-classification, masked-image-modelling
+(MaskGIT) and token-classification (Sudoku) heads.
+
+`HyperSETModel` embeds the input (image patches or token ids, spec §2), then runs each of its L layers R times
+(`num_iterations`; ``refinement_steps=R'`` at call time) on the shared refinement loop, with step sizes from one
+step-size network shared by the layers (t restarts at 1 for each layer; x(0) is always the embedding). With
+``output_energies=True`` each layer records, per iteration (after the update): ``energy`` = E_ATTN + E_FF,
+``attention_energy`` and ``feedforward_energy`` (eq. 3-5, unit-gain normalisation as in Fig. 5), ``step_size``
+and ``feedforward_step_size`` (mean alpha and gamma), ``residual`` (mean ||x_{t+1} - x_t|| over tokens),
+``effective_rank`` and ``average_angle`` of the normalised per-head projections (eq. 17-18, mean over heads),
+and ``iterations`` (R'). Quantities are per sample, stacked over the iterations.
+"""
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import initialization as init
+from transformers.modeling_utils import PreTrainedModel
+from transformers.utils import can_return_tuple
+from transformers.utils.output_capturing import capture_outputs
+
+from .configuration_hyperset import HyperSETConfig
+from .hyperset_layer import (
+    DepthwiseLoRA,
+    HyperSETLayer,
+    HyperSETStepSizes,
+    attention_energy,
+    average_angle,
+    effective_rank,
+    feedforward_energy,
+    unit_projections,
+)
+from .outputs import (
+    BaseModelOutputWithPoolingAndEnergies,
+    ImageClassifierOutputAndEnergies,
+    MaskedLMOutputWithEnergies,
+    TokenClassifierOutputWithEnergies,
+    record_energies,
+    recording_energies,
+    records_energies,
+)
+from .refinement import refine, refinement_steps, takes_refinement_steps
+
+
+def sinusoidal_positions(count: int, width: int, device) -> torch.Tensor:
+    """The fixed 1-D table, sin on even and cos on odd channels (Vaswani et al.; the IC code's, CLS at 0)."""
+    position = torch.arange(count, dtype=torch.float32, device=device)[:, None]
+    frequency = torch.exp(-math.log(1e4) * torch.arange(0, width, 2, dtype=torch.float32, device=device) / width)
+    table = torch.zeros(count, width, device=device)
+    table[:, 0::2] = torch.sin(position * frequency)
+    table[:, 1::2] = torch.cos(position * frequency[: width // 2])
+    return table
+
+
+def sincos2d_positions(count: int, width: int, device) -> torch.Tensor:
+    """The fixed 2-D sin-cos table of MAE over a square grid (the MIM code's): half the channels encode the row,
+    half the column, each as [sin, cos] of position * 1e4^(-k / (width / 4))."""
+    side = math.isqrt(count)
+    frequency = 1e4 ** -(torch.arange(width // 4, dtype=torch.float32, device=device) / (width / 4))
+    rows, columns = torch.meshgrid(torch.arange(side, device=device), torch.arange(side, device=device),
+                                   indexing="ij")
+
+    def encode(coordinate):
+        angles = coordinate.reshape(-1, 1).float() * frequency
+        return torch.cat([angles.sin(), angles.cos()], dim=-1)
+
+    return torch.cat([encode(columns), encode(rows)], dim=-1)
+
+
+class HyperSETEmbeddings(nn.Module):
+    """Patches (flattened in (row, column, channel) order -> LayerNorm -> Linear -> LayerNorm, the IC code) or token
+    ids (an Embedding), an optional CLS token in front, positions, and dropout."""
+
+    def __init__(self, config: HyperSETConfig):
+        super().__init__()
+        self.config = config
+        width = config.hidden_size
+        if config.input_type == "patches":
+            features = config.patch_size**2 * config.num_channels
+            self.patch_embeddings = nn.Sequential(nn.LayerNorm(features), nn.Linear(features, width), nn.LayerNorm(width))
+            self.positions = config.num_patches + int(config.use_cls_token)
+        else:
+            self.token_embeddings = nn.Embedding(config.vocab_size, width)
+            self.positions = config.max_position_embeddings + int(config.use_cls_token)
+        self.cls_token = nn.Parameter(torch.empty(1, 1, width)) if config.use_cls_token else None
+        if config.position_embedding_type == "learned":
+            self.position_embeddings = nn.Parameter(torch.empty(1, self.positions, width))
+        self.dropout = nn.Dropout(config.embedding_dropout)
+
+    def patches(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        batch, channels, height, width = pixel_values.shape
+        size, expected = self.config.patch_size, (self.config.num_channels, self.config.image_size)
+        if (channels, height) != expected or height != width:
+            raise ValueError(f"HyperSET expects pixel_values of shape (batch, {expected[0]}, {expected[1]}, "
+                             f"{expected[1]}) (config num_channels, image_size), got {tuple(pixel_values.shape)}")
+        grid = pixel_values.reshape(batch, channels, height // size, size, width // size, size)
+        return grid.permute(0, 2, 4, 3, 5, 1).reshape(batch, -1, size * size * channels)
+
+    def forward(self, pixel_values=None, input_ids=None, inputs_embeds=None) -> torch.Tensor:
+        if sum(value is not None for value in (pixel_values, input_ids, inputs_embeds)) != 1:
+            raise ValueError("Pass exactly one of pixel_values, input_ids or inputs_embeds.")
+        if inputs_embeds is None:
+            if self.config.input_type == "patches":
+                if pixel_values is None:
+                    raise ValueError("This Hyper-SET model embeds image patches (input_type='patches'): pass pixel_values.")
+                inputs_embeds = self.patch_embeddings(self.patches(pixel_values))
+            else:
+                if input_ids is None:
+                    raise ValueError("This Hyper-SET model embeds token ids (input_type='tokens'): pass input_ids.")
+                inputs_embeds = self.token_embeddings(input_ids)
+        if self.cls_token is not None:
+            inputs_embeds = torch.cat([self.cls_token.expand(len(inputs_embeds), -1, -1).to(inputs_embeds.dtype),
+                                       inputs_embeds], dim=1)
+        length = inputs_embeds.shape[1]
+        if length > self.positions:
+            raise ValueError(f"Hyper-SET got {length} positions; this configuration has {self.positions}")
+        kind = self.config.position_embedding_type
+        if kind == "learned":
+            positions = self.position_embeddings[:, :length]
+        else:
+            table = sinusoidal_positions if kind == "sinusoidal" else sincos2d_positions
+            positions = table(self.positions, inputs_embeds.shape[-1], inputs_embeds.device)[None, :length]
+        return self.dropout(inputs_embeds + positions.to(inputs_embeds.dtype))
+
+
+class HyperSETPreTrainedModel(PreTrainedModel):
+    config_class = HyperSETConfig
+    config: HyperSETConfig
+    base_model_prefix = "model"
+    main_input_name = "pixel_values"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["HyperSETLayer"]
+    _can_compile_fullgraph = True
+    _can_record_outputs = {"hidden_states": HyperSETLayer}
+
+    def _init_weights(self, module):
+        """N(0, initializer_range) Linear and Embedding weights, zero biases, unit norm gains (spec §1.8); CLS
+        token N(0, 1) and learned positions N(0, initializer_range); depth-wise LoRA N(0, 0.02) (App. G.2); the
+        step-size network's Linears zero-initialised as `step_zero_init` marks them (ReZero, §4.3)."""
+        if getattr(module, "starts_at_zero", False):
+            init.zeros_(module.weight)
+            init.zeros_(module.bias)
+            return
+        super()._init_weights(module)
+        std = self.config.initializer_range
+        if isinstance(module, HyperSETEmbeddings):
+            if module.cls_token is not None:
+                init.normal_(module.cls_token, std=1.0)
+            if hasattr(module, "position_embeddings"):
+                init.normal_(module.position_embeddings, std=std)
+        elif isinstance(module, DepthwiseLoRA):
+            for parameter in module.parameters():
+                init.normal_(parameter, std=0.02)
+
+
+class HyperSETModel(HyperSETPreTrainedModel):
+    def __init__(self, config: HyperSETConfig):
+        super().__init__(config)
+        self.embeddings = HyperSETEmbeddings(config)
+        self.layers = nn.ModuleList(HyperSETLayer(config) for _ in range(config.num_hidden_layers))
+        self.step_sizes = HyperSETStepSizes(config) if config.step_size_mode == "learned" else None
+        self.depthwise_lora = DepthwiseLoRA(config) if config.lora_rank else None
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Module:
+        embeddings = self.embeddings
+        return embeddings.token_embeddings if hasattr(embeddings, "token_embeddings") else embeddings.patch_embeddings
+
+    @records_energies
+    @takes_refinement_steps
+    @capture_outputs
+    def forward(self, pixel_values=None, input_ids=None, inputs_embeds=None, **kwargs) -> BaseModelOutputWithPoolingAndEnergies:
+        """``refinement_steps=R'`` runs every layer R' times (None: ``num_iterations``); ``output_energies=True``
+        adds the per-iteration `EnergyTrace` (module docstring); ``output_hidden_states=True`` returns the state
+        after every iteration."""
+        x0 = self.embeddings(pixel_values=pixel_values, input_ids=input_ids, inputs_embeds=inputs_embeds)
+        iterations = refinement_steps(self.config.num_iterations)
+        records = "detached" if recording_energies() else None
+        times = self.step_sizes.time_embeddings(iterations, x0) if self.step_sizes is not None else None
+        x = x0
+        for layer in self.layers:
+            base = layer.weights()
+
+            def step(index, state, layer=layer, base=base):
+                (current,) = state
+                alpha, gamma = self.step_size(times, index, x0, current)
+                w, d = base
+                if self.depthwise_lora is not None:
+                    delta_w, delta_d = self.depthwise_lora(index)
+                    w, d = w + delta_w, d + delta_d
+                updated = layer(current, alpha, gamma, w, d)
+                return (updated,), None, self.diagnostics(layer, current, updated, alpha, gamma, w, d) if records else {}
+
+            refined = refine(step, (x,), iterations, records=records)
+            (x,) = refined.state
+            if records:
+                record_energies({**refined.records, "iterations": refined.iterations})
+        pooled = x[:, 0] if self.config.use_cls_token else None
+        return BaseModelOutputWithPoolingAndEnergies(last_hidden_state=x, pooler_output=pooled)
+
+    def step_size(self, times, index: int, x0: torch.Tensor, current: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(alpha, gamma) of iteration ``index``: the step-size network's (eq. 12) or the fixed ones (Table 4)."""
+        if self.step_sizes is None:
+            fixed = torch.tensor(self.config.fixed_step_size, dtype=current.dtype, device=current.device)
+            return fixed, fixed
+        return self.step_sizes(times[index], x0 if self.config.step_condition == "input" else current)
+
+    @torch.no_grad()
+    def diagnostics(self, layer, before, after, alpha, gamma, w, d) -> dict[str, torch.Tensor]:
+        """The traced quantities of one iteration (module docstring), per sample, in float32 with the model's
+        RMSNorm eps (None: float32's machine epsilon, as the float32 model's norms use)."""
+        eps = self.config.rms_norm_eps or torch.finfo(torch.float32).eps
+        after32, w32 = after.float(), w.float()
+        e_attn = attention_energy(after32, w32, layer.heads, eps)
+        e_ff = feedforward_energy(after32, d.float(), eps)
+        z = unit_projections(after32, w32, layer.heads, eps)
+        per_sample = lambda value: value.float().expand_as(after).mean(dim=(1, 2))  # noqa: E731
+        return {
+            "energy": e_attn + e_ff,
+            "attention_energy": e_attn,
+            "feedforward_energy": e_ff,
+            "step_size": per_sample(alpha),
+            "feedforward_step_size": per_sample(gamma),
+            "residual": torch.linalg.vector_norm((after - before).float(), dim=-1).mean(-1),
+            "effective_rank": effective_rank(z).mean(1),
+            "average_angle": average_angle(z).mean(1),
+        }
+
+
+class HyperSETHead(HyperSETPreTrainedModel):
+    """A head on `HyperSETModel`: ``model`` runs the encoder, passing on ``output_energies`` and
+    ``refinement_steps``."""
+
+    def encode(self, output_energies, refinement_steps, **inputs):
+        return self.model(output_energies=output_energies, refinement_steps=refinement_steps, **inputs)
+
+    def per_cell(self, outputs, labels):
+        """Logits of every token (the CLS token left out) through ``norm`` and ``classifier``, and the
+        cross-entropy over labelled cells (-100 ignored)."""
+        hidden = outputs.last_hidden_state[:, int(self.config.use_cls_token):]
+        logits = self.classifier(self.norm(hidden))
+        loss = None if labels is None else F.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
+        return logits, loss
+
+
+class HyperSETForImageClassification(HyperSETHead):
+    """Image classification (§5.2): LayerNorm -> Linear on the CLS token (the mean token without one)."""
+
+    def __init__(self, config: HyperSETConfig):
+        super().__init__(config)
+        self.model = HyperSETModel(config)
+        self.norm = nn.LayerNorm(config.hidden_size)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    @can_return_tuple
+    def forward(self, pixel_values=None, labels=None, output_energies: bool = False,
+                refinement_steps: int | None = None, **kwargs) -> ImageClassifierOutputAndEnergies:
+        outputs = self.encode(output_energies, refinement_steps, pixel_values=pixel_values, **kwargs)
+        pooled = outputs.pooler_output if outputs.pooler_output is not None else outputs.last_hidden_state.mean(1)
+        logits = self.classifier(self.norm(pooled))
+        loss = None if labels is None else F.cross_entropy(logits.float(), labels)
+        return ImageClassifierOutputAndEnergies(loss=loss, logits=logits, hidden_states=outputs.hidden_states,
+                                                energies=outputs.energies)
+
+
+class HyperSETForTokenClassification(HyperSETHead):
+    """Sudoku (§5.1): input_ids digits 0..9 (0 = blank) -> RMSNorm -> Linear(d, num_labels, no bias) per cell;
+    labels digit - 1 on blanks and -100 on givens (the loss ignores -100)."""
+
+    main_input_name = "input_ids"
+
+    def __init__(self, config: HyperSETConfig):
+        super().__init__(config)
+        self.model = HyperSETModel(config)
+        self.norm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels, bias=False)
+        self.post_init()
+
+    @can_return_tuple
+    def forward(self, input_ids=None, labels=None, output_energies: bool = False,
+                refinement_steps: int | None = None, **kwargs) -> TokenClassifierOutputWithEnergies:
+        outputs = self.encode(output_energies, refinement_steps, input_ids=input_ids, **kwargs)
+        logits, loss = self.per_cell(outputs, labels)
+        return TokenClassifierOutputWithEnergies(loss=loss, logits=logits, hidden_states=outputs.hidden_states,
+                                                 energies=outputs.energies)
+
+
+class HyperSETForMaskedImageModeling(HyperSETHead):
+    """MaskGIT masked image modelling (§5.3): input_ids are visual-token codes, with ``mask_token_id`` at masked
+    cells (or codes plus ``bool_masked_pos``, which puts the mask token there); RMSNorm -> Linear(d, codebook_size)
+    per cell; labels the codes at masked cells and -100 elsewhere."""
+
+    main_input_name = "input_ids"
+
+    def __init__(self, config: HyperSETConfig):
+        super().__init__(config)
+        if config.input_type != "tokens" or config.mask_token_id is None:
+            raise ValueError("HyperSETForMaskedImageModeling needs input_type='tokens' and a mask_token_id (got "
+                             f"{config.input_type!r}, {config.mask_token_id!r})")
+        self.model = HyperSETModel(config)
+        self.norm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.classifier = nn.Linear(config.hidden_size, config.codebook_size)
+        self.post_init()
+
+    @can_return_tuple
+    def forward(self, input_ids=None, bool_masked_pos=None, labels=None, output_energies: bool = False,
+                refinement_steps: int | None = None, **kwargs) -> MaskedLMOutputWithEnergies:
+        if bool_masked_pos is not None:
+            input_ids = input_ids.masked_fill(bool_masked_pos.bool(), self.config.mask_token_id)
+        outputs = self.encode(output_energies, refinement_steps, input_ids=input_ids, **kwargs)
+        logits, loss = self.per_cell(outputs, labels)
+        return MaskedLMOutputWithEnergies(loss=loss, logits=logits, hidden_states=outputs.hidden_states,
+                                          energies=outputs.energies)
+
+    @torch.no_grad()
+    def generate_codes(self, input_ids: torch.Tensor, steps: int = 24, temperature: float = 1.0,
+                       generator: torch.Generator | None = None, refinement_steps: int | None = None) -> torch.Tensor:
+        """MaskGIT iterative decoding (Chang et al. 2022; hyperset.txt §5.3, D.4): fill every ``mask_token_id`` cell
+        of ``input_ids`` in ``steps`` rounds. Each round samples a code for every masked cell from
+        softmax(logits / temperature) and keeps the most confident samples (confidence = the sampled code's
+        probability, no Gumbel noise: the paper's r_temp = 0); how many cells each round keeps follows the arccos
+        schedule, arccos(r) / (pi / 2) at r = 1 .. 0, normalised to the cells masked in each sample. Cells given
+        in ``input_ids`` never change. Returns the completed codes."""
+        if steps < 1 or not temperature > 0:
+            raise ValueError(f"generate_codes needs steps >= 1 and temperature > 0, got {steps}, {temperature}")
+        codes = input_ids.clone()
+        masked = codes == self.config.mask_token_id
+        schedule = torch.arccos(torch.linspace(1.0, 0.0, steps)) / (math.pi / 2)
+        revealed_by = torch.cumsum(schedule / schedule.sum(), 0)  # fraction of the masked cells known after a round
+        initially = masked.sum(-1, keepdim=True)
+        for round_index in range(steps):
+            logits = self(input_ids=codes, refinement_steps=refinement_steps).logits.float() / temperature
+            probabilities = logits.softmax(-1)
+            sampled = torch.multinomial(probabilities.flatten(0, 1), 1, generator=generator).view(codes.shape)
+            confidence = probabilities.gather(-1, sampled[..., None]).squeeze(-1).masked_fill(~masked, -1.0)
+            target = (revealed_by[round_index] * initially).round().long() if round_index < steps - 1 else initially
+            reveal_count = target - (initially - masked.sum(-1, keepdim=True))
+            rank = confidence.argsort(-1, descending=True).argsort(-1)
+            reveal = masked & (rank < reveal_count)
+            codes = torch.where(reveal, sampled, codes)
+            masked &= ~reveal
+        return codes

@@ -1,0 +1,157 @@
+"""Hyper-SET's layer against its energies (hyperset.txt eq. 3-11): the bi-softmax output is the gradient of the
+attention energy, each half-step descends its energy for a small step and ascends it for the opposite sign, and
+the zero-initialised step-size network makes the model the identity for any number of iterations."""
+
+import math
+
+import pytest
+import torch
+
+from energyzoo import HyperSETConfig, HyperSETForTokenClassification, HyperSETModel, model_from_preset, preset_card, preset_names
+from energyzoo.modeling.hyperset_layer import HyperSETLayer, bisoftmax, linear_attention, sigmoid_attention
+
+HEADS, WIDTH = 4, 32
+
+
+def energy_of_projections(z: torch.Tensor) -> torch.Tensor:
+    """E_ATTN as a function of the normalised per-head projections z (eq. 3-4): beta^-1 sum log sum exp(beta z.z)."""
+    beta = 1 / math.sqrt(z.shape[-1])
+    return torch.logsumexp(beta * z @ z.transpose(-1, -2), dim=-1).sum() / beta
+
+
+def test_bisoftmax_is_the_gradient_of_the_attention_energy_in_float64():
+    z = torch.randn(2, HEADS, 7, WIDTH // HEADS, dtype=torch.float64, requires_grad=True)
+    (gradient,) = torch.autograd.grad(energy_of_projections(z), z)
+    torch.testing.assert_close(bisoftmax(z, z, z), gradient, rtol=1e-12, atol=1e-12)
+    one_sided = (z @ z.transpose(-1, -2) / math.sqrt(z.shape[-1])).softmax(-1) @ z
+    assert not torch.allclose(one_sided, gradient, atol=1e-3)  # the column half matters
+
+
+def unit_gain_energies(x, layer):
+    """(E_ATTN, E_FF) per sample with the layer's weights and unit gains, written out from eq. 3-5."""
+    batch, tokens, _ = x.shape
+    z = (x @ layer.qkv_proj.weight.T).reshape(batch, tokens, HEADS, -1).transpose(1, 2)
+    z = z * torch.rsqrt(z.square().mean(-1, keepdim=True))
+    p = z.shape[-1]
+    e_attn = math.sqrt(p) * torch.logsumexp(z @ z.transpose(-1, -2) / math.sqrt(p), -1).sum(dim=(1, 2))
+    h = x @ layer.ff_proj.weight.T
+    h = h * torch.rsqrt(h.square().mean(-1, keepdim=True))
+    return e_attn, -0.5 * torch.relu(h).square().sum(dim=(1, 2))
+
+
+@pytest.mark.parametrize("intermediate", [WIDTH, 4 * WIDTH])
+def test_each_half_step_lowers_its_energy_and_the_opposite_sign_raises_it(intermediate):
+    torch.manual_seed(0)
+    config = HyperSETConfig(hidden_size=WIDTH, num_attention_heads=HEADS, intermediate_size=intermediate)
+    layer = HyperSETLayer(config).double()
+    for linear in (layer.qkv_proj, layer.ff_proj):
+        torch.nn.init.normal_(linear.weight, std=1 / math.sqrt(WIDTH))
+    x = torch.randn(64, 9, WIDTH, dtype=torch.float64)
+    w, d = layer.weights()
+    step = torch.tensor(1e-3, dtype=torch.float64)
+    e_attn, _ = unit_gain_energies(x, layer)
+    assert (unit_gain_energies(layer.attention_step(x, step, w), layer)[0] < e_attn).all()
+    assert (unit_gain_energies(layer.attention_step(x, -step, w), layer)[0] > e_attn).all()
+    _, e_ff = unit_gain_energies(x, layer)
+    assert (unit_gain_energies(layer.feedforward_step(x, step, d), layer)[1] < e_ff).all()
+    assert (unit_gain_energies(layer.feedforward_step(x, -step, d), layer)[1] > e_ff).all()
+
+
+def test_feedforward_step_is_the_closed_form_update():
+    """x + gamma D ReLU(RMSNorm(D^T x)) with the learned gain (eq. 11), per token and channel gamma."""
+    torch.manual_seed(1)
+    layer = HyperSETLayer(HyperSETConfig(hidden_size=WIDTH, num_attention_heads=HEADS, intermediate_size=48)).double()
+    with torch.no_grad():
+        layer.ff_norm.weight.uniform_(0.5, 1.5)
+    x = torch.randn(2, 5, WIDTH, dtype=torch.float64)
+    gamma = torch.rand(2, 5, WIDTH, dtype=torch.float64)
+    d = layer.ff_proj.weight  # (M, d): rows d_m
+    h = x @ d.T
+    h = h / torch.sqrt(h.square().mean(-1, keepdim=True) + torch.finfo(torch.float64).eps) * layer.ff_norm.weight
+    torch.testing.assert_close(layer.feedforward_step(x, gamma, d), x + gamma * (torch.relu(h) @ d))
+
+
+@pytest.mark.parametrize("iterations", [1, 3, 12])
+def test_the_model_starts_as_the_identity_for_every_iteration_count(iterations):
+    config = HyperSETConfig(hidden_size=WIDTH, num_attention_heads=HEADS, intermediate_size=64, num_iterations=4,
+                            time_embed_dim=16, input_type="tokens", vocab_size=10, use_cls_token=False,
+                            position_embedding_type="learned", num_labels=9)
+    model = HyperSETModel(config).eval()
+    ids = torch.randint(0, 10, (2, 81))
+    with torch.no_grad():
+        out = model(input_ids=ids, refinement_steps=iterations, output_energies=True)
+        embedded = model.embeddings(input_ids=ids)
+    assert torch.equal(out.last_hidden_state, embedded)
+    assert out.energies.stack("step_size").abs().max() == 0
+    assert out.energies.stack("energy").shape == (1, iterations, 2)
+
+
+def test_output_zero_init_keeps_the_iteration_path_alive():
+    """step_zero_init="output": only the last Linear starts at zero, so t reaches alpha once it trains; "all"
+    leaves the t-path's Linears at zero (spec §1.3: their gradient is then exactly zero)."""
+    for mode, alive in (("all", False), ("output", True)):
+        config = HyperSETConfig(hidden_size=WIDTH, num_attention_heads=HEADS, intermediate_size=64,
+                                num_iterations=3, time_embed_dim=16, input_type="tokens", vocab_size=10,
+                                use_cls_token=False, position_embedding_type="learned", num_labels=9,
+                                step_zero_init=mode)
+        model = HyperSETForTokenClassification(config)
+        ids = torch.randint(0, 10, (2, 81))
+        model(input_ids=ids, labels=torch.randint(0, 9, (2, 81))).loss.backward()
+        first = model.model.step_sizes.time_mlp[0]
+        assert (first.weight.abs().sum() > 0) == alive
+        assert (model.model.step_sizes.out_proj.weight.grad.abs().sum() > 0)
+
+
+HYPERSET_PRESETS = [name for name in preset_names() if preset_card(name).get("paper") == "hyperset"
+                    and "paper_parameters" in preset_card(name)]
+# Exact counts of the public code's structure (shared/specs/hyperset.md §6), independent of this implementation.
+SPEC_COUNTS = {"hyperset-sudoku": 5_195_584, "hyperset-mim": 3_937_856, "hyperset-mim-8d": 8_072_000,
+               "hyperset-small-scaleup-in1k": 2_395_968, "hyperset-d640-in1k": 3_403_968,
+               "hyperset-small-in1k": 1_551_808, "hyperset-small-in1k-fixed-steps": 909_760,
+               "hyperset-in100": 1_934_268, "hyperset-in100-lora-r4": 2_032_572, "hyperset-in100-lora-r8": 2_130_876,
+               "hyperset-in100-lora-r16": 2_327_484, "hyperset-in100-lora-r32": 2_720_700,
+               "hyperset-l12-d512-in1k": 8_170_880, "hyperset-l12-d768-in1k": 17_562_496,
+               "hyperset-small-scaleup-cifar100": 1_657_220}
+
+
+@pytest.mark.parametrize("name", HYPERSET_PRESETS)
+def test_paper_presets_have_the_papers_parameter_count(name):
+    with torch.device("meta"):
+        model = model_from_preset(name)
+    count = sum(p.numel() for p in model.parameters())
+    assert abs(count / preset_card(name)["paper_parameters"] - 1) <= 0.005, count
+    if name in SPEC_COUNTS:
+        assert count == SPEC_COUNTS[name]
+
+
+def test_alternative_attentions_follow_their_energies_in_float64():
+    """App. G.1: sigmoid attention is half the gradient of sqrt(p) sum sigma(z.z / sqrt(p)) (the symmetric score
+    counts each pair twice); linear attention is the gradient of ||phi(z)^T phi(z)||_F^2 / (4 sqrt(p))."""
+    z = torch.randn(2, HEADS, 7, WIDTH // HEADS, dtype=torch.float64, requires_grad=True)
+    root = math.sqrt(z.shape[-1])
+    (sigmoid_gradient,) = torch.autograd.grad(root * torch.sigmoid(z @ z.transpose(-1, -2) / root).sum(), z)
+    torch.testing.assert_close(sigmoid_attention(z, z, z), sigmoid_gradient / 2)
+    features = torch.sigmoid(z)
+    (linear_gradient,) = torch.autograd.grad((features.transpose(-1, -2) @ features).square().sum() / (4 * root), z)
+    torch.testing.assert_close(linear_attention(z, z, z), linear_gradient)
+
+
+@pytest.mark.parametrize("attention_type,ff_type", [("sigmoid", "standard"), ("linear", "softmax"),
+                                                    ("bisoftmax", "gated")])
+def test_alternative_energies_build_models_that_train(attention_type, ff_type):
+    config = HyperSETConfig(hidden_size=WIDTH, num_attention_heads=HEADS, intermediate_size=64, num_iterations=2,
+                            time_embed_dim=16, input_type="tokens", vocab_size=10, use_cls_token=False,
+                            position_embedding_type="learned", num_labels=9, max_position_embeddings=16,
+                            attention_type=attention_type, ff_type=ff_type, step_zero_init="output")
+    torch.manual_seed(0)
+    model = HyperSETForTokenClassification(config)
+    ids, labels = torch.randint(0, 10, (4, 16)), torch.randint(0, 9, (4, 16))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(15):
+        loss = model(input_ids=ids, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.8 * losses[0], losses

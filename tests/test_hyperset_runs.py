@@ -1,0 +1,91 @@
+"""Hyper-SET's recipes and `energyzoo reproduce hyperset`, at a few steps (the full run is the CLI's default)."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForTokenClassification
+
+from energyzoo.cli import main
+from energyzoo.training.recipe import load_recipe
+from energyzoo.training.run import run_training
+from energyzoo.training.sudoku import sudoku_examples
+from energyzoo.training.tasks import training_task
+
+
+@pytest.mark.parametrize("recipe,metric", [("hyperset-digits", "validation_accuracy"),
+                                           ("hyperset-sudoku-4x4", "validation_board_accuracy"),
+                                           ("hyperset-maskgit-digits", "validation_masked_accuracy")])
+def test_recipes_train_and_report_their_task_metrics(recipe, metric, tmp_path):
+    result = run_training(load_recipe(recipe, ["training.steps=30", "training.warmup_steps=3", "training.eval_every=30",
+                                               "training.save_every=30", "data.examples=200",
+                                               f"output_dir={tmp_path}"]), progress=False)
+    losses = result.losses
+    assert 0 <= result.final_metrics[metric] <= 1 and sum(losses[-5:]) < sum(losses[:5])
+
+
+def test_reproduce_hyperset_writes_scaling_classification_and_energies(tmp_path):
+    code = main(["reproduce", "hyperset", "--output-dir", str(tmp_path), "--sudoku-steps", "40",
+                 "--classification-steps", "30", "--maskgit-steps", "30"])
+    assert code == 0
+    report = json.loads((tmp_path / "hyperset.json").read_text())
+    trained = report["trained_iterations"]
+    assert [row["iterations"] for row in report["sudoku"]] == [trained, round(1.5 * trained), 2 * trained]
+    model = AutoModelForTokenClassification.from_pretrained(tmp_path / "sudoku" / "model")
+    assert model.config.num_iterations == trained
+    names = [row["model"] for row in report["classification"]]
+    assert names == ["hyperset-digits-tiny", "vit-digits-matched"]
+    sizes = [row["parameters"] for row in report["classification"]]
+    assert abs(sizes[0] / sizes[1] - 1) < 0.02  # matched parameter counts
+    assert len(report["energies"]["attention_energy"]) == 2 * trained
+    ceiling, decoded, floor = report["maskgit"]
+    assert ceiling["psnr"] > decoded["psnr"] and ceiling["ssim"] > 0.9  # the tokenizer bounds any decoding
+    assert 0 < floor["ssim"] < ceiling["ssim"]
+    assert (tmp_path / "hyperset_energies.png").read_bytes()[:4] == b"\x89PNG"
+    assert "| 16 | 2.0 |" in (tmp_path / "hyperset.md").read_text()
+
+
+def test_hub_image_source_trains_a_classifier_from_local_image_files(tmp_path):
+    """The `hf-images` source through `datasets` (here its imagefolder builder on local PNGs, as the CIFAR recipes
+    read the Hub): RGB in [-1, 1] with the labels of the folders, resized on request. Classes: 1-pixel stripes,
+    vertical or horizontal (the patch embedding's LayerNorm removes flat colours)."""
+    from PIL import Image
+
+    stripes = np.where(np.arange(8) % 2 == 0, 30, 220).astype(np.uint8)
+    for label, pattern in (("horizontal", stripes[:, None].repeat(8, 1)), ("vertical", stripes[None, :].repeat(8, 0))):
+        (tmp_path / "images" / label).mkdir(parents=True)
+        for index in range(12):
+            Image.fromarray(np.stack([pattern + np.uint8(index)] * 3, axis=-1)).save(tmp_path / "images" / label / f"{index}.png")
+    recipe = load_recipe("hyperset-digits", [
+        "data.source=hf-images", "data.name=imagefolder", f"data.paths=['{tmp_path}/images/**/*.png']",
+        "data.image_size=8", "data.validation_fraction=0.25", "model.overrides.num_channels=3",
+        "model.overrides.num_labels=2", "training.steps=150", "training.warmup_steps=5", "training.eval_every=150",
+        "training.save_every=150", "training.batch_size=8", "training.learning_rate=0.01",
+        f"output_dir={tmp_path / 'run'}"])
+    data = training_task("image-classification").load(recipe.data, None, 0)
+    assert data.train_inputs.shape == (18, 3, 8, 8) and data.validation_inputs.shape == (6, 3, 8, 8)
+    values = data.train_inputs.flatten()
+    low = (values - (30 / 127.5 - 1)).abs() < 0.1  # (30 + index) / 127.5 - 1, index < 12
+    assert (low | ((values - (220 / 127.5 - 1)).abs() < 0.1)).all() and low.float().mean() == 0.5
+    recipe.data.image_size = 4
+    assert training_task("image-classification").load(recipe.data, None, 0).train_inputs.shape == (18, 3, 4, 4)
+    recipe.data.image_size = 8
+    result = run_training(recipe, progress=False)
+    assert result.final_metrics["validation_accuracy"] == 1.0  # two flat colours
+
+
+def test_hub_sudoku_source_reads_puzzle_and_solution_strings(tmp_path):
+    inputs, labels = sudoku_examples(10, (30, 35), box=3, seed=0)
+    rows = [{"quizzes": "".join("." if d == 0 else str(d) for d in puzzle.tolist()),
+             "solutions": "".join(str(d) for d in torch.where(puzzle == 0, label + 1, puzzle).tolist())}
+            for puzzle, label in zip(inputs, labels)]
+    (tmp_path / "sudoku.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    recipe = load_recipe("hyperset-sudoku-4x4", [
+        "data.source=hf-sudoku", "data.name=json", f"data.paths=['{tmp_path}/sudoku.jsonl']",
+        "data.puzzle_column=quizzes", "data.solution_column=solutions", "data.validation_fraction=0.2"])
+    data = training_task("token-classification").load(recipe.data, None, 0)
+    read = torch.cat([data.train_inputs, data.validation_inputs])
+    read_labels = torch.cat([data.train_labels, data.validation_labels])
+    order = [next(i for i in range(10) if torch.equal(inputs[i], puzzle)) for puzzle in read]
+    assert sorted(order) == list(range(10)) and torch.equal(read_labels, labels[order])
