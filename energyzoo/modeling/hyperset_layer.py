@@ -83,10 +83,9 @@ def gated_activation(h: torch.Tensor) -> torch.Tensor:
     return gate.sum(-1, keepdim=True) * gate * (1 - gate)
 
 
-def attention_energy(x: torch.Tensor, weight: torch.Tensor, heads: int, eps: float | None = None) -> torch.Tensor:
-    """E_ATTN per sample with unit-gain normalisation (eq. 3-4, as measured in Fig. 5):
-    sqrt(p) sum_{h,i} logsumexp_j(z_i . z_j / sqrt(p)), z = rms_norm(W_h^T x) (the model's RMSNorm eps)."""
-    z = unit_projections(x, weight, heads, eps)
+def projection_energy(z: torch.Tensor) -> torch.Tensor:
+    """E_ATTN per sample with unit-gain normalisation (eq. 3-4, as measured in Fig. 5), from z = rms_norm(W_h^T x)
+    of `unit_projections`, (batch, heads, tokens, p): sqrt(p) sum_{h,i} logsumexp_j(z_i . z_j / sqrt(p))."""
     scale = math.sqrt(z.shape[-1])
     return scale * torch.logsumexp(z @ z.transpose(-1, -2) / scale, dim=-1).sum(dim=(1, 2))
 

@@ -26,10 +26,10 @@ from .hyperset_layer import (
     DepthwiseLoRA,
     HyperSETLayer,
     HyperSETStepSizes,
-    attention_energy,
     average_angle,
     effective_rank,
     feedforward_energy,
+    projection_energy,
     unit_projections,
 )
 from .outputs import (
@@ -212,11 +212,14 @@ class HyperSETModel(HyperSETPreTrainedModel):
         """The traced quantities of one iteration (module docstring), per sample, in float32 with the model's
         RMSNorm eps (None: float32's machine epsilon, as the float32 model's norms use)."""
         eps = self.config.rms_norm_eps or torch.finfo(torch.float32).eps
-        after32, w32 = after.float(), w.float()
-        e_attn = attention_energy(after32, w32, layer.heads, eps)
+        after32 = after.float()
+        z = unit_projections(after32, w.float(), layer.heads, eps)
+        e_attn = projection_energy(z)
         e_ff = feedforward_energy(after32, d.float(), eps)
-        z = unit_projections(after32, w32, layer.heads, eps)
-        per_sample = lambda value: value.float().expand_as(after).mean(dim=(1, 2))  # noqa: E731
+
+        def per_sample(value):  # a per-token, per-channel step size (or a fixed scalar) averaged per sample
+            return value.float().expand_as(after).mean(dim=(1, 2))
+
         return {
             "energy": e_attn + e_ff,
             "attention_energy": e_attn,

@@ -128,9 +128,11 @@ def hub_sudoku_split(data, seed: int):
     format of `sudoku.sudoku_examples`, split by ``validation_fraction`` with ``seed``."""
     parts = _hub_dataset(data).train_test_split(test_size=data.validation_fraction, seed=seed)
 
+    def digits(dataset, column: str) -> torch.Tensor:
+        return torch.tensor([[0 if c == "." else int(c) for c in row] for row in dataset[column]])
+
     def tensors(dataset):
-        digits = lambda column: torch.tensor([[0 if c == "." else int(c) for c in row] for row in dataset[column]])  # noqa: E731
-        puzzles, solutions = digits(data.puzzle_column), digits(data.solution_column)
+        puzzles, solutions = digits(dataset, data.puzzle_column), digits(dataset, data.solution_column)
         return puzzles, (solutions - 1).masked_fill(puzzles != 0, -100)
 
     return (*tensors(parts["train"]), *tensors(parts["test"]))
