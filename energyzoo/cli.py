@@ -70,9 +70,11 @@ def _print_and_save(table: str, result: dict, output: str) -> None:
 def _bench(args) -> int:
     from .eval.speed import (
         BenchSettings,
+        format_eqt_table,
         format_scaling_table,
         format_table,
         format_tel_table,
+        run_eqt_vs_llama,
         run_fem_vs_llama,
         run_length_scaling,
         run_tel_vs_vanilla,
@@ -82,6 +84,12 @@ def _bench(args) -> int:
         result = run_tel_vs_vanilla(batch_size=args.batch_size, seq_len=args.seq_len, repeats=args.repeats,
                                     device=args.device)
         _print_and_save(format_tel_table(result), result, args.output)
+        return 0
+    if args.eqt:
+        result = run_eqt_vs_llama(args.preset or "eqt-llama-340m", steps=tuple(args.steps),
+                                  batch_size=args.batch_size, seq_len=args.seq_len, repeats=args.repeats,
+                                  device=args.device)
+        _print_and_save(format_eqt_table(result), result, args.output)
         return 0
     if args.scaling:
         result = run_length_scaling(args.preset or "fem-lm-tiny",
@@ -105,6 +113,12 @@ def _reproduce(args) -> int:
                                     maskgit_steps=args.maskgit_steps)
         output_dir = args.output_dir or "runs/hyperset"
         report = run_hyperset(settings, output_dir)
+    elif args.experiment == "eqt-parity":
+        from .reproduce.eqt_parity import ParitySettings, format_markdown, run_parity, write_report
+
+        settings = ParitySettings(lengths=args.lengths, seeds=list(range(args.parity_seeds)), steps=args.parity_steps)
+        output_dir = args.output_dir or "runs/eqt-parity"
+        report = run_parity(settings, output_dir)
     else:
         from .reproduce.tel_stage1 import StageOneSettings, format_markdown, run_stage_one, write_report
 
@@ -170,10 +184,14 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--tel", action="store_true",
                        help="instead: TEL-head and TEL-full GPT-2 (124M) vs GPT-2 forward time (e.g. --batch-size 2"
                             " --seq-len 512)")
+    bench.add_argument("--eqt", action="store_true",
+                       help="instead: EqT-LLaMA (default eqt-llama-340m) at each K of --steps vs its base Llama, "
+                            "inference forward (e.g. --batch-size 1 --seq-len 512)")
+    bench.add_argument("--steps", type=int, nargs="+", default=[0, 1, 2, 4, 8, 16], help="K values for --eqt")
     bench.set_defaults(run=_bench)
 
     reproduce = commands.add_parser("reproduce", help="a CPU-scale rerun of a paper experiment, with a report")
-    reproduce.add_argument("experiment", choices=["tel-stage1", "hyperset"],
+    reproduce.add_argument("experiment", choices=["tel-stage1", "hyperset", "eqt-parity"],
                            help="tel-stage1: tel.txt Stage I, Linear vs MLP vs TEL at matched width; hyperset: "
                                 "Sudoku test-time scaling, digits vs a matched ViT, energy curves")
     reproduce.add_argument("--output-dir", default=None, help="default: runs/<experiment>")
@@ -184,6 +202,9 @@ def build_parser() -> argparse.ArgumentParser:
     reproduce.add_argument("--sudoku-steps", type=int, default=2000, help="hyperset: Sudoku training steps")
     reproduce.add_argument("--classification-steps", type=int, default=2000, help="hyperset: digits training steps")
     reproduce.add_argument("--maskgit-steps", type=int, default=1500, help="hyperset: MaskGIT training steps")
+    reproduce.add_argument("--lengths", type=int, nargs="+", default=[16, 32, 64], help="eqt-parity: lengths L")
+    reproduce.add_argument("--parity-seeds", type=int, default=3, help="eqt-parity: seeds per length")
+    reproduce.add_argument("--parity-steps", type=int, default=600, help="eqt-parity: training steps per model")
     reproduce.set_defaults(run=_reproduce)
     return parser
 

@@ -21,9 +21,11 @@ from transformers import (
     PretrainedConfig,
 )
 
+from .modeling.configuration_eqt import EqTLlamaConfig
 from .modeling.configuration_fem import FEMConfig
 from .modeling.configuration_hyperset import HyperSETConfig
 from .modeling.configuration_tel import TELGPT2Config, TELResNetConfig, TELViTConfig
+from .modeling.modeling_eqt import EqTLlamaForCausalLM, EqTLlamaModel
 from .modeling.modeling_fem import FEMForCausalLM, FEMForSequenceClassification, FEMModel
 from .modeling.modeling_hyperset import (
     HyperSETForImageClassification,
@@ -122,6 +124,15 @@ ARCHITECTURES = {
          "token-classification": HyperSETForTokenClassification},
         "hyperset.md",
         card_facts=lambda config: dict(layers=config.num_hidden_layers, iterations=config.num_iterations),
+    ),
+    "eqt-llama": Architecture(
+        EqTLlamaConfig,
+        EqTLlamaModel,
+        {"causal-lm": EqTLlamaForCausalLM},
+        "eqt.md",
+        card_facts=lambda config: dict(sites=config.erm_sites, steps=config.erm_num_steps,
+                                       train_steps=config.erm_num_steps_train),
+        bench_presets=("eqt-llama-340m",),
     ),
 }
 

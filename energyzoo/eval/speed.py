@@ -31,6 +31,7 @@ from ..registry import ARCHITECTURES
 TARGETS = {"forward": 1.10, "train_step": 1.20, "peak_memory": 1.20, "decode_tokens_per_s": 0.85}
 LINEAR_SCALING_TARGET = 4.5  # time(T=4096) / time(T=1024) for O(T) priors (DESIGN.md)
 TEL_HEAD_FORWARD_TARGET = 1.05  # TEL-head GPT-2 / GPT-2 forward time (DESIGN.md)
+EQT_FORWARD_TARGET = 2.0  # EqT-LLaMA at K = 8 / its base Llama, forward (DESIGN.md)
 
 
 def card_baseline(preset: str) -> str:
@@ -322,6 +323,63 @@ def format_scaling_table(result: dict) -> str:
         target = "~16 (O(T^2))" if row["target"] is None else f"<= {row['target']}"
         lines.append(f"| {prior:<7} | {row['seconds'][short]:>10.4f} | {row['seconds'][long]:>10.4f} | "
                      f"{row['ratio']:>5.2f} | {target} |")
+    return "\n".join(lines)
+
+
+def run_eqt_vs_llama(
+    preset: str = ARCHITECTURES["eqt-llama"].bench_presets[0],
+    steps: tuple[int, ...] = (0, 1, 2, 4, 8, 16),
+    batch_size: int = 1,
+    seq_len: int = 512,
+    repeats: int = 5,
+    device: str = "cpu",
+) -> dict:
+    """Inference forward time of EqT-LLaMA at each K against its base Llama (the card's baseline, whose weights it
+    loads), in one paired run: per repeat, Llama and EqT at every K back to back in rotating order; the ratio at K
+    is the median of the per-repeat ratios. ``linear_fit``: time(K) / Llama = intercept + slope K by least squares
+    over the K's, with the largest deviation of a measured ratio from the line (linear in K when it is small)."""
+    torch.manual_seed(0)
+    baseline = card_baseline(preset)
+    llama = model_from_preset(baseline).to(device).eval()
+    eqt = model_from_preset(preset).to(device).eval()
+    eqt.load_state_dict(llama.state_dict(), strict=False)
+    ids = torch.randint(0, llama.config.vocab_size, (batch_size, seq_len), device=device)
+
+    def forward(model, **options):
+        def run():
+            with torch.no_grad():
+                model(input_ids=ids, use_cache=False, **options)
+        return run
+
+    fns = {"llama": forward(llama), **{f"K={k}": forward(eqt, refinement_steps=k) for k in steps}}
+    times = _paired_times(fns, repeats, device)
+    ratios = {k: statistics.median(e / b for e, b in zip(times[f"K={k}"], times["llama"])) for k in steps}
+    slope, intercept = statistics.linear_regression(list(steps), [ratios[k] for k in steps])
+    deviation = max(abs(ratios[k] - (intercept + slope * k)) for k in steps)
+    at_eight = ratios.get(8)
+    return {"preset": preset, "baseline": baseline, "batch_size": batch_size, "seq_len": seq_len, "repeats": repeats,
+            "device": device, "threads": torch.get_num_threads(), "llama_seconds": statistics.median(times["llama"]),
+            "seconds": {k: statistics.median(times[f"K={k}"]) for k in steps}, "ratios": ratios,
+            "linear_fit": {"intercept": intercept, "slope_per_step": slope, "max_deviation": deviation},
+            "target": EQT_FORWARD_TARGET, "meets_target": None if at_eight is None else at_eight <= EQT_FORWARD_TARGET,
+            "raw_seconds": times}
+
+
+def format_eqt_table(result: dict) -> str:
+    fit = result["linear_fit"]
+    lines = [
+        f"{result['preset']} vs {result['baseline']} inference forward (batch {result['batch_size']}, seq "
+        f"{result['seq_len']}, {result['device']}, median of {result['repeats']} paired repeats; Llama "
+        f"{result['llama_seconds']:.3f} s)",
+        "| K | EqT (s) | EqT / Llama |",
+        "|---|---|---|",
+    ]
+    for k, ratio in result["ratios"].items():
+        lines.append(f"| {k} | {result['seconds'][k]:.3f} | {ratio:.3f} |")
+    verdict = "" if result["meets_target"] is None else (
+        f"; K = 8 target <= {result['target']}: {'met' if result['meets_target'] else 'NOT met'}")
+    lines.append(f"linear fit: ratio = {fit['intercept']:.3f} + {fit['slope_per_step']:.4f} K (largest deviation "
+                 f"{fit['max_deviation']:.3f}){verdict}")
     return "\n".join(lines)
 
 

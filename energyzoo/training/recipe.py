@@ -56,7 +56,8 @@ class DataSection:
     `paths`; JSONL reads `text_field`), "hf" (a `datasets` name, streamed; needs the network), "hf-images" /
     "hf-sudoku" (a `datasets` image-classification / Sudoku source: `image_column`, `label_column`, `image_size`
     / `puzzle_column`, `solution_column`; local files through `paths`), "sudoku"
-    (`examples` generated unique-solution puzzles of box `sudoku_box` with `givens` = [min, max] givens) or
+    (`examples` generated unique-solution puzzles of box `sudoku_box` with `givens` = [min, max] givens),
+    "parity" (`examples` random bit strings of length `block_size` with cumulative-parity labels, eqt.txt eq. 44) or
     "digit-codes" / "digit-patches" (the digits as 17-code pixel grids / 4x4 grids of k-means patch codes,
     masked on `mask_schedule`: "cosine", MaskGIT's, or "bernoulli-0.4", hyperset.txt D.4's). Which sources a model reads depends on its task (`training.tasks`)."""
 

@@ -44,7 +44,7 @@ def prepare_data(recipe: Recipe, output_dir: Path, is_main: bool, accelerator: A
     ``output_dir/tokenizer`` so a resumed run uses the same one."""
     task = training_task(recipe.task)
     tokenizer = None
-    if task.tokenized:
+    if task.tokenized and recipe.data.source not in task.token_sources:
         tokenizer_dir = output_dir / "tokenizer"
         if not tokenizer_dir.exists():
             if is_main:

@@ -10,7 +10,7 @@ from typing import Callable
 
 import torch
 
-from .data import digit_code_split, digits_split, hub_image_split, hub_sudoku_split, language_model_blocks
+from .data import cumulative_parity_split, digit_code_split, digits_split, hub_image_split, hub_sudoku_split, language_model_blocks
 from .image_tokenizer import digit_patch_split
 from .sudoku import sudoku_split
 
@@ -27,7 +27,7 @@ class TrainingData:
 class TrainingTask:
     """sources: recipe data source -> its description for model cards, formatted with the recipe's data section
     (the first source is the default); tokenized: it trains on text and
-    needs a tokenizer; load(data section, tokenizer, seed) -> `TrainingData`; model_inputs(inputs, labels) ->
+    needs a tokenizer (except from `token_sources`, whose data are token ids already); load(data section, tokenizer, seed) -> `TrainingData`; model_inputs(inputs, labels) ->
     the model's tensor kwargs (also `Trainer` rows); model_options: keyword arguments of every call that are
     not per-example tensors; metrics(outputs, labels) -> ``{name: (numerator, denominator)}``."""
 
@@ -37,11 +37,22 @@ class TrainingTask:
     model_inputs: Callable[[torch.Tensor, torch.Tensor], dict]
     metrics: Callable[[object, torch.Tensor], dict[str, tuple[torch.Tensor, torch.Tensor]]]
     model_options: dict = field(default_factory=dict)
+    token_sources: tuple[str, ...] = ()
 
 
-def _text_blocks(data, tokenizer, seed) -> TrainingData:
+def _language_model_data(data, tokenizer, seed) -> TrainingData:
+    if data.source == "parity":
+        return TrainingData(*cumulative_parity_split(data.examples, data.block_size, data.validation_fraction, seed))
     train, validation = language_model_blocks(data, tokenizer)
     return TrainingData(train, train, validation, validation)
+
+
+def _next_token_accuracy(outputs, labels):
+    """Accuracy of the logits at t on labels[t + 1] (the causal shift), where labelled (!= -100)."""
+    targets = labels[:, 1:]
+    scored = targets != -100
+    hits = (outputs.logits[:, :-1].argmax(-1) == targets) & scored
+    return {"next_token_accuracy": (hits.sum(), scored.sum())}
 
 
 def _accuracy(outputs, labels):
@@ -68,12 +79,15 @@ TRAINING_TASKS = {
                                 "{block_size} tokens",
                  "text": "local text files ({paths}) in blocks of {block_size} tokens",
                  "jsonl": "the `{text_field}` field of local JSONL files ({paths}) in blocks of {block_size} tokens",
-                 "hf": "the `datasets` source `{name}` in blocks of {block_size} tokens"},
+                 "hf": "the `datasets` source `{name}` in blocks of {block_size} tokens",
+                 "parity": "{examples} random bit strings of length {block_size} labelled with their cumulative "
+                           "parity (eqt.txt eq. 44)"},
         tokenized=True,
-        load=_text_blocks,
+        load=_language_model_data,
         model_inputs=lambda inputs, labels: {"input_ids": inputs, "labels": labels},
-        metrics=lambda outputs, labels: {},
+        metrics=_next_token_accuracy,
         model_options={"use_cache": False},
+        token_sources=("parity",),
     ),
     "image-classification": TrainingTask(
         sources={"digits": "scikit-learn's 8x8 digits", "hf-images": "the `datasets` source `{name}`"},

@@ -1,0 +1,125 @@
+"""Configuration of EqT-LLaMA, Llama with the Equilibrium Refinement Module (eqt.txt; spec: shared/specs/eqt.md)."""
+
+from huggingface_hub.dataclasses import strict
+from transformers import LlamaConfig
+
+from .checks import require
+
+OWNER = "EqTLlamaConfig"
+CHOICES = {"erm_backprop": ("unrolled", "implicit"), "erm_head_vocabulary": ("full", "window")}
+
+
+@strict
+class EqTLlamaConfig(LlamaConfig):
+    r"""A `LlamaConfig` plus the Equilibrium Refinement Module (ERM, eqt.txt §3, Algorithm 1). Every Llama field
+    keeps its meaning, so a Llama checkpoint's config loads as it is (`EqTLlamaForCausalLM.from_pretrained(llama_dir,
+    **erm_fields)`). Defaults are the paper's (§3.7); the choices where the paper contradicts itself follow the spec
+    (shared/specs/eqt.md §2) and are fields:
+
+    Sites and solver (eq. 7-8):
+        erm_layers: decoder layers whose output f is refined; None = the last layer only (spec §2 item 6: a shared
+            energy network, and the confidence term needs the LM head; "every layer" of §2.4 is the full list).
+        erm_num_steps: K at inference (8: "~3x at K = 8", Table 2). erm_num_steps_train: K in training (2, §5.1.2).
+            ``refinement_steps=K`` in `forward` / `generate` overrides both at run time.
+        erm_step_size: alpha (0.1, §3.7). erm_gamma: gamma of the proximal anchor ||h - f||^2 / (2 gamma) (1.0).
+            Eq. 7 is read literally (spec §2 item 4): a small gamma keeps h near f.
+        erm_tol: per-position early stop when ||h_{k+1} - h_k|| / ||h_k|| <= erm_tol (§3.7, §5.3.1); None: off.
+        erm_backprop: "unrolled" (§3.5, K <= 16) or "implicit": the implicit-function gradient of eq. 19 with the
+            path through f that eq. 19 omits (spec §1.3), solved by `erm_implicit_iterations` fixed-point steps.
+    Energy (eq. 11): lambda_rev, lambda_mask, lambda_conf, lambda_mem = 1.0, 0.5, 0.2, 0.1 (§3.7); 0 drops a term.
+        erm_rev_window: W, the window of eq. 12 and 13 (32). erm_rev_num_layers, erm_rev_hidden_size,
+            erm_rev_num_heads: the reverse encoder q_phi (2 Llama layers of width d/4: spec §3; 0 = hidden_size / 4).
+        erm_head_vocabulary: what the reverse and masked heads predict over: "full" (the vocabulary, the paper's
+            softmax) or "window" (the distinct tokens of the window, in-window negatives as in contrastive
+            predictive coding): a full-vocabulary softmax costs W * vocab * d per position and step, ~60x a 340M
+            Llama's forward at W = 32, so the large presets use "window".
+        erm_confidence_topk: the confidence term (eq. 14) over the top-k tokens of the proposal's readout (the
+            proposal's argmax among them); None: the whole vocabulary (exact, one vocab x d product per step).
+        erm_mask_ratio, erm_mask_seed: eq. 13's mask, keyed on each token's position among the real tokens, so
+            training, evaluation, the cache and padding agree (spec §2 item 9).
+        erm_memory_size, erm_memory_temperature, erm_memory_topk, erm_memory_ema_decay: eq. 15-16's buffer of M
+            prototypes (10,000), tau_m (0.1), the k prototypes most similar to f that count as relevant (8), the EMA
+            decay of eq. 16 (0.99; 1.0 freezes the memory). Spec §2 items 2-3.
+    Training (eq. 18): energy_loss_weight beta (0.3): the loss is CE + beta * mean energy of the refined states.
+    """
+
+    model_type = "eqt-llama"
+
+    erm_layers: list[int] | None = None
+    erm_num_steps: int = 8
+    erm_num_steps_train: int = 2
+    erm_step_size: float = 0.1
+    erm_gamma: float = 1.0
+    erm_tol: float | None = None
+    erm_backprop: str = "unrolled"
+    erm_implicit_iterations: int = 30
+    lambda_rev: float = 1.0
+    lambda_mask: float = 0.5
+    lambda_conf: float = 0.2
+    lambda_mem: float = 0.1
+    erm_rev_window: int = 32
+    erm_rev_num_layers: int = 2
+    erm_rev_hidden_size: int = 0
+    erm_rev_num_heads: int = 4
+    erm_head_vocabulary: str = "full"
+    erm_confidence_topk: int | None = None
+    erm_mask_ratio: float = 0.15
+    erm_mask_seed: int = 0
+    erm_memory_size: int = 10_000
+    erm_memory_temperature: float = 0.1
+    erm_memory_topk: int = 8
+    erm_memory_ema_decay: float = 0.99
+    energy_loss_weight: float = 0.3
+
+    def __post_init__(self, **kwargs):
+        super().__post_init__(**kwargs)
+        if self.erm_rev_hidden_size == 0:
+            self.erm_rev_hidden_size = self.hidden_size // 4
+        self._check_erm_fields()
+
+    def _check_erm_fields(self) -> None:
+        """Every ERM field against its range, once (`checks.require`)."""
+        layers = self.num_hidden_layers
+        sites = self.erm_layers
+        require(OWNER, sites is None or (len(sites) > 0 and len(set(sites)) == len(sites)
+                                         and all(0 <= site < layers for site in sites)),
+                "erm_layers", f"None or distinct layer indices in [0, {layers})", sites)
+        for field in ("erm_num_steps", "erm_num_steps_train"):
+            require(OWNER, getattr(self, field) >= 0, field, "an integer >= 0", getattr(self, field))
+        for field in ("erm_rev_window", "erm_rev_num_heads", "erm_memory_topk", "erm_implicit_iterations"):
+            require(OWNER, getattr(self, field) >= 1, field, "an integer >= 1", getattr(self, field))
+        require(OWNER, self.erm_rev_num_layers >= 0, "erm_rev_num_layers", "an integer >= 0", self.erm_rev_num_layers)
+        require(OWNER, self.erm_step_size > 0, "erm_step_size", "> 0", self.erm_step_size)
+        require(OWNER, self.erm_gamma > 0, "erm_gamma", "> 0", self.erm_gamma)
+        require(OWNER, self.erm_step_size / self.erm_gamma < 2, "erm_step_size",
+                f"< 2 * erm_gamma ({2 * self.erm_gamma}): the proximal step alone must contract (§3.2)",
+                self.erm_step_size)
+        for field in ("lambda_rev", "lambda_mask", "lambda_conf", "lambda_mem", "energy_loss_weight"):
+            require(OWNER, getattr(self, field) >= 0, field, ">= 0", getattr(self, field))
+        require(OWNER, self.erm_tol is None or self.erm_tol > 0, "erm_tol", "None or > 0", self.erm_tol)
+        require(OWNER, 0 < self.erm_mask_ratio < 1, "erm_mask_ratio", "in (0, 1)", self.erm_mask_ratio)
+        require(OWNER, self.erm_memory_size >= self.erm_memory_topk, "erm_memory_size",
+                f">= erm_memory_topk ({self.erm_memory_topk})", self.erm_memory_size)
+        require(OWNER, self.erm_memory_temperature > 0, "erm_memory_temperature", "> 0", self.erm_memory_temperature)
+        require(OWNER, 0 <= self.erm_memory_ema_decay <= 1, "erm_memory_ema_decay", "in [0, 1]",
+                self.erm_memory_ema_decay)
+        topk = self.erm_confidence_topk
+        require(OWNER, topk is None or 1 <= topk <= self.vocab_size, "erm_confidence_topk",
+                f"None or in [1, vocab_size={self.vocab_size}]", topk)
+        require(OWNER, self.erm_rev_hidden_size > 0 and self.erm_rev_hidden_size % self.erm_rev_num_heads == 0,
+                "erm_rev_hidden_size", f"a positive multiple of erm_rev_num_heads ({self.erm_rev_num_heads})",
+                self.erm_rev_hidden_size)
+        for field, allowed in CHOICES.items():
+            require(OWNER, getattr(self, field) in allowed, field, f"one of {list(allowed)}", getattr(self, field))
+
+    @property
+    def erm_sites(self) -> list[int]:
+        """The refined layers: `erm_layers`, or the last layer."""
+        return list(self.erm_layers) if self.erm_layers is not None else [self.num_hidden_layers - 1]
+
+    @property
+    def erm_context_length(self) -> int:
+        """Token positions before a refined one that its energies read: the window W, plus the reverse encoder's
+        receptive field n_rev (W - 1) and the one position its context state u_{i-1} lags."""
+        window = self.erm_rev_window
+        return window + self.erm_rev_num_layers * (window - 1)

@@ -1,0 +1,416 @@
+"""EqT-LLaMA: Llama whose chosen decoder layers' outputs are refined by the Equilibrium Refinement Module before
+the next layer reads them (eqt.txt "Closed-Loop Transformers" §3, Algorithm 1; spec: shared/specs/eqt.md).
+
+At a refined site the decoder layer's output is the proposal f (eq. 6), and the ERM returns K proximal gradient
+steps on the label-free energy L of `eqt_energy` (eq. 7-8):
+
+    h_0 = f,   h_{k+1} = h_k - alpha [grad_h L(h_k) + (h_k - f) / gamma],   h* = h_K.
+
+Llama's own weights, names and computations are untouched, so a Llama checkpoint loads directly (only the
+``model.erm.*`` weights are new), and with K = 0 or every lambda = 0 the logits are Llama's exactly (h_k = f).
+The refinement is per position and reads tokens at or before the position only, so the model stays causal; the
+refined state feeds the next layer, whose keys and values are cached as usual, and the cache also carries the
+token window the energies read (`eqt_cache`), so decoding refines only the new positions.
+"""
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers import GenerationMixin
+from transformers.cache_utils import Cache, DynamicCache
+from transformers.initialization import normal_, ones_, zeros_
+from transformers.masking_utils import create_causal_mask
+from transformers.models.llama.modeling_llama import (
+    LlamaAttention,
+    LlamaDecoderLayer,
+    LlamaPreTrainedModel,
+    LlamaRMSNorm,
+    LlamaRotaryEmbedding,
+)
+from transformers.utils.generic import can_return_tuple
+from transformers.utils.output_capturing import OutputRecorder, capture_outputs
+
+from .configuration_eqt import EqTLlamaConfig
+from .eqt_cache import EqTContextLayer
+from .eqt_energy import TERMS, EnergyContext, EqTEnergyNetwork
+from .outputs import BaseModelOutputWithEnergies, CausalLMOutputWithEnergies, record_energies, recording_energies
+from .outputs import records_energies
+from .refinement import EarlyExit, refine, refinement_steps, takes_refinement_steps
+
+SUPPORTED_CACHE_IMPLEMENTATIONS = (None, "dynamic")
+
+
+@dataclass
+class SiteInputs:
+    """What the energies at one refined site read besides h: the proposal f, the forward's `EnergyContext` (None
+    when the reverse and masked terms are off), the relevant memories (eq. 15), the confidence readout (the LM
+    head's rows, (V, d) or the proposal's top-k per position) and the final norm's gain and epsilon."""
+
+    proposal: torch.Tensor
+    context: EnergyContext | None
+    memories: torch.Tensor | None
+    readout: torch.Tensor
+    norm_weight: torch.Tensor
+    norm_eps: float
+
+
+@dataclass
+class EqTModelOutput(BaseModelOutputWithEnergies):
+    """`BaseModelOutputWithEnergies` plus ``refined_energy``: the mean energy L(h*) over the refined sites and the
+    real positions (eq. 18's second term), when the caller asked for it."""
+
+    refined_energy: torch.Tensor | None = None
+
+
+class EquilibriumRefinement(nn.Module):
+    """The ERM (eqt.txt §3.2, Algorithm 1) on the zoo's shared refinement loop (`refinement.refine`).
+
+    - K: `erm_num_steps_train` in training, `erm_num_steps` otherwise; ``refinement_steps=K`` overrides both.
+    - Early stop (§3.7): with `erm_tol`, a position stops once ||h_{k+1} - h_k|| / ||h_k|| <= erm_tol, decided from
+      its own trajectory only.
+    - Gradients (§3.5): "unrolled" differentiates through the K steps (the steps' energy gradients are explicit
+      expressions, see `eqt_energy`). "implicit" runs the steps without a graph and differentiates the fixed point
+      h* = T(h*), T(h) = h - alpha [grad L(h) + (h - f) / gamma], by the implicit function theorem: the incoming
+      gradient v becomes y = (I - dT/dh^T)^-1 v (fixed-point iteration, `erm_implicit_iterations` steps, converging
+      where the forward contracts), pushed through one step T(h*) into theta and f. That is
+      dh*/dtheta = -(H + I/gamma)^-1 (d grad L / dtheta - (1/gamma) df/dtheta): eq. 19 with the path through f
+      it omits (spec §1.3), without which the decoder below would get no gradient.
+    - Trace (``output_energies=True``): per step the four energy terms, the weighted energy, the proximal term
+      ||h - f||^2 / (2 gamma), the relative update ||h_{k+1} - h_k|| / ||h_k|| as ``residual``, alpha as
+      ``step_size``; and the ``iterations`` used. Means over the real positions.
+    """
+
+    def __init__(self, config: EqTLlamaConfig):
+        super().__init__()
+        self.config = config
+        self.energy = EqTEnergyNetwork(config)
+
+    def weights(self) -> dict[str, float]:
+        config = self.config
+        return {"reverse": config.lambda_rev, "masked": config.lambda_mask, "confidence": config.lambda_conf,
+                "memory": config.lambda_mem}
+
+    def evaluate(self, hidden: torch.Tensor, inputs: SiteInputs, with_gradient: bool):
+        """(L(h) per position, each term per position, grad_h L or None) for eq. 11's weighted energy."""
+        energy = self.energy
+        terms, gradient = {}, None
+        total = torch.zeros(hidden.shape[:-1], dtype=torch.promote_types(hidden.dtype, torch.float32),
+                            device=hidden.device)
+        for name, weight in self.weights().items():
+            if weight == 0:
+                continue
+            if name == "reverse":
+                value, grad = energy.reverse_energy(hidden, inputs.context, with_gradient)
+            elif name == "masked":
+                value, grad = energy.masked_energy(hidden, inputs.context, with_gradient)
+            elif name == "confidence":
+                value, grad = energy.confidence_energy(hidden, inputs.norm_weight, inputs.norm_eps, inputs.readout,
+                                                       with_gradient)
+            else:
+                value, grad = energy.memory_energy(hidden, inputs.memories, with_gradient)
+            terms[name] = value
+            total = total + weight * value
+            if with_gradient:
+                gradient = weight * grad if gradient is None else gradient + weight * grad
+        if gradient is None and with_gradient:
+            gradient = torch.zeros_like(hidden)
+        return total, terms, gradient
+
+    def proximal_step(self, hidden: torch.Tensor, gradient: torch.Tensor, proposal: torch.Tensor) -> torch.Tensor:
+        """T(h) = h - alpha [grad L(h) + (h - f) / gamma] (eq. 8)."""
+        config = self.config
+        return hidden - config.erm_step_size * (gradient + (hidden - proposal) / config.erm_gamma)
+
+    def forward(self, inputs: SiteInputs, valid: torch.Tensor) -> torch.Tensor:
+        config = self.config
+        steps = refinement_steps(config.erm_num_steps_train if self.training else config.erm_num_steps)
+        tracing = recording_energies()
+        early_exit = None if config.erm_tol is None else EarlyExit(config.erm_tol)
+        weight = valid.to(inputs.proposal.dtype)
+
+        def masked_mean(value: torch.Tensor) -> torch.Tensor:
+            return (value * weight).sum() / weight.sum().clamp_min(1)
+
+        def one_step(index: int, state: tuple) -> tuple:
+            (hidden,) = state
+            total, terms, gradient = self.evaluate(hidden, inputs, with_gradient=True)
+            following = self.proximal_step(hidden, gradient, inputs.proposal)
+            residual = records = None
+            if tracing or early_exit is not None:
+                residual = (following - hidden).norm(dim=-1) / hidden.norm(dim=-1).clamp_min(1e-12)
+            if tracing:
+                records = {f"{name}_energy": masked_mean(terms.get(name, torch.zeros_like(total))) for name in TERMS}
+                proximal = (hidden - inputs.proposal).pow(2).sum(-1) / (2 * config.erm_gamma)
+                records.update(energy=masked_mean(total), residual=masked_mean(residual),
+                               proximal_energy=masked_mean(proximal),
+                               step_size=torch.tensor(config.erm_step_size))
+            return (following,), residual, records or {}
+
+        implicit = config.erm_backprop == "implicit" and self.training and torch.is_grad_enabled() and steps > 0
+        with torch.set_grad_enabled(torch.is_grad_enabled() and not implicit):
+            result = refine(one_step, (inputs.proposal,), steps, early_exit=early_exit,
+                            records="detached" if tracing else None)
+        refined = result.state[0]
+        if implicit:
+            refined = self.implicit_gradient(refined, inputs)
+        if tracing:
+            iterations = result.iterations
+            iterations = masked_mean(iterations) if iterations.dim() else iterations
+            record_energies({**result.records, "iterations": iterations})
+        return refined
+
+    def implicit_gradient(self, fixed_point: torch.Tensor, inputs: SiteInputs) -> torch.Tensor:
+        """T(h*) (= h* at the fixed point), whose backward solves y = v + dT/dh^T y before reaching theta and f."""
+        anchor = fixed_point.detach().requires_grad_(True)
+        mapped = self.proximal_step(anchor, self.evaluate(anchor, inputs, with_gradient=True)[2], inputs.proposal)
+
+        def solve(incoming: torch.Tensor) -> torch.Tensor:
+            handle.remove()  # the vector-Jacobian products below pass through `mapped` again
+            solution = incoming
+            for _ in range(self.config.erm_implicit_iterations):
+                solution = incoming + torch.autograd.grad(mapped, anchor, solution, retain_graph=True)[0]
+            return solution
+
+        handle = mapped.register_hook(solve)
+        return mapped
+
+
+class EqTLlamaPreTrainedModel(LlamaPreTrainedModel):
+    config_class = EqTLlamaConfig
+    config: EqTLlamaConfig
+    # Llama's decoder layers only: the reverse encoder's layers (erm.energy.rev_layers) are not the model's layers
+    _can_record_outputs = {
+        "hidden_states": OutputRecorder(LlamaDecoderLayer, layer_name="layers"),
+        "attentions": OutputRecorder(LlamaAttention, index=1, layer_name="layers"),
+    }
+    _supports_flash_attn = False  # the reverse encoder's sliding-window mask is an SDPA / eager mask
+
+    def _init_weights(self, module):
+        super()._init_weights(module)
+        if isinstance(module, EqTEnergyNetwork):
+            zeros_(module.rev_start)
+            ones_(module.rev_norm_weight)
+            normal_(module.memory_banks, std=1.0)
+            normal_(module.rev_offset.weight, std=self.config.initializer_range)
+            normal_(module.mask_offset.weight, std=self.config.initializer_range)
+
+
+class EqTLlamaModel(EqTLlamaPreTrainedModel):
+    """`LlamaModel` (same sub-module names) plus ``erm``, called after each layer of `config.erm_sites`."""
+
+    def __init__(self, config: EqTLlamaConfig):
+        super().__init__(config)
+        self.padding_idx = config.pad_token_id
+        self.vocab_size = config.vocab_size
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, self.padding_idx)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, index) for index in range(config.num_hidden_layers))
+        self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.rotary_emb = LlamaRotaryEmbedding(config=config)
+        self.erm = EquilibriumRefinement(config)
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    @records_energies
+    @takes_refinement_steps
+    @capture_outputs
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        readout_weight: torch.Tensor | None = None,
+        return_refined_energy: bool = False,
+        **kwargs,
+    ) -> EqTModelOutput:
+        """Llama's forward with the ERM after the refined layers. ``readout_weight`` is the (V, d) readout of the
+        confidence energy (eq. 14; `EqTLlamaForCausalLM` passes its LM head, the bare model its token embedding);
+        ``return_refined_energy`` adds L(h*) for eq. 18's loss. ``hidden_states`` are the decoder layers' outputs
+        (the proposals f at refined layers)."""
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("Pass exactly one of input_ids or inputs_embeds.")
+        config = self.config
+        if input_ids is None and (config.lambda_rev or config.lambda_mask):
+            raise ValueError("EqT-LLaMA's reverse and masked energies (eq. 12-13) read the token ids: pass input_ids, "
+                             "or set lambda_rev = lambda_mask = 0 to refine from inputs_embeds.")
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_tokens(input_ids)
+        use_cache = config.use_cache if use_cache is None else use_cache
+        if use_cache and past_key_values is None:
+            past_key_values = DynamicCache(config=config)
+        if position_ids is None:
+            past_seen_tokens = past_key_values.get_seq_length() if past_key_values is not None else 0
+            position_ids = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past_seen_tokens
+            position_ids = position_ids.unsqueeze(0)
+        causal_mask = create_causal_mask(config=config, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
+                                         past_key_values=past_key_values, position_ids=position_ids)
+        valid, context = self._energy_inputs(input_ids, inputs_embeds, attention_mask, past_key_values)
+        readout = self.embed_tokens.weight if readout_weight is None else readout_weight
+
+        hidden_states = inputs_embeds
+        position_embeddings = self.rotary_emb(hidden_states, position_ids=position_ids)
+        energies = []
+        for index, decoder_layer in enumerate(self.layers[: config.num_hidden_layers]):
+            hidden_states = decoder_layer(
+                hidden_states,
+                attention_mask=causal_mask,
+                position_embeddings=position_embeddings,
+                position_ids=position_ids,
+                past_key_values=past_key_values,
+                use_cache=use_cache,
+                **kwargs,
+            )
+            if index in config.erm_sites:
+                site = config.erm_sites.index(index)
+                inputs = self._site_inputs(site, hidden_states, context, readout)
+                hidden_states = self.erm(inputs, valid)
+                if return_refined_energy:
+                    energies.append(self.erm.evaluate(hidden_states, inputs, with_gradient=False)[0])
+                if self.training:
+                    self.erm.energy.update_memory(site, hidden_states, valid)
+        refined_energy = None
+        if return_refined_energy:
+            per_position = sum(energies) / len(energies)
+            refined_energy = (per_position * valid).sum() / valid.sum().clamp_min(1)
+        return EqTModelOutput(last_hidden_state=self.norm(hidden_states), past_key_values=past_key_values,
+                              refined_energy=refined_energy)
+
+    def _energy_inputs(self, input_ids, inputs_embeds, attention_mask, past_key_values):
+        """The chunk's real-token flags, and the `EnergyContext` of eq. 12-13 over the chunk and the token window
+        kept in the cache (which it advances)."""
+        config = self.config
+        batch, length = inputs_embeds.shape[:2]
+        device = inputs_embeds.device
+        valid = torch.ones(batch, length, dtype=torch.bool, device=device)
+        if attention_mask is not None and attention_mask.dim() == 2:
+            valid = attention_mask[:, -length:].bool()
+        if input_ids is None:
+            return valid, None
+        layer = self._context_layer(past_key_values)
+        if layer is not None and layer.ids is not None:
+            previous_ids, previous_valid, previous_keys, real_seen = layer.states()
+        else:
+            previous_ids = input_ids[:, :0]
+            previous_valid, previous_keys = valid[:, :0], previous_ids
+            real_seen = torch.zeros(batch, dtype=torch.long, device=device)
+        keys = real_seen[:, None] + valid.long().cumsum(-1) - 1
+        ids = torch.cat([previous_ids, input_ids], dim=1)
+        all_valid = torch.cat([previous_valid, valid], dim=1)
+        all_keys = torch.cat([previous_keys, keys], dim=1)
+        if layer is not None:
+            layer.store(ids, all_valid, all_keys, real_seen + valid.sum(-1), keep=config.erm_context_length)
+        if not (config.lambda_rev or config.lambda_mask):
+            return valid, None
+        return valid, self.erm.energy.context(self.embed_tokens.weight, ids, all_valid, all_keys, length)
+
+    def _context_layer(self, past_key_values: Cache | None) -> EqTContextLayer | None:
+        """The cache's `EqTContextLayer` (appended after the decoder layers' cache layers when missing)."""
+        if past_key_values is None:
+            return None
+        layers = past_key_values.layers
+        if len(layers) == self.config.num_hidden_layers:
+            layers.append(EqTContextLayer())
+        if len(layers) != self.config.num_hidden_layers + 1 or not isinstance(layers[-1], EqTContextLayer):
+            raise ValueError(f"EqT-LLaMA needs a DynamicCache(config=model.config) of {self.config.num_hidden_layers} "
+                             f"layers (it appends its token window as one more); got {type(past_key_values).__name__} "
+                             f"with {len(layers)} layers")
+        return layers[-1]
+
+    def _site_inputs(self, site: int, proposal: torch.Tensor, context, readout: torch.Tensor) -> SiteInputs:
+        config = self.config
+        memories = self.erm.energy.relevant_memories(site, proposal) if config.lambda_mem else None
+        if config.erm_confidence_topk is not None and config.lambda_conf:
+            with torch.no_grad():  # the candidate set of eq. 14 is fixed by the proposal, like its argmax
+                logits = self.norm(proposal) @ readout.T
+                candidates = logits.topk(config.erm_confidence_topk, dim=-1).indices
+            readout = readout[candidates]
+        return SiteInputs(proposal, context, memories, readout, self.norm.weight, self.norm.variance_epsilon)
+
+
+class EqTLlamaForCausalLM(EqTLlamaPreTrainedModel, GenerationMixin):
+    """EqT-LLaMA with Llama's LM head. Loss (eq. 18): mean next-token cross-entropy + ``energy_loss_weight`` *
+    mean L(h*) over the refined sites and real positions, so plain `Trainer` and peft train it.
+
+    Warm start: ``EqTLlamaForCausalLM.from_pretrained(llama_dir, **erm_fields)`` loads a Llama checkpoint (config
+    and weights); transformers reports the ``model.erm.*`` weights as newly initialised. `from_llama` does the same
+    from a model in memory."""
+
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+
+    def __init__(self, config: EqTLlamaConfig):
+        super().__init__(config)
+        self.model = EqTLlamaModel(config)
+        self.vocab_size = config.vocab_size
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_energies: bool = False,
+        refinement_steps: int | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        **kwargs,
+    ) -> CausalLMOutputWithEnergies:
+        """Llama's arguments, plus ``output_energies`` (the ERM's `EnergyTrace`) and ``refinement_steps`` (K for
+        this call, None: the config's; `generate(..., refinement_steps=K)` passes it to every step)."""
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            output_energies=output_energies,
+            refinement_steps=refinement_steps,
+            readout_weight=self.lm_head.weight,
+            return_refined_energy=labels is not None,
+            **kwargs,
+        )
+        hidden_states = outputs.last_hidden_state
+        kept = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+        logits = self.lm_head(hidden_states[:, kept, :])
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
+            loss = loss + self.config.energy_loss_weight * outputs.refined_energy
+        return CausalLMOutputWithEnergies(
+            loss=loss,
+            logits=logits,
+            past_key_values=outputs.past_key_values,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+            energies=outputs.energies,
+        )
+
+    def _prepare_cache_for_generation(self, generation_config, *args, **kwargs):
+        """Refuse cache kinds other than the dynamic one up front: the cache carries EqT's token window."""
+        if generation_config.cache_implementation not in SUPPORTED_CACHE_IMPLEMENTATIONS:
+            raise ValueError(
+                f"EqT-LLaMA supports cache_implementation=None or 'dynamic', got "
+                f"{generation_config.cache_implementation!r}: its cache also carries the token window of the "
+                "energies, which static, offloaded or quantized caches have no place for."
+            )
+        return super()._prepare_cache_for_generation(generation_config, *args, **kwargs)
+
+    @classmethod
+    def from_llama(cls, llama_model: nn.Module, **erm_fields) -> "EqTLlamaForCausalLM":
+        """EqT-LLaMA over a `LlamaForCausalLM` in memory: its config plus ``erm_fields``, its weights copied, the
+        ERM initialised."""
+        config = EqTLlamaConfig(**{**llama_model.config.to_dict(), "model_type": "eqt-llama", **erm_fields})
+        model = cls(config).to(next(llama_model.parameters()).dtype)
+        result = model.load_state_dict(llama_model.state_dict(), strict=False)
+        if result.unexpected_keys or any(not key.startswith("model.erm.") for key in result.missing_keys):
+            raise ValueError(f"Llama weights do not fit EqT-LLaMA: unexpected {result.unexpected_keys[:4]}, "
+                             f"missing {[k for k in result.missing_keys if not k.startswith('model.erm.')][:4]}")
+        return model

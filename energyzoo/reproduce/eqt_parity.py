@@ -1,0 +1,131 @@
+"""`energyzoo reproduce eqt-parity`: eqt.txt's one experiment (§5, Table 2) at CPU scale.
+
+Cumulative parity (eq. 44): per-token accuracy of a base Llama and an EqT-LLaMA of the same size (the ERM's reverse,
+masked and confidence energies and the proximal term; no memory, §5.1.2), trained by the same recipe
+(`eqt-parity-cpu`, K = 2 in training) on the same sequences, one model per length (spec §2 item 13), several seeds.
+EqT is evaluated at K = 0 (its decoder alone), 8 and 32 with the same weights, on held-out sequences no run trained
+on. Differences from the paper, by necessity of a CPU run: a 0.2M-parameter model instead of 6.3M, 600 steps of
+batch 64 instead of 3,200 of 256, lengths up to 64.
+"""
+
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from ..training.data import cumulative_parity_split
+from ..training.recipe import load_recipe
+from ..training.run import run_training
+
+RECIPE = "eqt-parity-cpu"
+MODELS = {"llama": "llama-parity-small", "eqt": "eqt-parity-small"}
+
+
+@dataclass
+class ParitySettings:
+    lengths: list[int] = field(default_factory=lambda: [16, 32, 64])
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    steps: int = 600
+    eqt_steps: list[int] = field(default_factory=lambda: [0, 8, 32])
+    test_sequences: int = 2048
+
+
+def per_token_accuracy(model, ids: torch.Tensor, labels: torch.Tensor, refinement_steps: int | None = None) -> float:
+    """Table 2's metric: the fraction of positions whose parity the logits predict, over all positions."""
+    options = {} if refinement_steps is None else {"refinement_steps": refinement_steps}
+    hits = 0
+    with torch.no_grad():
+        for start in range(0, len(ids), 256):
+            logits = model(input_ids=ids[start:start + 256], use_cache=False, **options).logits
+            hits += (logits[:, :-1].argmax(-1) == labels[start:start + 256, 1:]).sum().item()
+    return hits / labels[:, 1:].numel()
+
+
+def _train(preset: str, length: int, seed: int, steps: int, output_dir: Path):
+    warmup = min(load_recipe(RECIPE).training.warmup_steps, steps // 10)
+    recipe = load_recipe(RECIPE, [f"model.preset={preset}", f"data.block_size={length}", f"training.seed={seed}",
+                                  f"training.steps={steps}", f"training.warmup_steps={warmup}",
+                                  f"training.eval_every={steps}",
+                                  f"training.save_every={steps}", f"output_dir={output_dir}"])
+    return AutoModelForCausalLM.from_pretrained(run_training(recipe, progress=False).model_dir).eval()
+
+
+def run_parity(settings: ParitySettings, output_dir: str | Path, progress=print) -> dict:
+    started = time.perf_counter()
+    output_dir = Path(output_dir)
+    rows = []
+    for length in settings.lengths:
+        test_ids, test_labels, _, _ = cumulative_parity_split(settings.test_sequences + 1, length, 1 / 4096, seed=10**6)
+        for seed in settings.seeds:
+            progress(f"L = {length}, seed {seed}: training {MODELS['llama']} and {MODELS['eqt']}")
+            row = {"length": length, "seed": seed}
+            llama = _train(MODELS["llama"], length, seed, settings.steps, output_dir / f"llama-L{length}-s{seed}")
+            row["llama"] = per_token_accuracy(llama, test_ids, test_labels)
+            eqt = _train(MODELS["eqt"], length, seed, settings.steps, output_dir / f"eqt-L{length}-s{seed}")
+            for steps in settings.eqt_steps:
+                row[f"eqt_K{steps}"] = per_token_accuracy(eqt, test_ids, test_labels, refinement_steps=steps)
+            rows.append(row)
+    return {"settings": asdict(settings), "rows": rows, "summary": summarise(rows, settings),
+            "seconds": time.perf_counter() - started}
+
+
+def summarise(rows: list[dict], settings: ParitySettings) -> list[dict]:
+    """Mean and standard deviation over seeds per length and model, and EqT(K = max) - Llama."""
+    columns = ["llama", *(f"eqt_K{steps}" for steps in settings.eqt_steps)]
+    summary = []
+    for length in settings.lengths:
+        runs = [row for row in rows if row["length"] == length]
+        entry = {"length": length}
+        for column in columns:
+            values = [row[column] for row in runs]
+            entry[column] = {"mean": statistics.fmean(values),
+                             "std": statistics.stdev(values) if len(values) > 1 else 0.0}
+        entry["delta"] = entry[columns[-1]]["mean"] - entry["llama"]["mean"]
+        summary.append(entry)
+    return summary
+
+
+def format_markdown(report: dict) -> str:
+    settings = report["settings"]
+    columns = ["llama", *(f"eqt_K{steps}" for steps in settings["eqt_steps"])]
+    names = ["Llama", *(f"EqT K = {steps}" for steps in settings["eqt_steps"])]
+    lines = [f"Cumulative parity at CPU scale ({report['seconds']:.0f} s): per-token accuracy (%) on "
+             f"{settings['test_sequences']} held-out sequences, mean +- std over seeds {settings['seeds']}, "
+             f"{settings['steps']} training steps per model (EqT trained at K = 2).", "",
+             "| L | " + " | ".join(names) + " | delta (EqT K = max - Llama) |",
+             "|---|" + "---|" * (len(names) + 1)]
+    for entry in report["summary"]:
+        cells = [f"{100 * entry[c]['mean']:.2f} +- {100 * entry[c]['std']:.2f}" for c in columns]
+        lines.append(f"| {entry['length']} | " + " | ".join(cells) + f" | {100 * entry['delta']:+.2f} |")
+    return "\n".join(lines)
+
+
+def write_report(report: dict, output_dir: str | Path) -> dict[str, Path]:
+    from matplotlib.figure import Figure
+
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"markdown": output_dir / "eqt_parity.md", "json": output_dir / "eqt_parity.json",
+             "plot": output_dir / "eqt_parity.png"}
+    paths["markdown"].write_text(format_markdown(report) + "\n")
+    paths["json"].write_text(json.dumps(report, indent=2))
+    figure = Figure(figsize=(5.5, 3.8))
+    axis = figure.subplots()
+    lengths = [entry["length"] for entry in report["summary"]]
+    for column in report["summary"][0]:
+        if column in ("length", "delta"):
+            continue
+        means = [100 * entry[column]["mean"] for entry in report["summary"]]
+        errors = [100 * entry[column]["std"] for entry in report["summary"]]
+        axis.errorbar(lengths, means, yerr=errors, marker="o", capsize=3, label=column.replace("_", " "))
+    axis.set_xlabel("sequence length L")
+    axis.set_ylabel("per-token accuracy (%)")
+    axis.set_title("cumulative parity (eqt.txt Table 2, CPU scale)")
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(paths["plot"], dpi=110)
+    return paths
