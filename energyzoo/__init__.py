@@ -3,7 +3,11 @@
 Importing the package registers every architecture with AutoConfig / AutoModel / AutoModelFor<Task>.
 """
 
+from .modeling.configuration_eer import EERConfig
+from .modeling.configuration_eqt import EqTLlamaConfig
 from .modeling.configuration_fem import FEMConfig
+from .modeling.modeling_eer import EERForCausalLM, EERModel, EERPreTrainedModel
+from .modeling.modeling_eqt import EqTLlamaForCausalLM, EqTLlamaModel
 from .modeling.modeling_fem import FEMForCausalLM, FEMForSequenceClassification, FEMModel, FEMPreTrainedModel
 from .modeling.configuration_hyperset import HyperSETConfig
 from .modeling.modeling_hyperset import (
@@ -30,7 +34,14 @@ register_all()
 
 __version__ = "0.1.0"
 __all__ = [
+    "EERConfig",
+    "EERForCausalLM",
+    "EERModel",
+    "EERPreTrainedModel",
     "EnergyTrace",
+    "EqTLlamaConfig",
+    "EqTLlamaForCausalLM",
+    "EqTLlamaModel",
     "FEMConfig",
     "FEMForCausalLM",
     "FEMForSequenceClassification",

@@ -113,6 +113,13 @@ def _reproduce(args) -> int:
                                     maskgit_steps=args.maskgit_steps)
         output_dir = args.output_dir or "runs/hyperset"
         report = run_hyperset(settings, output_dir)
+    elif args.experiment == "eer-induction":
+        from .reproduce.eer_induction import InductionSettings, format_markdown, run_induction, write_report
+
+        settings = InductionSettings(seeds=list(range(args.induction_seeds)), steps=args.induction_steps,
+                                     eval_every=args.induction_eval_every)
+        output_dir = args.output_dir or "runs/eer-induction"
+        report = run_induction(settings, output_dir)
     elif args.experiment == "eqt-parity":
         from .reproduce.eqt_parity import ParitySettings, format_markdown, run_parity, write_report
 
@@ -191,9 +198,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.set_defaults(run=_bench)
 
     reproduce = commands.add_parser("reproduce", help="a CPU-scale rerun of a paper experiment, with a report")
-    reproduce.add_argument("experiment", choices=["tel-stage1", "hyperset", "eqt-parity"],
+    reproduce.add_argument("experiment", choices=["tel-stage1", "hyperset", "eqt-parity", "eer-induction"],
                            help="tel-stage1: tel.txt Stage I, Linear vs MLP vs TEL at matched width; hyperset: "
-                                "Sudoku test-time scaling, digits vs a matched ViT, energy curves")
+                                "Sudoku test-time scaling, digits vs a matched ViT, energy curves; eqt-parity: EqT vs "
+                                "Llama on cumulative parity; eer-induction: EER vs cross-entropy on induction heads, "
+                                "trained at L 16-64, evaluated at L 10 / 100 / 1000")
     reproduce.add_argument("--output-dir", default=None, help="default: runs/<experiment>")
     reproduce.add_argument("--datasets", nargs="+", default=["digits", "wine", "diabetes", "swiss_roll", "s_curve"])
     reproduce.add_argument("--widths", nargs="+", type=int, default=[16, 64, 256])
@@ -205,6 +214,11 @@ def build_parser() -> argparse.ArgumentParser:
     reproduce.add_argument("--lengths", type=int, nargs="+", default=[16, 32, 64], help="eqt-parity: lengths L")
     reproduce.add_argument("--parity-seeds", type=int, default=3, help="eqt-parity: seeds per length")
     reproduce.add_argument("--parity-steps", type=int, default=600, help="eqt-parity: training steps per model")
+    reproduce.add_argument("--induction-seeds", type=int, default=3, help="eer-induction: seeds per loss")
+    reproduce.add_argument("--induction-steps", type=int, default=3000,
+                           help="eer-induction: training steps per model (the paper: 20000)")
+    reproduce.add_argument("--induction-eval-every", type=int, default=500,
+                           help="eer-induction: steps between evaluations at L = 10, 100, 1000")
     reproduce.set_defaults(run=_reproduce)
     return parser
 

@@ -21,10 +21,12 @@ from transformers import (
     PretrainedConfig,
 )
 
+from .modeling.configuration_eer import EERConfig
 from .modeling.configuration_eqt import EqTLlamaConfig
 from .modeling.configuration_fem import FEMConfig
 from .modeling.configuration_hyperset import HyperSETConfig
 from .modeling.configuration_tel import TELGPT2Config, TELResNetConfig, TELViTConfig
+from .modeling.modeling_eer import EERForCausalLM, EERModel
 from .modeling.modeling_eqt import EqTLlamaForCausalLM, EqTLlamaModel
 from .modeling.modeling_fem import FEMForCausalLM, FEMForSequenceClassification, FEMModel
 from .modeling.modeling_hyperset import (
@@ -133,6 +135,15 @@ ARCHITECTURES = {
         card_facts=lambda config: dict(sites=config.erm_sites, steps=config.erm_num_steps,
                                        train_steps=config.erm_num_steps_train),
         bench_presets=("eqt-llama-340m",),
+    ),
+    "eer-looped": Architecture(
+        EERConfig,
+        EERModel,
+        {"causal-lm": EERForCausalLM},
+        "eer.md",
+        card_facts=lambda config: dict(loops=config.num_loops, dynamics=config.loop_dynamics,
+                                       lambdas=f"lambda_P = {config.lambda_potential}, lambda_K = "
+                                               f"{config.lambda_kinetic}, lambda_S = {config.lambda_entropy}"),
     ),
 }
 

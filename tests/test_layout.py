@@ -17,7 +17,7 @@ from energyzoo.registry import ARCHITECTURES
 
 PACKAGE = Path(energyzoo.__file__).parent
 MODELING = PACKAGE / "modeling"
-SHARED = {"outputs", "refinement", "checks"}
+SHARED = {"outputs", "refinement", "checks", "positions"}
 FAMILIES = {model_type.split("-")[0] for model_type in ARCHITECTURES}
 
 

@@ -41,17 +41,8 @@ from .outputs import (
     recording_energies,
     records_energies,
 )
+from .positions import sinusoidal_positions
 from .refinement import refine, refinement_steps, takes_refinement_steps
-
-
-def sinusoidal_positions(count: int, width: int, device) -> torch.Tensor:
-    """The fixed 1-D table, sin on even and cos on odd channels (Vaswani et al.; the IC code's, CLS at 0)."""
-    position = torch.arange(count, dtype=torch.float32, device=device)[:, None]
-    frequency = torch.exp(-math.log(1e4) * torch.arange(0, width, 2, dtype=torch.float32, device=device) / width)
-    table = torch.zeros(count, width, device=device)
-    table[:, 0::2] = torch.sin(position * frequency)
-    table[:, 1::2] = torch.cos(position * frequency[: width // 2])
-    return table
 
 
 def sincos2d_positions(count: int, width: int, device) -> torch.Tensor:
@@ -120,8 +111,10 @@ class HyperSETEmbeddings(nn.Module):
         if kind == "learned":
             positions = self.position_embeddings[:, :length]
         else:
-            table = sinusoidal_positions if kind == "sinusoidal" else sincos2d_positions
-            positions = table(self.positions, inputs_embeds.shape[-1], inputs_embeds.device)[None, :length]
+            indices = torch.arange(self.positions, device=inputs_embeds.device)
+            table = (sinusoidal_positions(indices, inputs_embeds.shape[-1]) if kind == "sinusoidal" else
+                     sincos2d_positions(self.positions, inputs_embeds.shape[-1], inputs_embeds.device))
+            positions = table[None, :length]
         return self.dropout(inputs_embeds + positions.to(inputs_embeds.dtype))
 
 

@@ -27,6 +27,7 @@ from .tasks import TRAINING_TASKS, training_task
 
 DATA_SOURCES = tuple(dict.fromkeys(source for task in TRAINING_TASKS.values() for source in task.sources))
 MIXED_PRECISION = ("no", "bf16", "fp16")
+LR_SCHEDULES = ("cosine", "linear", "constant_with_warmup")  # transformers' `get_scheduler` names
 
 
 @dataclass
@@ -57,7 +58,9 @@ class DataSection:
     "hf-sudoku" (a `datasets` image-classification / Sudoku source: `image_column`, `label_column`, `image_size`
     / `puzzle_column`, `solution_column`; local files through `paths`), "sudoku"
     (`examples` generated unique-solution puzzles of box `sudoku_box` with `givens` = [min, max] givens),
-    "parity" (`examples` random bit strings of length `block_size` with cumulative-parity labels, eqt.txt eq. 44) or
+    "parity" (`examples` random bit strings of length `block_size` with cumulative-parity labels, eqt.txt eq. 44),
+    "induction" (fresh induction-head sequences of a length drawn in `lengths` = [min, max] per step; validation on
+    `examples` sequences of length `block_size`) or
     "digit-codes" / "digit-patches" (the digits as 17-code pixel grids / 4x4 grids of k-means patch codes,
     masked on `mask_schedule`: "cosine", MaskGIT's, or "bernoulli-0.4", hyperset.txt D.4's). Which sources a model reads depends on its task (`training.tasks`)."""
 
@@ -71,6 +74,7 @@ class DataSection:
     validation_fraction: float = 0.1
     examples: int = 4000
     givens: list[int] = field(default_factory=lambda: [30, 45])
+    lengths: list[int] = field(default_factory=lambda: [16, 64])
     sudoku_box: int = 3
     mask_schedule: str = "cosine"
     image_column: str = "image"
@@ -94,6 +98,8 @@ class DataSection:
         require(owner, self.mask_schedule in MASK_SCHEDULES, "mask_schedule", f"one of {list(MASK_SCHEDULES)}",
                 self.mask_schedule)
         require(owner, self.sudoku_box in (2, 3), "sudoku_box", "2 (4x4 boards) or 3 (9x9)", self.sudoku_box)
+        span = self.lengths
+        require(owner, len(span) == 2 and 2 <= span[0] <= span[1], "lengths", "[min, max] with 2 <= min <= max", span)
         cells = self.sudoku_box**4
         ordered = len(self.givens) == 2 and 1 <= self.givens[0] <= self.givens[1] < cells
         require(owner, ordered, "givens", f"[min, max] with 1 <= min <= max < {cells}", self.givens)
@@ -114,6 +120,7 @@ class TrainingSection:
     gradient_accumulation: int = 1
     learning_rate: float = 3e-3
     warmup_steps: int | None = 30
+    lr_schedule: str = "cosine"
     weight_decay: float = 0.1
     max_grad_norm: float = 1.0
     adam_betas: tuple[float, float] = (0.9, 0.95)
@@ -122,6 +129,7 @@ class TrainingSection:
     eval_every: int = 100
     log_every: int = 10
     seed: int = 42
+    num_threads: int | None = None  # CPU threads of this run (None: torch's default); tiny models run fastest on 1
     total_tokens: float | None = None
     batch_tokens: float | None = None
     warmup_tokens: float | None = None
@@ -148,6 +156,9 @@ class TrainingSection:
         require(owner, self.learning_rate > 0, "learning_rate", "> 0", self.learning_rate)
         require(owner, self.warmup_steps is not None and 0 <= self.warmup_steps < self.steps, "warmup_steps",
                 f"in [0, steps={self.steps})", self.warmup_steps)
+        require(owner, self.num_threads is None or (isinstance(self.num_threads, int) and self.num_threads >= 1),
+                "num_threads", "None or an integer >= 1", self.num_threads)
+        require(owner, self.lr_schedule in LR_SCHEDULES, "lr_schedule", f"one of {list(LR_SCHEDULES)}", self.lr_schedule)
         require(owner, self.mixed_precision in MIXED_PRECISION, "mixed_precision", f"one of {list(MIXED_PRECISION)}",
                 self.mixed_precision)
         require(owner, self.weight_decay >= 0, "weight_decay", ">= 0", self.weight_decay)

@@ -2,7 +2,8 @@
 
 One process or many (``accelerate launch --num_processes N ...``: data parallel, gloo on CPU, NCCL on GPUs,
 FSDP/DeepSpeed through the accelerate configs in `configs/`). AdamW with decoupled weight decay, linear
-warmup + cosine decay, gradient clipping, gradient accumulation, mixed precision where the device has it.
+warmup + cosine decay (or the recipe's `lr_schedule`), gradient clipping, gradient accumulation, mixed precision
+where the device has it. Online tasks (induction heads) draw a fresh global batch per step instead.
 
 Data order is a pure function of (seed, step): the global batch of step s is the s-th slice of a stream of
 seeded permutations of the training examples, and process p of P takes the p-th part of it. So a run
@@ -20,6 +21,7 @@ import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 import yaml
@@ -27,7 +29,7 @@ from accelerate import Accelerator
 from accelerate.state import AcceleratorState
 from accelerate.utils import set_seed
 from tqdm.auto import tqdm
-from transformers import AutoConfig, AutoTokenizer, get_cosine_schedule_with_warmup
+from transformers import AutoConfig, AutoTokenizer, get_scheduler
 
 from ..presets import config_from_preset
 from ..registry import ARCHITECTURES, TASKS, auto_map_for
@@ -92,7 +94,8 @@ class BatchSchedule:
 
 @torch.no_grad()
 def evaluate(model, data: TrainingData, task: TrainingTask, accelerator: Accelerator, batch_size: int = 32) -> dict:
-    """Validation loss and the task's metrics, each process on its share, summed over processes."""
+    """Validation loss and the task's metrics (the data's own, where it has them), each process on its share, summed
+    over processes."""
     model.eval()
     totals: dict[str, torch.Tensor] = {}
 
@@ -108,7 +111,7 @@ def evaluate(model, data: TrainingData, task: TrainingTask, accelerator: Acceler
         inputs = data.validation_inputs[chunk].to(accelerator.device)
         outputs = model(**task.model_inputs(inputs, labels), **task.model_options)
         add("loss", outputs.loss * len(chunk), len(chunk))
-        for name, (numerator, denominator) in task.metrics(outputs, labels).items():
+        for name, (numerator, denominator) in (data.metrics or task.metrics)(outputs, labels).items():
             add(name, numerator, denominator)
     model.train()
     names = sorted(totals)  # the same order on every process
@@ -163,10 +166,29 @@ class TrainingResult:
     final_metrics: dict
 
 
-def run_training(recipe: Recipe, resume: bool = False, stop_after: int | None = None,
-                 progress: bool = True) -> TrainingResult:
+def scalar_outputs(outputs) -> dict[str, torch.Tensor]:
+    """The 0-d tensors a model returns besides its loss (a loss's parts, e.g. EER's task loss and regularisers)."""
+    return {name: value.detach() for name, value in outputs.items()
+            if name != "loss" and isinstance(value, torch.Tensor) and value.dim() == 0}
+
+
+def run_training(recipe: Recipe, resume: bool = False, stop_after: int | None = None, progress: bool = True,
+                 evaluation_hook: Callable | None = None) -> TrainingResult:
     """Train `recipe`; with `resume`, continue from the latest checkpoint in its output folder. `stop_after`
-    ends this session after that many steps without a final save (as if the job were killed)."""
+    ends this session after that many steps without a final save (as if the job were killed).
+    `evaluation_hook(model, step) -> dict` adds its metrics to every evaluation row, and to a row of step 0 before
+    training (e.g. a reproduction's own evaluation sets); it runs on every process, with the model in eval mode."""
+    threads = torch.get_num_threads()
+    if recipe.training.num_threads is not None:
+        torch.set_num_threads(recipe.training.num_threads)
+    try:
+        return _train(recipe, resume, stop_after, progress, evaluation_hook)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train(recipe: Recipe, resume: bool, stop_after: int | None, progress: bool,
+           evaluation_hook: Callable | None) -> TrainingResult:
     settings = recipe.training
     output_dir = Path(recipe.output_dir)
     # A previous run in this process leaves accelerate's singleton state behind (its mixed precision among
@@ -189,7 +211,7 @@ def run_training(recipe: Recipe, resume: bool = False, stop_after: int | None = 
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": settings.weight_decay},
                                    {"params": no_decay, "weight_decay": 0.0}],
                                   lr=settings.learning_rate, betas=settings.adam_betas)
-    scheduler = get_cosine_schedule_with_warmup(optimizer, settings.warmup_steps, settings.steps)
+    scheduler = get_scheduler(settings.lr_schedule, optimizer, settings.warmup_steps, settings.steps)
     model, optimizer = accelerator.prepare(model, optimizer)
     # Not prepared: accelerate would step it once per process, but every step here is one global batch.
     accelerator.register_for_checkpointing(scheduler)
@@ -207,7 +229,7 @@ def run_training(recipe: Recipe, resume: bool = False, stop_after: int | None = 
     elif is_main and metrics_path.exists():
         metrics_path.unlink()
 
-    schedule = BatchSchedule(len(data.train_inputs), settings.batch_size, settings.seed)
+    schedule = None if data.train_batches else BatchSchedule(len(data.train_inputs), settings.batch_size, settings.seed)
     per_process = settings.batch_size // accelerator.num_processes
     micro = per_process // settings.gradient_accumulation
     end_step = settings.steps if stop_after is None else min(settings.steps, start_step + stop_after)
@@ -216,19 +238,34 @@ def run_training(recipe: Recipe, resume: bool = False, stop_after: int | None = 
     model.train()
     bar = tqdm(range(start_step, end_step), initial=start_step, total=settings.steps, desc="training",
                disable=not (progress and is_main))
+    if evaluation_hook is not None and start_step == 0:
+        model.eval()
+        initial = evaluation_hook(accelerator.unwrap_model(model), 0)
+        model.train()
+        if is_main:
+            _append_metrics(metrics_path, {"step": 0, **initial})
     for step in bar:
-        indices = schedule.global_batch(step)[accelerator.process_index * per_process:][:per_process]
+        share = slice(accelerator.process_index * per_process, (accelerator.process_index + 1) * per_process)
+        if schedule is None:
+            all_inputs, all_labels = data.train_batches(step, settings.batch_size)
+            step_inputs, step_labels = all_inputs[share], all_labels[share]
+        else:
+            indices = schedule.global_batch(step)[share]
+            step_inputs, step_labels = data.train_inputs[indices], data.train_labels[indices]
         step_loss = torch.zeros((), device=accelerator.device)
+        parts: dict[str, torch.Tensor] = {}
         for index in range(settings.gradient_accumulation):
-            chunk = indices[index * micro : (index + 1) * micro]
-            inputs = data.train_inputs[chunk].to(accelerator.device)
-            labels = data.train_labels[chunk].to(accelerator.device)
+            chunk = slice(index * micro, (index + 1) * micro)
+            inputs = step_inputs[chunk].to(accelerator.device)
+            labels = step_labels[chunk].to(accelerator.device)
             last = index == settings.gradient_accumulation - 1
             with nullcontext() if last else accelerator.no_sync(model):
-                loss = model(**task.model_inputs(inputs, labels), **task.model_options).loss
-                loss = loss / settings.gradient_accumulation
+                outputs = model(**task.model_inputs(inputs, labels), **task.model_options)
+                loss = outputs.loss / settings.gradient_accumulation
                 accelerator.backward(loss)
             step_loss += loss.detach()
+            for name, value in scalar_outputs(outputs).items():
+                parts[name] = parts.get(name, 0) + value / settings.gradient_accumulation
         accelerator.clip_grad_norm_(model.parameters(), settings.max_grad_norm)
         optimizer.step()
         scheduler.step()
@@ -237,11 +274,18 @@ def run_training(recipe: Recipe, resume: bool = False, stop_after: int | None = 
         losses.append(global_loss)
         done = step + 1
         bar.set_postfix(loss=f"{global_loss:.4f}")
-        if is_main and (done % settings.log_every == 0 or done == settings.steps):
-            _append_metrics(metrics_path, {"step": done, "loss": global_loss, "learning_rate": scheduler.get_last_lr()[0],
-                                           "seconds": time.perf_counter() - started})
+        if done % settings.log_every == 0 or done == settings.steps:
+            reduced = {name: float(accelerator.reduce(value, reduction="mean")) for name, value in sorted(parts.items())}
+            if is_main:
+                _append_metrics(metrics_path, {"step": done, "loss": global_loss, **reduced,
+                                               "learning_rate": scheduler.get_last_lr()[0],
+                                               "seconds": time.perf_counter() - started})
         if done % settings.eval_every == 0 or done == settings.steps:
             final_metrics = evaluate(model, data, task, accelerator)
+            if evaluation_hook is not None:
+                model.eval()
+                final_metrics.update(evaluation_hook(accelerator.unwrap_model(model), done))
+                model.train()
             if is_main:
                 _append_metrics(metrics_path, {"step": done, **final_metrics})
         if done % settings.save_every == 0 and done < settings.steps:

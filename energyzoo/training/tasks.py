@@ -12,15 +12,22 @@ import torch
 
 from .data import cumulative_parity_split, digit_code_split, digits_split, hub_image_split, hub_sudoku_split, language_model_blocks
 from .image_tokenizer import digit_patch_split
+from .induction import induction_batch, induction_metrics, training_batch
 from .sudoku import sudoku_split
 
 
 @dataclass
 class TrainingData:
-    train_inputs: torch.Tensor
-    train_labels: torch.Tensor
+    """Examples as tensors. Online tasks give ``train_batches(step) -> (inputs, labels)``, the fresh global batch of a
+    step of a global batch size (a pure function of both), instead of training tensors; ``metrics`` replaces the task's where the data
+    needs its own (the induction task's aligned labels)."""
+
+    train_inputs: torch.Tensor | None
+    train_labels: torch.Tensor | None
     validation_inputs: torch.Tensor
     validation_labels: torch.Tensor
+    train_batches: Callable[[int, int], tuple[torch.Tensor, torch.Tensor]] | None = None
+    metrics: Callable | None = None
 
 
 @dataclass(frozen=True)
@@ -41,6 +48,11 @@ class TrainingTask:
 
 
 def _language_model_data(data, tokenizer, seed) -> TrainingData:
+    if data.source == "induction":
+        lengths = tuple(data.lengths)
+        validation = induction_batch(data.examples, data.block_size, seed=[seed, 10**9])
+        return TrainingData(None, None, *validation, metrics=induction_metrics,
+                            train_batches=lambda step, batch: training_batch(seed, step, batch, lengths))
     if data.source == "parity":
         return TrainingData(*cumulative_parity_split(data.examples, data.block_size, data.validation_fraction, seed))
     train, validation = language_model_blocks(data, tokenizer)
@@ -81,13 +93,16 @@ TRAINING_TASKS = {
                  "jsonl": "the `{text_field}` field of local JSONL files ({paths}) in blocks of {block_size} tokens",
                  "hf": "the `datasets` source `{name}` in blocks of {block_size} tokens",
                  "parity": "{examples} random bit strings of length {block_size} labelled with their cumulative "
-                           "parity (eqt.txt eq. 44)"},
+                           "parity (eqt.txt eq. 44)",
+                 "induction": "fresh induction-head sequences (Sanford et al.'s full-sequence task, 4 symbols, 1 hop) "
+                              "of a length drawn in {lengths} per batch; validation on {examples} sequences of length "
+                              "{block_size}"},
         tokenized=True,
         load=_language_model_data,
         model_inputs=lambda inputs, labels: {"input_ids": inputs, "labels": labels},
         metrics=_next_token_accuracy,
         model_options={"use_cache": False},
-        token_sources=("parity",),
+        token_sources=("parity", "induction"),
     ),
     "image-classification": TrainingTask(
         sources={"digits": "scikit-learn's 8x8 digits", "hf-images": "the `datasets` source `{name}`"},

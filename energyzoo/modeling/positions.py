@@ -1,0 +1,18 @@
+"""The fixed sinusoidal position encoding (Vaswani et al. 2017, §3.5), shared by the families that use it
+(Hyper-SET's classifier, EER's 0.15-scaled inputs). Pure torch: this file imports no family file."""
+
+import math
+
+import torch
+
+
+def sinusoidal_positions(positions: torch.Tensor, width: int) -> torch.Tensor:
+    """PE(pos, 2i) = sin(pos / 1e4^(2i / width)), PE(pos, 2i + 1) = cos(...) for any integer positions (any
+    shape); returns float32 of shape ``(*positions.shape, width)``, computed on the fly so that any length works."""
+    frequency = torch.exp(-math.log(1e4) * torch.arange(0, width, 2, dtype=torch.float32, device=positions.device)
+                          / width)
+    angles = positions.float().unsqueeze(-1) * frequency
+    table = torch.zeros(*positions.shape, width, device=positions.device)
+    table[..., 0::2] = torch.sin(angles)
+    table[..., 1::2] = torch.cos(angles[..., : width // 2])
+    return table

@@ -1,0 +1,174 @@
+"""`energyzoo reproduce eer-induction`: eer.txt's experiment (§6-7, Table 1, App. C) at CPU scale.
+
+The d = 8 single-head looped transformer (T = 25) trained on induction-head sequences of lengths 16-64 by the
+`eer-induction` recipe, once with the energy-entropy regularised loss (eq. 2-5, the paper's lambdas) and once with
+cross-entropy alone (every lambda 0, `eer-induction-ce`), same data and initialisation per seed. Every
+``eval_every`` steps (and before training) both are evaluated at L = 10, 100 and 1000 with T = 25 on held-out
+sequences (accuracy over all positions, and over the induction positions only); the kinetic, potential and entropy
+terms (App. C's K, P, S) are the training values, averaged over the steps since the previous evaluation.
+Differences from the paper, by necessity of a CPU run: fewer steps (the paper: 20k), fewer evaluation sequences
+(the paper gives none; here 256 per length). The recipe runs on one CPU thread (``training.num_threads``), where a
+928-parameter model trains fastest.
+"""
+
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..training.induction import induction_batch
+from ..training.recipe import load_recipe
+from ..training.run import run_training
+
+RECIPE = "eer-induction"
+METHODS = {"eer": "eer-induction", "ce": "eer-induction-ce"}
+TERMS = ("entropy", "potential", "kinetic")
+
+
+@dataclass
+class InductionSettings:
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    steps: int = 3000
+    eval_every: int = 500
+    eval_lengths: list[int] = field(default_factory=lambda: [10, 100, 1000])
+    eval_sequences: int = 256
+
+
+def length_evaluator(lengths: list[int], sequences: int):
+    """``hook(model, step) -> {"L<n>_accuracy", "L<n>_induction_accuracy"}`` on fixed held-out sets (seeded apart
+    from any training batch), through SDPA without labels (the accuracies need no attention maps)."""
+    sets = {length: induction_batch(sequences, length, seed=[10**6, length]) for length in lengths}
+
+    def hook(model, step: int) -> dict:
+        implementation = model.config._attn_implementation
+        model.set_attn_implementation("sdpa")
+        metrics = {}
+        try:
+            with torch.no_grad():
+                for length, (ids, labels) in sets.items():
+                    predictions = torch.cat([model(input_ids=ids[start:start + 32], use_cache=False).logits.argmax(-1)
+                                             for start in range(0, len(ids), 32)])
+                    hits = predictions == labels
+                    induction = (labels >= 1) & (labels <= 4)
+                    metrics[f"L{length}_accuracy"] = float(hits.float().mean())
+                    metrics[f"L{length}_induction_accuracy"] = float(hits[induction].float().mean())
+        finally:
+            model.set_attn_implementation(implementation)
+        return metrics
+
+    return hook
+
+
+def curve(metrics_path: Path, eval_every: int) -> list[dict]:
+    """Per evaluation step: its accuracies and the mean of the logged training terms since the previous one."""
+    rows = [json.loads(line) for line in metrics_path.read_text().splitlines()]
+    logged = [row for row in rows if "kinetic" in row]
+    points = []
+    for row in rows:
+        if not any(key.endswith("_accuracy") and key.startswith("L") for key in row):
+            continue
+        point = {key: value for key, value in row.items() if key == "step" or key.startswith("L")}
+        window = [entry for entry in logged if row["step"] - eval_every < entry["step"] <= row["step"]]
+        for term in TERMS:
+            point[term] = statistics.fmean(entry[term] for entry in window) if window else None
+        points.append(point)
+    return points
+
+
+def run_induction(settings: InductionSettings, output_dir: str | Path, progress=print) -> dict:
+    started = time.perf_counter()
+    output_dir = Path(output_dir)
+    runs = []
+    for seed in settings.seeds:
+        for method, preset in METHODS.items():
+            progress(f"seed {seed}: training {preset} for {settings.steps} steps")
+            run_dir = output_dir / f"{method}-s{seed}"
+            recipe = load_recipe(RECIPE, [f"model.preset={preset}", f"training.seed={seed}",
+                                          f"training.steps={settings.steps}", f"training.eval_every={settings.eval_every}",
+                                          f"training.save_every={settings.steps}", f"output_dir={run_dir}"])
+            run_training(recipe, progress=False,
+                         evaluation_hook=length_evaluator(settings.eval_lengths, settings.eval_sequences))
+            runs.append({"method": method, "seed": seed, "curve": curve(run_dir / "metrics.jsonl", settings.eval_every)})
+    return {"settings": asdict(settings), "runs": runs, "summary": summarise(runs, settings),
+            "seconds": time.perf_counter() - started}
+
+
+def _mean_and_std(values: list[float]) -> dict:
+    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0}
+
+
+def summarise(runs: list[dict], settings: InductionSettings) -> dict:
+    """Final accuracies per method and length (mean and std over seeds), and per evaluation step the seed means of
+    the accuracies and of S, P, K (App. C's table)."""
+    columns = [f"L{length}_{kind}" for length in settings.eval_lengths for kind in ("accuracy", "induction_accuracy")]
+    final, table = {}, {}
+    for method in METHODS:
+        curves = [run["curve"] for run in runs if run["method"] == method]
+        final[method] = {column: _mean_and_std([c[-1][column] for c in curves]) for column in columns}
+        table[method] = []
+        for index, point in enumerate(curves[0]):
+            entry = {"step": point["step"]}
+            for key in [*columns, *TERMS]:
+                values = [c[index][key] for c in curves if c[index][key] is not None]
+                entry[key] = statistics.fmean(values) if values else None
+            table[method].append(entry)
+    return {"final": final, "table": table}
+
+
+def format_markdown(report: dict) -> str:
+    settings, summary = report["settings"], report["summary"]
+    lengths = settings["eval_lengths"]
+    names = {"eer": "EER (CE + 0.1 P + 0.001 K + 0.02 S)", "ce": "cross-entropy only"}
+    lines = [f"Induction heads at CPU scale ({report['seconds']:.0f} s): the d = 8 single-head looped transformer "
+             f"(T = 25), {settings['steps']} steps of batch 32 at L in [16, 64], seeds {settings['seeds']}; accuracy "
+             f"(%) over all positions on {settings['eval_sequences']} held-out sequences per length, T = 25, mean +- "
+             "std over seeds (in brackets: the induction positions only).", "",
+             "| loss | " + " | ".join(f"L = {length}" for length in lengths) + " |",
+             "|---|" + "---|" * len(lengths)]
+    for method, columns in summary["final"].items():
+        cells = [f"{100 * columns[f'L{n}_accuracy']['mean']:.1f} +- {100 * columns[f'L{n}_accuracy']['std']:.1f} "
+                 f"({100 * columns[f'L{n}_induction_accuracy']['mean']:.1f})" for n in lengths]
+        lines.append(f"| {names[method]} | " + " | ".join(cells) + " |")
+    for method, entries in summary["table"].items():
+        lines += ["", f"Over training, {names[method]} (seed means; S, P, K: training values, eq. 3-5):", "",
+                  "| step | " + " | ".join(f"L{n}" for n in lengths) + " | S | P | K |",
+                  "|---|" + "---|" * (len(lengths) + 3)]
+        for entry in entries:
+            accuracies = [f"{100 * entry[f'L{n}_accuracy']:.1f}" for n in lengths]
+            terms = ["-" if entry[term] is None else f"{entry[term]:.2f}" for term in TERMS]
+            lines.append(f"| {entry['step']} | " + " | ".join(accuracies + terms) + " |")
+    return "\n".join(lines)
+
+
+def write_report(report: dict, output_dir: str | Path) -> dict[str, Path]:
+    from matplotlib.figure import Figure
+
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"markdown": output_dir / "eer_induction.md", "json": output_dir / "eer_induction.json",
+             "plot": output_dir / "eer_induction.png"}
+    paths["markdown"].write_text(format_markdown(report) + "\n")
+    paths["json"].write_text(json.dumps(report, indent=2))
+    lengths = report["settings"]["eval_lengths"]
+    figure = Figure(figsize=(4.0 * (len(lengths) + len(TERMS)), 3.4))
+    axes = figure.subplots(1, len(lengths) + len(TERMS))
+    for method, entries in report["summary"]["table"].items():
+        steps = [entry["step"] for entry in entries]
+        for axis, length in zip(axes, lengths):
+            axis.plot(steps, [100 * entry[f"L{length}_accuracy"] for entry in entries], marker="o", markersize=3,
+                      label=method)
+            axis.set_title(f"accuracy at L = {length} (%)")
+        for axis, term in zip(axes[len(lengths):], TERMS):
+            points = [(entry["step"], entry[term]) for entry in entries if entry[term] is not None]
+            axis.plot(*zip(*points), marker="o", markersize=3, label=method)
+            axis.set_title(f"{term} (training)")
+    for axis in axes:
+        axis.set_xlabel("step")
+        axis.legend(fontsize=7)
+    figure.suptitle("EER vs cross-entropy on induction heads (eer.txt App. C, CPU scale)")
+    figure.tight_layout()
+    figure.savefig(paths["plot"], dpi=110)
+    return paths
