@@ -54,7 +54,8 @@ def reference_forward(config, weights: dict, input_ids: torch.Tensor, mask: torc
         def split(name):
             return linear(normed, f"model.block.self_attn.{name}").view(batch, length, heads, head_dim).transpose(1, 2)
 
-        logits = split("q_proj") @ split("k_proj").transpose(-1, -2) / (config.attention_temperature * math.sqrt(head_dim))
+        scale = config.attention_temperature * math.sqrt(head_dim)
+        logits = split("q_proj") @ split("k_proj").transpose(-1, -2) / scale
         logits = logits.masked_fill(~allowed, -math.inf)
         # a padding query with no real key at or before it: any finite row (it is never read)
         logits = torch.where(allowed.any(-1, keepdim=True), logits, torch.zeros_like(logits))
@@ -77,7 +78,8 @@ def reference_forward(config, weights: dict, input_ids: torch.Tensor, mask: torc
     if labels is not None:
         task = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100)
         result["task_loss"] = task
-        result["loss"] = (task + config.lambda_potential * result["potential"] + config.lambda_kinetic * result["kinetic"]
+        result["loss"] = (task + config.lambda_potential * result["potential"]
+                          + config.lambda_kinetic * result["kinetic"]
                           + config.lambda_entropy * (result["entropy"] - config.entropy_target).abs())
     return result
 

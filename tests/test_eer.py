@@ -70,7 +70,8 @@ def test_regularisers_act_with_their_paper_weights_and_vanish_when_zero():
     with torch.no_grad():
         out = model(input_ids=ids, attention_mask=mask, labels=labels)
     config = model.config
-    extra = config.lambda_potential * out.potential + config.lambda_kinetic * out.kinetic + config.lambda_entropy * out.entropy
+    extra = (config.lambda_potential * out.potential + config.lambda_kinetic * out.kinetic
+             + config.lambda_entropy * out.entropy)
     assert extra > 1e-3
     torch.testing.assert_close(out.loss, out.task_loss + extra)
 
@@ -207,7 +208,8 @@ def test_hamiltonian_dynamics_follow_eq_1():
             torch.ones(7, 7, dtype=torch.bool).triu(1), -math.inf)
         (grad_e,) = torch.autograd.grad((-logits.logsumexp(-1)).sum(), zr)
         attended = (logits.softmax(-1) @ value).transpose(1, 2).reshape(2, 7, 16).detach()
-        v = config.hamiltonian_momentum * v + config.hamiltonian_coupling * (attended - z) - config.hamiltonian_gravity * grad_e
+        v = (config.hamiltonian_momentum * v + config.hamiltonian_coupling * (attended - z)
+             - config.hamiltonian_gravity * grad_e)
         z = z + v
         expected.append(z)
     for ours, theirs in zip(out.hidden_states, expected):
@@ -263,7 +265,8 @@ def test_cache_must_hold_the_loops_a_call_runs():
         with pytest.raises(ValueError, match="one cache layer per loop"):
             model(input_ids=ids[:, :1], past_key_values=cache, refinement_steps=6)
     settings_ = dict(max_new_tokens=5, do_sample=False, pad_token_id=0, refinement_steps=7)
-    assert torch.equal(model.generate(ids, use_cache=True, **settings_), model.generate(ids, use_cache=False, **settings_))
+    cached = model.generate(ids, use_cache=True, **settings_)
+    assert torch.equal(cached, model.generate(ids, use_cache=False, **settings_))
 
 
 def test_num_loops_range_draws_the_loop_count_in_training_only():

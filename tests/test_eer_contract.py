@@ -34,7 +34,8 @@ def first_loop_entropy(model, input_ids: torch.Tensor, q: float) -> torch.Tensor
     length, width = input_ids.shape[1], config.hidden_size
     position = torch.arange(length, dtype=torch.float64)[:, None]
     frequency = 10000.0 ** (-torch.arange(0, width, 2, dtype=torch.float64) / width)
-    encoding = torch.stack([torch.sin(position * frequency), torch.cos(position * frequency)], -1).reshape(length, width)
+    angles = position * frequency
+    encoding = torch.stack([torch.sin(angles), torch.cos(angles)], -1).reshape(length, width)
     inputs = model.model.embed_tokens.weight.double()[input_ids] + config.position_embedding_scale * encoding
     normed = inputs
     if config.loop_dynamics == "residual":

@@ -8,12 +8,14 @@ import pytest
 import torch
 from transformers import Trainer, TrainingArguments
 
-from energyzoo import EERConfig, EERForCausalLM
+from energyzoo import EERConfig, EERForCausalLM, config_from_preset
 from energyzoo.reproduce.eer_induction import InductionSettings, run_induction, write_report
 from energyzoo.training.induction import (
     BLANK,
     HOP,
     NONE,
+    PAD,
+    VOCABULARY,
     blank_and_guess_accuracy,
     induction_batch,
     induction_dataset,
@@ -38,6 +40,15 @@ def test_labels_are_the_symbol_after_the_previous_occurrence(length):
         for k, symbol in enumerate(symbols):
             earlier = [j for j in range(k) if symbols[j] == symbol]
             assert targets[k + 1] == (symbols[earlier[-1] + 1] if earlier else NONE)
+
+
+def test_the_presets_vocabulary_is_the_tasks():
+    """The task's ids (0-6, PAD 7) are the EER presets' vocabulary and pad id; no generated id is PAD."""
+    for preset in ("eer-induction", "eer-induction-ce", "eer-looped-gpt2"):
+        config = config_from_preset(preset)
+        assert (config.vocab_size, config.pad_token_id, config.bos_token_id) == (VOCABULARY, PAD, HOP)
+    ids, labels = induction_batch(100, 50, seed=0)
+    assert int(ids.max()) < PAD and int(labels.max()) < PAD
 
 
 def test_symbols_follow_uniform_transitions():
@@ -123,7 +134,8 @@ def test_train_recipe_logs_the_loss_parts_and_evaluates_accuracy(tmp_path):
     assert [row["step"] for row in logged] == [2, 4]
     config = EERForCausalLM.from_pretrained(result.model_dir).config
     for row in logged:
-        expected = (row["task_loss"] + config.lambda_potential * row["potential"] + config.lambda_kinetic * row["kinetic"]
+        expected = (row["task_loss"] + config.lambda_potential * row["potential"]
+                    + config.lambda_kinetic * row["kinetic"]
                     + config.lambda_entropy * row["entropy"])
         assert row["loss"] == pytest.approx(expected, rel=1e-5)
     assert calls == [(0, False, 1), (2, False, 1), (4, False, 1)] and torch.get_num_threads() == threads

@@ -14,7 +14,8 @@ CHOICES = {"loop_dynamics": ("residual", "hamiltonian"), "label_alignment": ("al
 
 @strict
 class EERConfig(PreTrainedConfig):
-    r"""One transformer block applied ``num_loops`` times to a latent Z (eer.txt §5.1, Table 1), and the loss of eq. 2-5.
+    r"""One transformer block applied ``num_loops`` times to a latent Z (eer.txt §5.1, Table 1), and the loss of
+    eq. 2-5.
     Defaults are the paper's d = 8 single-head model (§6, Table 1); choices the paper leaves open follow the spec
     (shared/specs/eer.md §2) and are fields.
 
@@ -105,7 +106,8 @@ class EERConfig(PreTrainedConfig):
             value = getattr(self, field)
             require(OWNER, value is None or 0 <= value < self.vocab_size, field,
                     f"None or in [0, vocab_size={self.vocab_size})", value)
-        require(OWNER, self.hidden_act in ACT2FN, "hidden_act", "an activation of transformers' ACT2FN", self.hidden_act)
+        require(OWNER, self.hidden_act in ACT2FN, "hidden_act", "an activation of transformers' ACT2FN",
+                self.hidden_act)
         for field, allowed in CHOICES.items():
             require(OWNER, getattr(self, field) in allowed, field, f"one of {list(allowed)}", getattr(self, field))
 

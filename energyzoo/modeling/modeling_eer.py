@@ -286,7 +286,8 @@ class EERModel(EERPreTrainedModel):
         inputs = inputs_embeds + config.position_embedding_scale * positions.to(inputs_embeds.dtype)
         tracing = recording_energies()
         output_attentions = kwargs.get("output_attentions", config.output_attentions)
-        with_statistics = bool(return_regularisers or tracing or output_attentions or config.loop_dynamics == "hamiltonian")
+        with_statistics = bool(return_regularisers or tracing or output_attentions
+                               or config.loop_dynamics == "hamiltonian")
         mask = create_causal_mask(config=config, inputs_embeds=inputs, attention_mask=attention_mask,
                                   past_key_values=past_key_values, position_ids=position_ids,
                                   allow_is_causal_skip=not with_statistics)

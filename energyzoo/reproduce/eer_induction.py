@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from ..training.induction import induction_batch
+from ..training.induction import induction_batch, induction_metrics
 from ..training.recipe import load_recipe
 from ..training.run import run_training
 
@@ -49,12 +49,14 @@ def length_evaluator(lengths: list[int], sequences: int):
         try:
             with torch.no_grad():
                 for length, (ids, labels) in sets.items():
-                    predictions = torch.cat([model(input_ids=ids[start:start + 32], use_cache=False).logits.argmax(-1)
-                                             for start in range(0, len(ids), 32)])
-                    hits = predictions == labels
-                    induction = (labels >= 1) & (labels <= 4)
-                    metrics[f"L{length}_accuracy"] = float(hits.float().mean())
-                    metrics[f"L{length}_induction_accuracy"] = float(hits[induction].float().mean())
+                    totals = {}
+                    for start in range(0, len(ids), 32):
+                        outputs = model(input_ids=ids[start:start + 32], use_cache=False)
+                        for name, (hits, counted) in induction_metrics(outputs, labels[start:start + 32]).items():
+                            previous = totals.get(name, (0, 0))
+                            totals[name] = (previous[0] + hits, previous[1] + counted)
+                    metrics.update({f"L{length}_{name}": float(hits / counted)
+                                    for name, (hits, counted) in totals.items()})
         finally:
             model.set_attn_implementation(implementation)
         return metrics
@@ -87,11 +89,13 @@ def run_induction(settings: InductionSettings, output_dir: str | Path, progress=
             progress(f"seed {seed}: training {preset} for {settings.steps} steps")
             run_dir = output_dir / f"{method}-s{seed}"
             recipe = load_recipe(RECIPE, [f"model.preset={preset}", f"training.seed={seed}",
-                                          f"training.steps={settings.steps}", f"training.eval_every={settings.eval_every}",
+                                          f"training.steps={settings.steps}",
+                                          f"training.eval_every={settings.eval_every}",
                                           f"training.save_every={settings.steps}", f"output_dir={run_dir}"])
             run_training(recipe, progress=False,
                          evaluation_hook=length_evaluator(settings.eval_lengths, settings.eval_sequences))
-            runs.append({"method": method, "seed": seed, "curve": curve(run_dir / "metrics.jsonl", settings.eval_every)})
+            runs.append({"method": method, "seed": seed,
+                         "curve": curve(run_dir / "metrics.jsonl", settings.eval_every)})
     return {"settings": asdict(settings), "runs": runs, "summary": summarise(runs, settings),
             "seconds": time.perf_counter() - started}
 
