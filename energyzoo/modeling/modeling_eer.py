@@ -188,7 +188,7 @@ class EERHamiltonianBlock(GradientCheckpointingLayer):
         config = self.config
         attended, probabilities, log_partition = self.self_attn(latent, attention_mask, (key, value), statistics_mask,
                                                                 True, with_log_partition)
-        query_weight = effective_weight(self.self_attn.q_proj, latent)
+        query_weight = effective_weight(self.self_attn.q_proj, latent)  # W_Q as q_proj acts, LoRA included
         gradient = attention_energy_gradient(probabilities, key, query_weight, self.self_attn.head_dim)
         velocity = (config.hamiltonian_momentum * velocity + config.hamiltonian_coupling * (attended - latent)
                     - config.hamiltonian_gravity * gradient.to(latent.dtype))
@@ -296,9 +296,8 @@ class EERModel(EERPreTrainedModel):
         if attention_mask is not None and attention_mask.dim() == 2:
             valid = attention_mask[:, -length:].bool()
 
-        records_needed = return_regularisers or tracing
         step, start = self._dynamics(inputs, (mask, statistics_mask), past_key_values, valid, with_statistics,
-                                     records_needed)
+                                     return_regularisers, tracing)
         records = "graph" if return_regularisers else "detached" if tracing else None
         result = refine(step, start, loops, records=records)
         latent = result.state[0]
@@ -339,17 +338,20 @@ class EERModel(EERPreTrainedModel):
             return (attention_mask.long().cumsum(-1) - 1).clamp_min(0)[:, -length:]
         return torch.arange(past_seen, past_seen + length, device=device).unsqueeze(0)
 
-    def _dynamics(self, inputs, masks, cache, valid, with_statistics: bool, records_needed: bool):
+    def _dynamics(self, inputs, masks, cache, valid, with_statistics: bool, regularisers: bool, tracing: bool):
         """(step function for `refine`, initial state) of the configured latent dynamics. ``masks``: the mask of the
-        attention implementation and the additive one of the statistics (None when none are needed)."""
+        attention implementation and the additive one of the statistics (None when none are needed); the steps
+        record the regularisers' terms and (``tracing``) the trace's quantities."""
         config = self.config
         mask, statistics_mask = masks
         q = config.tsallis_q
-        tracing = recording_energies()
         attention = self.block.self_attn
+        # the projections as they act (LoRA included), read once per forward for the trace's contraction bound
+        projections = (attention.q_proj, attention.k_proj, attention.v_proj)
+        weights = [effective_weight(projection, inputs) for projection in projections] if tracing else None
 
         def loop_records(previous, following, probabilities, log_partition):
-            if not records_needed:
+            if not (regularisers or tracing):
                 return {}
             records = loop_terms(previous, following, probabilities, valid, q)
             if tracing:
@@ -358,10 +360,8 @@ class EERModel(EERPreTrainedModel):
                 records.update(
                     energy=(-config.attention_temperature * log_partition * rows).sum() / count,
                     residual=(widened(following - previous).norm(dim=-1) * valid).sum() / valid.sum().clamp_min(1),
-                    contraction_bound=contraction_bound(
-                        *(effective_weight(projection, inputs) for projection in
-                          (attention.q_proj, attention.k_proj, attention.v_proj)),
-                        probabilities, valid.to(probabilities.dtype), q).mean())
+                    contraction_bound=contraction_bound(*weights, probabilities, valid.to(probabilities.dtype),
+                                                        q).mean())
             return records
 
         if config.loop_dynamics == "hamiltonian":
