@@ -1,8 +1,15 @@
-"""The `energyzoo` command: `energyzoo quickstart | train | eval | export | bench | reproduce`."""
+"""The `energyzoo` command: `energyzoo quickstart | train | eval | export | recipes | bench | reproduce`.
+
+Bad input (a recipe or preset name, an override, a folder, a config key) is answered in one line,
+``energyzoo <command>: error: <message>``, with exit code 2; ``--debug`` shows the traceback instead. Modules load
+after the arguments are parsed, so ``--help`` answers at once.
+"""
 
 import argparse
 import json
 import sys
+
+USER_ERRORS = (ValueError, OSError)  # bad values, missing files and folders (the library's own errors name the field)
 
 
 def _quickstart(args) -> int:
@@ -38,24 +45,42 @@ def _train(args) -> int:
 
 
 def _eval(args) -> int:
-    from .eval.harness import format_results_table, run_suite
+    from .eval.harness import evaluate_folder, format_results_table
+    from .training.run import model_folder
 
-    for suite in args.suite:
-        results = run_suite(args.model_dir, suite, output_dir=args.output_dir, batch_size=args.batch_size,
-                            device=args.device, limit=args.limit)
-        print(f"\nsuite {suite}:\n{format_results_table(results)}")
+    folder = model_folder(args.model_dir, args.checkpoint)
+    for name, results in evaluate_folder(folder, suites=args.suite, tasks=args.tasks, output_dir=args.output_dir,
+                                         batch_size=args.batch_size, device=args.device, dtype=args.dtype,
+                                         limit=args.limit, num_fewshot=args.num_fewshot).items():
+        print(f"\n{name} ({folder}):\n{format_results_table(results)}")
     return 0
 
 
 def _export(args) -> int:
     from .hub_cards import export_folder
+    from .training.run import model_folder
 
-    folder = export_folder(args.model_dir, args.output_dir, push_to=args.push, private=args.private)
-    print(f"exported {args.model_dir} to {folder}")
+    source = model_folder(args.model_dir, args.checkpoint)
+    folder = export_folder(source, args.output_dir, push_to=args.push, private=args.private)
+    print(f"exported {source} to {folder}")
     if args.push:
         print(f"uploaded to https://huggingface.co/{args.push}")
     else:
         print(f"push it with: energyzoo export {args.model_dir} {folder} --push <user>/<name>")
+    return 0
+
+
+def _recipes(args) -> int:
+    from .training.recipe import shipped_recipes
+
+    recipes = shipped_recipes()
+    print("shipped recipes (energyzoo train NAME [section.key=value ...]):")
+    width = max(len(name) for name in recipes)
+    for name, (summary, _) in recipes.items():
+        print(f"  {name:<{width}}  {summary}")
+    folder = next(iter(recipes.values()))[1].parent
+    print(f"\nrecipes and accelerate configs live in {folder}")
+    print(f"  accelerate launch --config_file {folder / 'accelerate-fsdp.yaml'} -m energyzoo.cli train fem-lm-340m")
     return 0
 
 
@@ -140,7 +165,9 @@ def _reproduce(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="energyzoo", description=__doc__)
+    parser = argparse.ArgumentParser(prog="energyzoo", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
     commands = parser.add_subparsers(dest="command", required=True)
 
     quickstart = commands.add_parser("quickstart", help="train, evaluate and export a tiny FEM-LM (offline)")
@@ -156,22 +183,38 @@ def build_parser() -> argparse.ArgumentParser:
                        help="stop this session after N steps without a final save (resume later with --resume)")
     train.set_defaults(run=_train)
 
-    evaluate = commands.add_parser("eval", help="lm-evaluation-harness suites on a model folder")
-    evaluate.add_argument("model_dir")
+    evaluate = commands.add_parser(
+        "eval", help="lm-evaluation-harness on a model folder",
+        description="lm-evaluation-harness (its HFLM, loading the folder with trust_remote_code) on a model folder, a "
+                    "run folder's checkpoint or an exported folder. Data-parallel evaluation on several GPUs: "
+                    "accelerate launch -m lm_eval --model hf --model_args pretrained=FOLDER,trust_remote_code=True "
+                    "--tasks ...")
+    evaluate.add_argument("model_dir", help="a model folder, or a run folder with --checkpoint")
+    evaluate.add_argument("--checkpoint", default=None,
+                          help="an intermediate checkpoint of the run: step-N or a checkpoint folder")
     evaluate.add_argument("--suite", nargs="+", default=["local"], choices=["local", "general", "leaderboard"],
                           help="local: offline tasks shipped with energyzoo; general / leaderboard download datasets")
+    evaluate.add_argument("--tasks", nargs="+", default=None,
+                          help="lm-eval task names instead of the suites (results in OUTPUT/tasks.json)")
+    evaluate.add_argument("--num-fewshot", type=int, default=None, help="default: each suite's own setting")
     evaluate.add_argument("--output-dir", default=None, help="default: MODEL_DIR/eval")
-    evaluate.add_argument("--batch-size", type=int, default=8)
-    evaluate.add_argument("--device", default="cpu")
+    evaluate.add_argument("--batch-size", default="8", help="an integer, or 'auto' (lm-eval finds the largest)")
+    evaluate.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, mps, ...")
+    evaluate.add_argument("--dtype", default="auto", help="auto (the saved dtype), float32, bfloat16 or float16")
     evaluate.add_argument("--limit", type=int, default=None, help="at most this many documents per task")
     evaluate.set_defaults(run=_eval)
 
     export = commands.add_parser("export", help="write a Hub-ready folder (remote code, tokenizer, model card)")
-    export.add_argument("model_dir")
+    export.add_argument("model_dir", help="a model folder, or a run folder with --checkpoint")
     export.add_argument("output_dir")
+    export.add_argument("--checkpoint", default=None,
+                        help="an intermediate checkpoint of the run: step-N or a checkpoint folder")
     export.add_argument("--push", default=None, metavar="REPO_ID", help="upload the folder to this Hub repository")
     export.add_argument("--private", action="store_true")
     export.set_defaults(run=_export)
+
+    recipes = commands.add_parser("recipes", help="list the shipped recipes and where the accelerate configs are")
+    recipes.set_defaults(run=_recipes)
 
     bench = commands.add_parser("bench", help="FEM-LM vs its Llama baseline: forward, train step, peak memory")
     bench.add_argument("--preset", default=None,
@@ -225,7 +268,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    return args.run(args)
+    try:
+        from .registry import register_all  # the first import of torch and transformers
+
+        register_all()
+        return args.run(args)
+    except USER_ERRORS as error:
+        if args.debug:
+            raise
+        message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        print(f"energyzoo {args.command}: error: {message} (--debug for the traceback)", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from .eval.harness import run_suite
+from .eval.harness import evaluate_folder
 from .hub_cards import export_folder
 from .training.recipe import load_recipe
 from .training.run import run_training
@@ -50,7 +50,7 @@ def run_quickstart(output_dir: str | Path = "runs/quickstart", steps: int = 500,
                                          f"training.warmup_steps={min(30, steps // 10)}",
                                          f"output_dir={output_dir / 'train'}"])
     trained = run_training(recipe, progress=progress)
-    results = run_suite(trained.model_dir, "local")
+    results = evaluate_folder(trained.model_dir)["local"]
     local = {task: {key.split(",")[0]: value for key, value in metrics.items()
                     if "," in key and "_stderr" not in key}
              for task, metrics in results["results"].items()}

@@ -26,6 +26,7 @@ from .modeling.configuration_eqt import EqTLlamaConfig
 from .modeling.configuration_fem import FEMConfig
 from .modeling.configuration_hyperset import HyperSETConfig
 from .modeling.configuration_tel import TELGPT2Config, TELResNetConfig, TELViTConfig
+from .modeling.image_processing_grayscale import GrayscaleImageProcessor
 from .modeling.modeling_eer import EERForCausalLM, EERModel
 from .modeling.modeling_eqt import EqTLlamaForCausalLM, EqTLlamaModel
 from .modeling.modeling_fem import FEMForCausalLM, FEMForSequenceClassification, FEMModel
@@ -155,7 +156,9 @@ def architecture(model_type: str) -> Architecture:
 
 
 def register_all() -> None:
-    """Register every architecture with AutoConfig, its Auto model classes, and for remote code."""
+    """Register every architecture with AutoConfig, its Auto model classes, and for remote code (the grayscale
+    image processor of the single-channel classifiers too)."""
+    GrayscaleImageProcessor.register_for_auto_class("AutoImageProcessor")
     for entry in ARCHITECTURES.values():
         config_class = entry.config_class
         AutoConfig.register(config_class.model_type, config_class, exist_ok=True)

@@ -83,7 +83,7 @@ class HyperSETTester(ModelContract):
         """Layer 0's ``energy`` after its first iteration, from the state that iteration produced, in float64."""
         layer = next(m for m in model.modules() if isinstance(m, HyperSETLayer))
         states = []
-        handle = layer.register_forward_hook(lambda module, args, output: states.append(output))
+        handle = layer.register_forward_hook(lambda module, args, output: states.append(output[0]))  # (state, diagnostics)
         with torch.no_grad():
             model(**self.without_labels(inputs))
         handle.remove()

@@ -64,7 +64,7 @@ def test_vanilla_checkpoints_load_and_empty_placement_is_the_vanilla_model(famil
     assert layer_name in captured.out
     layer = head.get_submodule(layer_name)
     torch.testing.assert_close(layer.step_sizes(), torch.full((5,), 0.5))
-    torch.testing.assert_close(layer.tel_log_temperature.exp(), torch.tensor(0.5))
+    torch.testing.assert_close(layer.tel_log_temperature.exp(), torch.tensor([0.5]))
     vanilla_state = vanilla.state_dict()
     for name, value in head.state_dict().items():
         if ".tel_" not in name:

@@ -4,6 +4,7 @@ equivalence, the lm-eval local suite, Hub-ready folders and their cards, the Tra
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +18,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from energyzoo.cli import main
-from energyzoo.eval.harness import local_task_documents, run_suite, write_local_tasks
+from energyzoo.eval.harness import evaluate_folder, local_task_documents, write_local_tasks
 from energyzoo.hub_cards import export_folder
 from energyzoo.modeling import modeling_fem
 from energyzoo.presets import preset_names
@@ -46,7 +47,7 @@ def trained_model(tmp_path_factory):
     """A tiny FEM-LM trained for 30 steps, evaluated on the local suite."""
     output = tmp_path_factory.mktemp("trained")
     result = tiny_run(output, "training.steps=30", "training.save_every=30", "training.eval_every=30")
-    run_suite(result.model_dir, "local")
+    evaluate_folder(result.model_dir)
     return result.model_dir
 
 
@@ -117,17 +118,29 @@ def test_killed_and_resumed_run_ends_with_the_weights_of_an_uninterrupted_run(tm
     assert (tmp_path / "whole" / "loss_curve.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_two_processes_follow_the_single_process_loss_curve(tmp_path):
+def test_two_processes_with_accumulation_follow_the_single_process_run(tmp_path):
+    """accelerate's prepared DataLoader, `accumulate` and `get_state_dict` save: 2 processes x 2 micro-batches of one
+    example end with the losses, validation metrics and weights of one process on the whole batch of 4."""
     single = tiny_run(tmp_path / "one")
     command = [sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch", "--config_file",
                str(CONFIGS / "accelerate-cpu-2proc.yaml"), "-m", "energyzoo.cli", "train", "fem-lm-tiny", *TINY,
-               f"output_dir={tmp_path / 'two'}"]
+               "training.gradient_accumulation=2", f"output_dir={tmp_path / 'two'}"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert json.loads((tmp_path / "two" / "model" / "training_metrics.json").read_text())["processes"] == 2
+    two_metrics = json.loads((tmp_path / "two" / "model" / "training_metrics.json").read_text())
+    assert two_metrics.pop("processes") == 2
+    one_metrics = json.loads((single.model_dir / "training_metrics.json").read_text())
+    assert one_metrics.pop("processes") == 1
+    assert two_metrics.keys() == one_metrics.keys()
+    for name, value in one_metrics.items():
+        assert two_metrics[name] == pytest.approx(value, rel=1e-4), name
     two = [row["loss"] for row in metric_rows(tmp_path / "two") if "loss" in row]
     assert len(two) == 6
     torch.testing.assert_close(torch.tensor(two), torch.tensor(single.losses), rtol=1e-4, atol=1e-4)
+    expected, actual = load_file(single.model_dir / "model.safetensors"), load_file(tmp_path / "two" / "model" / "model.safetensors")
+    assert expected.keys() == actual.keys()
+    for name in expected:
+        torch.testing.assert_close(actual[name], expected[name], rtol=1e-4, atol=1e-5, msg=name)
 
 
 def test_gradient_accumulation_gives_the_full_batch_step(tmp_path):
@@ -212,15 +225,30 @@ class RecordingHfApi:
 
 
 def test_export_folder_card_and_push(trained_model, tmp_path):
+    model_dir = tmp_path / "model"
+    shutil.copytree(trained_model, model_dir)
+    # a result on a Hub dataset, as lm-eval writes it (arc_easy reads allenai/ai2_arc, config ARC-Easy)
+    local = json.loads((model_dir / "eval" / "local.json").read_text())
+    general = {**local, "results": {"arc_easy": {"acc,none": 0.31, "acc_stderr,none": 0.02}}, "n-shot": {"arc_easy": 0},
+               "configs": {"arc_easy": {"dataset_path": "allenai/ai2_arc", "dataset_name": "ARC-Easy",
+                                        "test_split": "test"}}}
+    (model_dir / "eval" / "general.json").write_text(json.dumps(general))
+    (model_dir / "eval" / "general.md").write_text("| arc_easy | acc | 0.3100 | 0.0200 |\n")
     api = RecordingHfApi()
-    folder = export_folder(trained_model, tmp_path / "export", push_to="someone/fem-tiny", api=api)
-    # (c) the card's metadata parses back, with the eval results as model-index
+    folder = export_folder(model_dir, tmp_path / "export", push_to="someone/fem-tiny", api=api)
+    # (c) the card's metadata parses back: model-index entries on Hub datasets, by their Hub ids
     card = ModelCard.load(folder / "README.md")
     assert card.data.library_name == "transformers" and card.data.pipeline_tag == "text-generation"
+    assert card.data.datasets == ["allenai/ai2_arc"] and card.data.language == ["en"]
     _, results = model_index_to_eval_results(card.data.to_dict()["model-index"])
-    local = json.loads((trained_model / "eval" / "local.json").read_text())["results"]
-    parsed = {(r.dataset_type, r.metric_type): r.metric_value for r in results}
-    assert parsed[("energyzoo_pydoc_mc", "acc")] == pytest.approx(local["energyzoo_pydoc_mc"]["acc,none"])
+    assert [(r.dataset_type, r.dataset_config, r.dataset_name, r.metric_type, r.metric_value) for r in results] == [
+        ("allenai/ai2_arc", "ARC-Easy", "arc_easy", "acc", 0.31)]
+    # the local tasks (no Hub dataset) stay in the text, with lm-eval's settings
+    mc = local["results"]["energyzoo_pydoc_mc"]["acc,none"]
+    assert f"| energyzoo_pydoc_mc | acc | {mc:.4f} |" in card.text
+    assert "lm-evaluation-harness 0.4.13" in card.text and "energyzoo_pydoc_mc 0-shot" in card.text
+    assert "dtype torch.float32, batch size 8, device cpu" in card.text
+    assert "`transformers>=5.23`" in card.text
     assert "Free Energy Mixer" in card.text and "from_pretrained(\"someone/fem-tiny\"" in card.text
     assert "the Python documentation shipped with CPython (`pydoc_data.topics`) in blocks of 128 tokens: 30 steps" in card.text
     # (d) the upload contains the card and the code files
@@ -277,11 +305,66 @@ def test_tel_classifier_exports_with_its_card_and_accuracy(tmp_path):
     card = ModelCard.load(tmp_path / "export" / "README.md")
     assert card.data.pipeline_tag == "image-classification" and "Thermodynamic Equilibrium Layers" in card.text
     assert "Trained with `energyzoo train` on scikit-learn's 8x8 digits: 20 steps" in card.text
-    _, results = model_index_to_eval_results(card.data.to_dict()["model-index"])
-    assert results[0].metric_type == "accuracy"
-    assert results[0].metric_value == pytest.approx(trained.final_metrics["validation_accuracy"])
+    assert "model-index" not in card.data.to_dict()  # the digits are no Hub dataset
+    assert f"Held-out validation at the end: accuracy {trained.final_metrics['validation_accuracy']:.4f}" in card.text
     auto_map = json.loads((tmp_path / "export" / "config.json").read_text())["auto_map"]
     assert set(auto_map) == {"AutoConfig", "AutoModel", "AutoModelForImageClassification"}
+    # the folder's image processor reproduces the training preprocessing: the pipeline predicts what the model does
+    from PIL import Image
+    from transformers import pipeline
+
+    from energyzoo.training.data import digits_split
+
+    _, _, images, _ = digits_split(0.2, 42)
+    with torch.no_grad():
+        expected = load_trained(trained.model_dir)(pixel_values=images[:40]).logits.argmax(-1)
+    pictures = [Image.fromarray(((image[0] + 1) * 8 * 255 / 16).round().numpy().astype("uint8"), mode="L")
+                for image in images[:40]]
+    classifier = pipeline("image-classification", model=str(tmp_path / "export"), trust_remote_code=True)
+    predicted = [int(result[0]["label"].removeprefix("LABEL_")) for result in classifier(pictures, top_k=1)]
+    assert predicted == expected.tolist() and len(set(expected.tolist())) > 1  # not one constant answer
+
+
+def load_trained(model_dir):
+    from transformers import AutoModelForImageClassification
+
+    return AutoModelForImageClassification.from_pretrained(model_dir).eval()
+
+
+OLD_TRANSFORMERS = """
+import sys, transformers
+transformers.__version__ = "5.0.0"
+from transformers import AutoModelForCausalLM
+AutoModelForCausalLM.from_pretrained(sys.argv[1], trust_remote_code=True)
+"""
+NO_REMOTE_CODE = """
+import json, sys
+from transformers import AutoModelForCausalLM, AutoTokenizer
+tokenizer = AutoTokenizer.from_pretrained(sys.argv[1])
+print(); print("IDS:", json.dumps(tokenizer("def f(x): return x").input_ids))
+try:
+    AutoModelForCausalLM.from_pretrained(sys.argv[1])
+except ValueError as error:
+    print(); print("MODEL:", str(error).splitlines()[0])
+"""
+
+
+def test_exported_code_refuses_old_transformers_and_the_tokenizer_needs_no_remote_code(trained_model, tmp_path):
+    from transformers import AutoTokenizer
+
+    folder = export_folder(trained_model, tmp_path / "export")
+    old = subprocess.run([sys.executable, "-c", OLD_TRANSFORMERS, str(folder)], capture_output=True, text=True,
+                         timeout=300)
+    assert old.returncode == 1
+    assert "ImportError: this model's code needs transformers>=5.23, found 5.0.0: pip install -U" in old.stderr
+    assert '"transformers>=5.23,' in (Path(__file__).parents[1] / "pyproject.toml").read_text()  # the same floor
+    plain = subprocess.run([sys.executable, "-c", NO_REMOTE_CODE, str(folder)], capture_output=True, text=True,
+                           timeout=300, stdin=subprocess.DEVNULL)
+    assert plain.returncode == 0, plain.stderr[-2000:]
+    lines = {line.split(": ", 1)[0]: line.split(": ", 1)[1] for line in plain.stdout.splitlines()
+             if line.startswith(("IDS: ", "MODEL: "))}
+    assert json.loads(lines["IDS"]) == AutoTokenizer.from_pretrained(trained_model)("def f(x): return x").input_ids
+    assert lines["MODEL"].startswith("The repository") and "custom code" in lines["MODEL"]  # transformers' advice
 
 
 def test_fem_sequence_classifier_exports_as_text_classification(tmp_path):
@@ -297,14 +380,6 @@ def test_fem_sequence_classifier_exports_as_text_classification(tmp_path):
     assert config_json["architectures"] == ["FEMForSequenceClassification"]
 
 
-def test_export_cli_refuses_non_zoo_folders(tmp_path):
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50)).save_pretrained(tmp_path / "gpt2")
-    with pytest.raises(ValueError, match="energyzoo exports"):
-        main(["export", str(tmp_path / "gpt2"), str(tmp_path / "out")])
-
-
 # Trainer example and quickstart ----------------------------------------------------------------------
 def test_trainer_example_fine_tunes_a_trained_folder(trained_model, tmp_path):
     trainer = finetune_with_trainer(trained_model, tmp_path / "tuned", max_steps=12, batch_size=4, block_size=64)
@@ -318,7 +393,8 @@ def test_short_quickstart_trains_evaluates_and_exports(tmp_path):
     assert report.validation_loss < report.uniform_loss - 1.0
     assert report.sample.startswith("The assert statement")
     assert 0 <= report.local_results["energyzoo_pydoc_mc"]["acc"] <= 1
-    assert ModelCard.load(report.export_dir / "README.md").data.to_dict()["model-index"]
+    card = ModelCard.load(report.export_dir / "README.md")
+    assert card.data.language == ["en"] and "| energyzoo_pydoc_mc | acc |" in card.text  # local results: in the text
     model = AutoModelForCausalLM.from_pretrained(report.export_dir, trust_remote_code=True)
     assert model.config.model_type == "fem"
     assert report.energy_plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

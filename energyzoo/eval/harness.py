@@ -109,30 +109,39 @@ def format_results_table(results: dict) -> str:
     return "\n".join(lines)
 
 
-def run_suite(model_dir: str | Path, suite: str, output_dir: str | Path | None = None, batch_size: int = 8,
-              device: str = "cpu", limit: int | None = None) -> dict:
-    """Evaluate the model folder on a suite in process; write ``<suite>.json`` and ``<suite>.md``."""
-    if suite not in SUITES:
-        raise ValueError(f"unknown suite {suite!r}; choose one of {sorted(SUITES)}")
+def evaluate_folder(model_dir: str | Path, suites: list[str] = ("local",), tasks: list[str] | None = None,
+                    output_dir: str | Path | None = None, batch_size: int | str = 8, device: str = "cpu",
+                    dtype: str = "auto", limit: int | None = None, num_fewshot: int | None = None) -> dict[str, dict]:
+    """Evaluate a model folder with lm-eval's own loader, ``HFLM(pretrained=folder, device, dtype,
+    trust_remote_code=True)`` (so ``device`` and ``dtype`` are honoured), on each suite, or on ``tasks`` (any lm-eval
+    task, the local ones included) instead. ``num_fewshot`` replaces the suites' own settings. Writes
+    ``<name>.json`` (lm-eval's results) and ``<name>.md`` per suite (name "tasks" for ``tasks``) in ``output_dir``
+    (default ``model_dir/eval``); returns {name: results}."""
+    unknown = sorted(set(suites) - set(SUITES))
+    if unknown:
+        raise ValueError(f"unknown suite {unknown[0]!r}; choose from {sorted(SUITES)}")
     import lm_eval
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model_dir = Path(model_dir)
+    if not (model_dir / "config.json").is_file():
+        raise FileNotFoundError(f"{model_dir} is not a model folder (no config.json)")
     output_dir = Path(output_dir) if output_dir is not None else model_dir / "eval"
+    runs = {"tasks": {"tasks": list(tasks), "num_fewshot": None}} if tasks else {suite: SUITES[suite] for suite in suites}
+    language_model = HFLM(pretrained=str(model_dir), device=device, dtype=dtype, batch_size=batch_size,
+                          trust_remote_code=True)
     output_dir.mkdir(parents=True, exist_ok=True)
-    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    language_model = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, device=device)
-    if suite == "local":
-        manager = TaskManager(include_path=str(write_local_tasks(output_dir / "local_tasks")), include_defaults=False)
-    else:
-        manager = TaskManager()
-    settings = SUITES[suite]
-    results = lm_eval.simple_evaluate(model=language_model, tasks=settings["tasks"], num_fewshot=settings["num_fewshot"],
-                                      task_manager=manager, limit=limit, log_samples=False)
-    results = json.loads(json.dumps(results, default=str))  # lm-eval's numpy / dtype values as JSON
-    (output_dir / f"{suite}.json").write_text(json.dumps(results, indent=2))
-    (output_dir / f"{suite}.md").write_text(format_results_table(results) + "\n")
-    return results
+    local_tasks = str(write_local_tasks(output_dir / "local_tasks"))
+    evaluated = {}
+    for name, settings in runs.items():
+        manager = TaskManager(include_path=local_tasks, include_defaults=name != "local")
+        results = lm_eval.simple_evaluate(model=language_model, tasks=settings["tasks"], task_manager=manager,
+                                          num_fewshot=settings["num_fewshot"] if num_fewshot is None else num_fewshot,
+                                          limit=limit, log_samples=False)
+        results = json.loads(json.dumps(results, default=str))  # lm-eval's numpy / dtype values as JSON
+        results["config"].update(batch_size=batch_size, device=device)  # lm-eval leaves them out for a model object
+        (output_dir / f"{name}.json").write_text(json.dumps(results, indent=2))
+        (output_dir / f"{name}.md").write_text(format_results_table(results) + "\n")
+        evaluated[name] = results
+    return evaluated

@@ -17,7 +17,10 @@ import yaml
 from huggingface_hub import EvalResult, HfApi, ModelCard, ModelCardData
 from transformers import AutoConfig, AutoTokenizer
 
+from ..modeling.checks import MINIMUM_TRANSFORMERS
 from ..registry import ARCHITECTURES, TASKS, architecture, auto_map_for
+from ..training.data import image_processor_for
+from ..training.recipe import DataSection
 from ..training.tasks import training_task
 
 SKIPPED_CONFIG_KEYS = {"auto_map", "architectures", "transformers_version", "id2label", "label2id", "dtype"}
@@ -46,26 +49,60 @@ def load_for_export(model_dir: Path):
     return model, AutoTokenizer.from_pretrained(model_dir) if has_tokenizer else None, task
 
 
+PACKAGED_BUILDERS = {"json", "csv", "parquet", "text", "arrow", "imagefolder", "audiofolder", "webdataset", "pandas"}
+
+
+def hub_dataset_id(name: str | None) -> str | None:
+    """``name`` if it names a Hub dataset (not a `datasets` builder of local files, nor a local path)."""
+    if not name or name in PACKAGED_BUILDERS or Path(name).exists():
+        return None
+    return name
+
+
+def _recipe(model_dir: Path) -> dict | None:
+    path = model_dir / "recipe.yaml"
+    return yaml.safe_load(path.read_text()) if path.exists() else None
+
+
 def eval_results(model_dir: Path, pipeline_tag: str) -> list[EvalResult]:
-    """The validation metrics of an `energyzoo train` run (``training_metrics.json``; the loss excepted) and every
-    numeric metric of the lm-eval result files in ``model_dir/eval``, as `EvalResult`s."""
+    """The card's model-index: results on Hub datasets, named by their Hub ids - the validation metrics of an
+    `energyzoo train` run on a Hub source (``training_metrics.json``; the loss excepted) and every numeric metric of
+    the lm-eval result files in ``model_dir/eval`` whose task reads a Hub dataset (lm-eval's ``dataset_path``, with
+    its ``dataset_name`` as the config). Results on local or generated data stay in the card's tables."""
     results = []
-    metrics_path, recipe_path = model_dir / "training_metrics.json", model_dir / "recipe.yaml"
-    if metrics_path.exists() and recipe_path.exists():
-        source = yaml.safe_load(recipe_path.read_text())["data"]["source"]
+    recipe, metrics_path = _recipe(model_dir), model_dir / "training_metrics.json"
+    source = hub_dataset_id(recipe["data"].get("name")) if recipe and recipe["data"]["source"].startswith("hf") else None
+    if source and metrics_path.exists():
         for key, value in json.loads(metrics_path.read_text()).items():
             if key.startswith("validation_") and key != "validation_loss":
                 results.append(EvalResult(task_type=pipeline_tag, dataset_type=source, dataset_name=source,
-                                          dataset_split="validation", metric_type=key.removeprefix("validation_"),
-                                          metric_value=value))
+                                          dataset_config=recipe["data"].get("subset"), dataset_split="validation",
+                                          metric_type=key.removeprefix("validation_"), metric_value=value))
     for path in sorted((model_dir / "eval").glob("*.json")):
-        for task, metrics in json.loads(path.read_text()).get("results", {}).items():
+        evaluation = json.loads(path.read_text())
+        for task, metrics in evaluation.get("results", {}).items():
+            task_config = evaluation.get("configs", {}).get(task, {})
+            dataset = hub_dataset_id(task_config.get("dataset_path"))
+            if dataset is None:
+                continue
             for key, value in metrics.items():
                 if "," in key and "_stderr" not in key and isinstance(value, (int, float)):
-                    results.append(EvalResult(task_type=pipeline_tag, dataset_type=task, dataset_name=task,
-                                              metric_type=key.split(",")[0], metric_value=float(value),
-                                              task_name=f"{path.stem} suite"))
+                    results.append(EvalResult(
+                        task_type=pipeline_tag, dataset_type=dataset, dataset_name=task,
+                        dataset_config=task_config.get("dataset_name"), dataset_split=task_config.get("test_split"),
+                        metric_type=key.split(",")[0], metric_value=float(value),
+                        task_name=f"{task} ({evaluation.get('n-shot', {}).get(task, 0)}-shot, lm-eval)"))
     return results
+
+
+def card_datasets(model_dir: Path) -> list[str]:
+    """The Hub ids of the datasets the model was trained or evaluated on."""
+    recipe, names = _recipe(model_dir), []
+    if recipe and recipe["data"]["source"].startswith("hf"):
+        names.append(recipe["data"].get("name"))
+    for path in sorted((model_dir / "eval").glob("*.json")):
+        names.extend(task.get("dataset_path") for task in json.loads(path.read_text()).get("configs", {}).values())
+    return sorted({hub_dataset_id(name) for name in names} - {None})
 
 
 def _config_table(config) -> str:
@@ -83,14 +120,26 @@ def _training_data(model_dir: Path, task: str) -> str:
     recipe = yaml.safe_load(recipe_path.read_text())
     data, training = recipe["data"], recipe["training"]
     source = training_task(task).sources[data["source"]].format(**data)
+    metrics_path = model_dir / "training_metrics.json"
+    metrics = json.loads(metrics_path.read_text()) if metrics_path.exists() else {}
+    validation = ", ".join(f"{key.removeprefix('validation_')} {value:.4f}" for key, value in metrics.items()
+                           if key.startswith("validation_"))
     return (f"Trained with `energyzoo train` on {source}: {training['steps']} steps of {training['batch_size']} "
             f"examples, AdamW lr {training['learning_rate']}, weight decay {training['weight_decay']}, seed "
-            f"{training['seed']}. The full recipe is `recipe.yaml` in this repository.")
+            f"{training['seed']}. The full recipe is `recipe.yaml` in this repository."
+            + (f" Held-out validation at the end: {validation}." if validation else ""))
 
 
 def _eval_table(model_dir: Path) -> str:
-    tables = [f"Suite `{path.stem}` (lm-evaluation-harness, `energyzoo eval`):\n\n{path.read_text().strip()}"
-              for path in sorted((model_dir / "eval").glob("*.md"))]
+    tables = []
+    for path in sorted((model_dir / "eval").glob("*.md")):
+        settings = json.loads(path.with_suffix(".json").read_text()) if path.with_suffix(".json").exists() else {}
+        config = settings.get("config", {})
+        shots = ", ".join(f"{task} {shots}-shot" for task, shots in sorted(settings.get("n-shot", {}).items()))
+        tables.append(f"Suite `{path.stem}` (lm-evaluation-harness {settings.get('lm_eval_version', '')}, "
+                      f"`energyzoo eval`; {shots}; dtype {config.get('model_dtype')}, batch size "
+                      f"{config.get('batch_size')}, device {config.get('device')}, limit {config.get('limit')}):"
+                      f"\n\n{path.read_text().strip()}")
     return "\n\n".join(tables) if tables else "No evaluation results in the folder (run `energyzoo eval` before exporting)."
 
 
@@ -103,14 +152,18 @@ def render_card(model, model_dir: Path, task: str, repo_id: str | None = None) -
     # `energyzoo train` writes runs/<name>/model: name the card after the run
     name = repo_id.split("/")[-1] if repo_id else (folder.parent.name if folder.name == "model" else folder.name)
     results = eval_results(model_dir, TASKS[task].pipeline_tag)
+    recipe = _recipe(model_dir)
+    language = recipe["data"].get("language") if recipe else None
     card_data = ModelCardData(library_name="transformers", pipeline_tag=TASKS[task].pipeline_tag, license="apache-2.0",
                               tags=["energyzoo", model_type, "custom_code"], model_name=name,
+                              datasets=card_datasets(model_dir) or None, language=language,
                               eval_results=results or None)
     variables = dict(
         model_name=name, model_type=model_type, architecture=type(model).__name__,
         auto_class=TASKS[task].auto_class.__name__, task_description=TASKS[task].description,
         repo_id=repo_id or "path/to/this/folder", parameters=f"{sum(p.numel() for p in model.parameters()):,}",
         config_table=_config_table(config), training_data=_training_data(model_dir, task), eval_table=_eval_table(model_dir),
+        minimum_transformers=MINIMUM_TRANSFORMERS,
         **entry.card_facts(config),
     )
     template = resources.files("energyzoo") / "hub_cards" / entry.card_template
@@ -123,6 +176,9 @@ def export_folder(model_dir: str | Path, output_dir: str | Path, push_to: str | 
     model_dir, output_dir = Path(model_dir), Path(output_dir)
     model, tokenizer, task = load_for_export(model_dir)
     export_model(model, output_dir, tokenizer)
+    if task == "image-classification":
+        recipe = _recipe(model_dir)
+        image_processor_for(DataSection(**recipe["data"]) if recipe else None, model.config).save_pretrained(output_dir)
     render_card(model, model_dir, task, push_to).save(output_dir / "README.md")
     for extra in ("recipe.yaml", "training_metrics.json"):
         if (model_dir / extra).exists():

@@ -153,6 +153,15 @@ class FEMConfig(PreTrainedConfig):
         count = f"a list of num_hidden_layers ({self.num_hidden_layers}) entries"
         require(OWNER, len(self.layer_types) == self.num_hidden_layers, "layer_types", count, self.layer_types)
 
+    def to_dict(self) -> dict:
+        """The config as saved; ``layer_types`` is left out when it is the prior's own (rebuilt on load): transformers'
+        generic config, which `AutoTokenizer` reads when it may not run this file (no ``trust_remote_code``),
+        rejects cache-layer types it does not know."""
+        output = super().to_dict()
+        if output.get("layer_types") == [fem_layer_type(self.prior)] * self.num_hidden_layers:
+            del output["layer_types"]
+        return output
+
     @property
     def head_dim(self) -> int:
         """Per-head width of the prior's queries and keys (what RoPE rotates)."""

@@ -120,10 +120,14 @@ def average_angle(z: torch.Tensor) -> torch.Tensor:
 
 
 class HyperSETLayer(GradientCheckpointingLayer):
-    """One Hyper-SET layer: W, D and their RMSNorm gains; `forward` is one iteration (eq. 9 then eq. 11)."""
+    """One Hyper-SET layer: W, D and their RMSNorm gains; `forward` is one iteration (eq. 9 then eq. 11) and, on
+    request, its traced quantities. W and D are read inside `forward` only, where a sharded (FSDP) layer holds them
+    whole."""
 
     def __init__(self, config: HyperSETConfig):
         super().__init__()
+        # the energies' RMSNorm eps (None: float32's machine epsilon, as the float32 model's norms use)
+        self.energy_eps = config.rms_norm_eps or torch.finfo(torch.float32).eps
         self.heads = config.num_attention_heads
         self.attention = ATTENTIONS[config.attention_type]
         self.activation = {"standard": {"relu": F.relu, "gelu": F.gelu}[config.hidden_act],
@@ -152,8 +156,34 @@ class HyperSETLayer(GradientCheckpointingLayer):
         """x + gamma * D act(RMSNorm(D^T x)) (eq. 11; `ff_type` picks act)."""
         return x + gamma * (self.activation(self.ff_norm(F.linear(x, d))) @ d)
 
-    def forward(self, x, alpha, gamma, w, d):
-        return self.feedforward_step(self.attention_step(x, alpha, w), gamma, d)
+    def forward(self, x, alpha, gamma, lora: tuple[torch.Tensor, torch.Tensor] | None = None,
+                with_diagnostics: bool = False) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """(x after one iteration with the iteration's depth-wise LoRA updates, its `diagnostics` or {})."""
+        w, d = self.weights(lora)
+        updated = self.feedforward_step(self.attention_step(x, alpha, w), gamma, d)
+        return updated, self.diagnostics(x, updated, alpha, gamma, w, d) if with_diagnostics else {}
+
+    @torch.no_grad()
+    def diagnostics(self, before, after, alpha, gamma, w, d) -> dict[str, torch.Tensor]:
+        """The traced quantities of one iteration (`modeling_hyperset`'s docstring), per sample, in float32."""
+        after32 = after.float()
+        z = unit_projections(after32, w.float(), self.heads, self.energy_eps)
+        e_attn = projection_energy(z)
+        e_ff = feedforward_energy(after32, d.float(), self.energy_eps)
+
+        def per_sample(value):  # a per-token, per-channel step size (or a fixed scalar) averaged per sample
+            return value.float().expand_as(after).mean(dim=(1, 2))
+
+        return {
+            "energy": e_attn + e_ff,
+            "attention_energy": e_attn,
+            "feedforward_energy": e_ff,
+            "step_size": per_sample(alpha),
+            "feedforward_step_size": per_sample(gamma),
+            "residual": torch.linalg.vector_norm((after - before).float(), dim=-1).mean(-1),
+            "effective_rank": effective_rank(z).mean(1),
+            "average_angle": average_angle(z).mean(1),
+        }
 
 
 class HyperSETStepSizes(nn.Module):

@@ -26,11 +26,6 @@ from .hyperset_layer import (
     DepthwiseLoRA,
     HyperSETLayer,
     HyperSETStepSizes,
-    average_angle,
-    effective_rank,
-    feedforward_energy,
-    projection_energy,
-    unit_projections,
 )
 from .outputs import (
     BaseModelOutputWithPoolingAndEnergies,
@@ -174,17 +169,13 @@ class HyperSETModel(HyperSETPreTrainedModel):
         times = self.step_sizes.time_embeddings(iterations, x0) if self.step_sizes is not None else None
         x = x0
         for layer in self.layers:
-            base = layer.weights()
 
-            def step(index, state, layer=layer, base=base):
+            def step(index, state, layer=layer):
                 (current,) = state
                 alpha, gamma = self.step_size(times, index, x0, current)
-                w, d = base
-                if self.depthwise_lora is not None:
-                    delta_w, delta_d = self.depthwise_lora(index)
-                    w, d = w + delta_w, d + delta_d
-                updated = layer(current, alpha, gamma, w, d)
-                return (updated,), None, self.diagnostics(layer, current, updated, alpha, gamma, w, d) if records else {}
+                lora = self.depthwise_lora(index) if self.depthwise_lora is not None else None
+                updated, diagnostics = layer(current, alpha, gamma, lora, with_diagnostics=records is not None)
+                return (updated,), None, diagnostics
 
             refined = refine(step, (x,), iterations, records=records)
             (x,) = refined.state
@@ -199,31 +190,6 @@ class HyperSETModel(HyperSETPreTrainedModel):
             fixed = torch.tensor(self.config.fixed_step_size, dtype=current.dtype, device=current.device)
             return fixed, fixed
         return self.step_sizes(times[index], x0 if self.config.step_condition == "input" else current)
-
-    @torch.no_grad()
-    def diagnostics(self, layer, before, after, alpha, gamma, w, d) -> dict[str, torch.Tensor]:
-        """The traced quantities of one iteration (module docstring), per sample, in float32 with the model's
-        RMSNorm eps (None: float32's machine epsilon, as the float32 model's norms use)."""
-        eps = self.config.rms_norm_eps or torch.finfo(torch.float32).eps
-        after32 = after.float()
-        z = unit_projections(after32, w.float(), layer.heads, eps)
-        e_attn = projection_energy(z)
-        e_ff = feedforward_energy(after32, d.float(), eps)
-
-        def per_sample(value):  # a per-token, per-channel step size (or a fixed scalar) averaged per sample
-            return value.float().expand_as(after).mean(dim=(1, 2))
-
-        return {
-            "energy": e_attn + e_ff,
-            "attention_energy": e_attn,
-            "feedforward_energy": e_ff,
-            "step_size": per_sample(alpha),
-            "feedforward_step_size": per_sample(gamma),
-            "residual": torch.linalg.vector_norm((after - before).float(), dim=-1).mean(-1),
-            "effective_rank": effective_rank(z).mean(1),
-            "average_angle": average_angle(z).mean(1),
-        }
-
 
 class HyperSETHead(HyperSETPreTrainedModel):
     """A head on `HyperSETModel`: ``model`` runs the encoder, passing on ``output_energies`` and

@@ -184,7 +184,7 @@ class EntropyForce(nn.Module):
         super().__init__()
         self.kind = kind
         if kind == "prelu":
-            self.tel_slope = nn.Parameter(torch.empty(()))
+            self.tel_slope = nn.Parameter(torch.empty(1))  # 1-D: FSDP2 shards no 0-d parameter
             self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -192,7 +192,7 @@ class EntropyForce(nn.Module):
             nn.init.constant_(self.tel_slope, 0.25)
 
     def _slope(self) -> torch.Tensor:
-        return self.tel_slope.clamp(0.0, 1.0)  # keeps 0 <= phi' <= 1 (Assumption A0)
+        return self.tel_slope[0].clamp(0.0, 1.0)  # keeps 0 <= phi' <= 1 (Assumption A0)
 
     def forward(self, y: torch.Tensor) -> torch.Tensor:
         if self.kind == "silu":
@@ -329,7 +329,7 @@ class ThermodynamicRefinement(nn.Module):
         self.entropy_estimator = EntropyEstimator(s)
         self.tel_log_step_sizes = nn.Parameter(torch.empty(s.tel_steps, dtype=torch.float32))
         self.tel_log_temperature = nn.Parameter(
-            torch.empty(width if s.tel_temperature == "channel" else (), dtype=torch.float32)
+            torch.empty(width if s.tel_temperature == "channel" else 1, dtype=torch.float32)  # 1-D for FSDP2
         )
         self.reset_parameters()
 
@@ -424,7 +424,8 @@ class ThermodynamicRefinement(nn.Module):
         with_energy = s.tel_activation != "silu" and (record or early_exit is not None and s.tel_exit_rule == "energy")
         exit_rule = "residual" if s.tel_exit_rule == "gradient" else "free_energy_change"
         etas = self.step_sizes()
-        tau = _widened(self.tel_log_temperature).clamp(*self.log_temperature_bounds)  # Algorithm 1 line 2
+        tau = _widened(self.tel_log_temperature if s.tel_temperature == "channel" else self.tel_log_temperature[0])
+        tau = tau.clamp(*self.log_temperature_bounds)  # Algorithm 1 line 2
         tau = self._per_channel(tau, anchor.dim())
 
         def step(index: int, state: tuple):

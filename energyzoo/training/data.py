@@ -1,8 +1,10 @@
 """Training data: the text that is always there (DESIGN.md, "Data that is always there": the Python
-documentation shipped with CPython, scikit-learn's digits), local text/JSONL files and `datasets` sources;
+documentation shipped with CPython, scikit-learn's digits), local text/JSONL files and `datasets` sources (text streamed);
 a byte-level BPE tokenizer trained locally, and packing into fixed-length blocks."""
 
+import itertools
 import json
+import zlib
 
 import pydoc_data.topics
 
@@ -74,36 +76,64 @@ def read_documents(data) -> tuple[list[str], list[str]]:
     return split_documents(documents, data.validation_fraction)
 
 
-class ArrowBlocks:
-    """Packed token blocks in a memory-mapped `datasets.Dataset`, indexable like a (N, block_size) tensor."""
-
-    def __init__(self, dataset):
-        self.dataset = dataset
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, indices: torch.Tensor) -> torch.Tensor:
-        return torch.tensor(self.dataset[indices.tolist()]["input_ids"])
-
-
-def _hub_dataset(data):
+def _hub_dataset(data, streaming: bool = False):
     from datasets import load_dataset
 
     files = {"data_files": data.paths} if data.paths else {}
-    return load_dataset(data.name, data.subset, split=data.split, **files)
+    return load_dataset(data.name, data.subset, split=data.split, streaming=streaming, **files)
 
 
-def _packed(dataset, tokenizer, data) -> ArrowBlocks:
-    def pack(batch):
-        stream = []
-        for text in batch[data.text_field]:
-            stream.extend(tokenizer(text, add_special_tokens=False)["input_ids"])
-            stream.append(tokenizer.eos_token_id)
-        usable = len(stream) // data.block_size * data.block_size  # the tail of each map batch is dropped
-        return {"input_ids": [stream[i : i + data.block_size] for i in range(0, usable, data.block_size)]}
+def held_out(text: str, validation_fraction: float) -> bool:
+    """Whether a streamed document is validation text: its CRC-32 modulo k = 1 / fraction is 0. A rule on the text,
+    not on the position, so that it holds however the stream is sharded over processes."""
+    return zlib.crc32(text.encode()) % max(2, round(1 / validation_fraction)) == 0
 
-    return ArrowBlocks(dataset.map(pack, batched=True, remove_columns=dataset.column_names))
+
+class PackedStream:
+    """The training blocks of a streamed `datasets` text source (``data.source == "hf"``) for process ``rank`` of
+    ``world``, tokenised and packed on the fly: the documents that are not `held_out`, split over processes with
+    `datasets.distributed.split_dataset_by_node` (by file where the files divide evenly, else every world-th
+    document), each followed by EOS and cut into ``block_size`` blocks across document boundaries, as
+    `pack_into_blocks` cuts a list of documents.
+
+    `state_dict()` (documents read, tokens carried into the next block) is JSON; a stream built from it skips the
+    documents it read without tokenising them and continues with exactly the block that would have come next."""
+
+    def __init__(self, data, tokenizer, rank: int = 0, world: int = 1, state: dict | None = None):
+        self.data, self.tokenizer, self.rank, self.world = data, tokenizer, rank, world
+        state = state or {"documents": 0, "carry": []}
+        self.documents, self.carry = state["documents"], list(state["carry"])
+        self._blocks = self._generate()
+
+    def _generate(self):
+        from datasets.distributed import split_dataset_by_node
+
+        data, eos = self.data, self.tokenizer.eos_token_id
+        training = _hub_dataset(data, streaming=True).filter(
+            lambda row: not held_out(row[data.text_field], data.validation_fraction))
+        for row in split_dataset_by_node(training, self.rank, self.world).skip(self.documents):
+            self.carry.extend(self.tokenizer(row[data.text_field], add_special_tokens=False)["input_ids"] + [eos])
+            self.documents += 1
+            while len(self.carry) >= data.block_size:
+                block, self.carry = self.carry[: data.block_size], self.carry[data.block_size :]
+                yield block
+
+    def next_blocks(self, count: int) -> torch.Tensor:
+        blocks = list(itertools.islice(self._blocks, count))
+        if len(blocks) < count:
+            raise ValueError(f"the stream {self.data.name!r} ran out of documents for process {self.rank} "
+                             f"after {self.documents} documents; lower training.steps")
+        return torch.tensor(blocks)
+
+    def state_dict(self) -> dict:
+        return {"documents": self.documents, "carry": self.carry}
+
+
+def streamed_validation_blocks(data, tokenizer) -> torch.Tensor:
+    """Validation blocks of a streamed source: the `held_out` documents among its first ``data.examples``."""
+    first = itertools.islice(_hub_dataset(data, streaming=True), data.examples)
+    documents = [row[data.text_field] for row in first if held_out(row[data.text_field], data.validation_fraction)]
+    return pack_into_blocks(documents, tokenizer, data.block_size)
 
 
 def hub_image_split(data, seed: int):
@@ -139,21 +169,36 @@ def hub_sudoku_split(data, seed: int):
 
 
 def tokenizer_training_texts(data, limit: int = 50_000) -> list[str]:
-    """Texts to train a BPE tokenizer on: the training documents (the first `limit` of a `datasets` source)."""
+    """Texts to train a BPE tokenizer on: the training documents (the first `limit` of a streamed source)."""
     if data.source == "hf":
-        dataset = _hub_dataset(data)
-        return dataset.select(range(min(limit, len(dataset))))[data.text_field]
+        return [row[data.text_field] for row in itertools.islice(_hub_dataset(data, streaming=True), limit)]
     return read_documents(data)[0]
 
 
-def language_model_blocks(data, tokenizer):
-    """(train, validation) blocks of `data.block_size` tokens: tensors for in-memory sources, `ArrowBlocks`
-    (tokenised and packed with `datasets.map`, cached on disk) for `datasets` sources."""
-    if data.source == "hf":
-        parts = _hub_dataset(data).train_test_split(test_size=data.validation_fraction, shuffle=False)
-        return _packed(parts["train"], tokenizer, data), _packed(parts["test"], tokenizer, data)
+def language_model_blocks(data, tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
+    """(train, validation) blocks of `data.block_size` tokens of an in-memory text source."""
     train, validation = read_documents(data)
     return pack_into_blocks(train, tokenizer, data.block_size), pack_into_blocks(validation, tokenizer, data.block_size)
+
+
+def image_processor_for(data, config):
+    """The image processor that turns 8-bit images into the pixel values a classifier trained on ``data`` (a recipe's
+    `DataSection`, or None for a model trained elsewhere) saw: ``num_channels`` channels scaled to [-1, 1] (x / 127.5 - 1,
+    the scaling of `hub_image_split`; the digits' 0..16 are x / 8 - 1, i.e. the same for 8-bit images with 16 -> 255),
+    resized to the training size (PIL's bilinear; `hub_image_split` resizes tensors with torch's antialiased bilinear,
+    close but not bit-equal). What `pipeline("image-classification")` and the Hub widget use; a single-channel model's
+    turns its (RGB) images to grayscale first."""
+    from transformers import ViTImageProcessorPil
+
+    from ..modeling.image_processing_grayscale import GrayscaleImageProcessor
+
+    size = 8 if data is not None and data.source == "digits" else getattr(data, "image_size", None)
+    size = size or getattr(config, "image_size", None)
+    channels = config.num_channels
+    processor = GrayscaleImageProcessor if channels == 1 else ViTImageProcessorPil
+    return processor(do_resize=size is not None, size={"height": size, "width": size} if size else None,
+                     do_rescale=True, rescale_factor=1 / 255, do_normalize=True, image_mean=[0.5] * channels,
+                     image_std=[0.5] * channels, do_convert_rgb=channels == 3)
 
 
 def digits_split(validation_fraction: float, seed: int):

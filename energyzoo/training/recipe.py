@@ -14,14 +14,18 @@ Token budgets (``total_tokens``, ``batch_tokens``, ``warmup_tokens``) may replac
 warmup steps for language models: they are converted with the block size.
 """
 
+import difflib
+import importlib.util
 from dataclasses import asdict, dataclass, field, fields
 from importlib import resources
 from pathlib import Path
 
 import yaml
+from accelerate.utils import LoggerType
+from transformers import AutoConfig
 
 from ..modeling.checks import require
-from ..presets import preset_card
+from ..presets import config_from_preset, preset_card
 from .data import MASK_SCHEDULES
 from .tasks import TRAINING_TASKS, training_task
 
@@ -49,12 +53,19 @@ class ModelSection:
                     self.task)
             self.task = card_task
         require(owner, self.task in TRAINING_TASKS, "task", f"one of {sorted(TRAINING_TASKS)}", self.task)
+        base = config_from_preset(self.preset) if self.preset is not None else AutoConfig.for_model(**self.config)
+        for key in self.overrides:
+            close = difflib.get_close_matches(key, base.to_dict().keys(), n=1)
+            require(owner, hasattr(base, key), "overrides",
+                    f"fields of {type(base).__name__}" + (f" (did you mean {close[0]!r}?)" if close else ""), key)
 
 
 @dataclass
 class DataSection:
     """source: "python-docs" (embedded text), "digits" (embedded 8x8 images), "text" / "jsonl" (local files in
-    `paths`; JSONL reads `text_field`), "hf" (a `datasets` name, streamed; needs the network), "hf-images" /
+    `paths`; JSONL reads `text_field`), "hf" (a `datasets` text source, e.g. a Hub id or "json" with
+    `paths`: streamed, tokenised and packed on the fly, each process reading its share of the documents; validation
+    on the documents `training.data.held_out` picks among the first `examples`), "hf-images" /
     "hf-sudoku" (a `datasets` image-classification / Sudoku source: `image_column`, `label_column`, `image_size`
     / `puzzle_column`, `solution_column`; local files through `paths`), "sudoku"
     (`examples` generated unique-solution puzzles of box `sudoku_box` with `givens` = [min, max] givens),
@@ -62,7 +73,8 @@ class DataSection:
     "induction" (fresh induction-head sequences of a length drawn in `lengths` = [min, max] per step; validation on
     `examples` sequences of length `block_size`) or
     "digit-codes" / "digit-patches" (the digits as 17-code pixel grids / 4x4 grids of k-means patch codes,
-    masked on `mask_schedule`: "cosine", MaskGIT's, or "bernoulli-0.4", hyperset.txt D.4's). Which sources a model reads depends on its task (`training.tasks`)."""
+    masked on `mask_schedule`: "cosine", MaskGIT's, or "bernoulli-0.4", hyperset.txt D.4's). Which sources a model reads depends on its task (`training.tasks`).
+    `language` (ISO 639-1 codes) goes into the model card."""
 
     source: str = "python-docs"
     paths: list[str] = field(default_factory=list)
@@ -82,6 +94,7 @@ class DataSection:
     image_size: int | None = None
     puzzle_column: str = "puzzle"
     solution_column: str = "solution"
+    language: list[str] | None = None  # the text's languages (ISO 639-1) for the model card, e.g. [en]
 
     def validate(self, task: str) -> None:
         owner = "recipe data"
@@ -130,6 +143,9 @@ class TrainingSection:
     log_every: int = 10
     seed: int = 42
     num_threads: int | None = None  # CPU threads of this run (None: torch's default); tiny models run fastest on 1
+    activation_checkpointing: bool = False  # recompute each block in the backward pass (transformers' own)
+    # accelerate trackers beside metrics.jsonl: "auto" (tensorboard when installed), "none", or a list of names
+    report_to: str | list[str] = "auto"
     total_tokens: float | None = None
     batch_tokens: float | None = None
     warmup_tokens: float | None = None
@@ -143,8 +159,23 @@ class TrainingSection:
         if self.warmup_tokens is not None:
             self.warmup_steps = round(self.warmup_tokens / (self.batch_size * block_size))
 
+    def trackers(self) -> list[str]:
+        """The accelerate trackers `report_to` names ("auto": TensorBoard, offline, when it is installed)."""
+        if self.report_to == "auto":
+            return ["tensorboard"] if importlib.util.find_spec("tensorboard") else []
+        return [] if self.report_to == "none" else list(self.report_to)
+
     def validate(self) -> None:
         owner = "recipe training"
+        require(owner, isinstance(self.activation_checkpointing, bool), "activation_checkpointing", "true or false",
+                self.activation_checkpointing)
+        named = [self.report_to] if isinstance(self.report_to, str) else self.report_to
+        known = [tracker.value for tracker in LoggerType if tracker.value != "all"]
+        require(owner, isinstance(named, list) and all(name in ["auto", "none", *known] for name in named),
+                "report_to", f"'auto', 'none' or a list of {known}", self.report_to)
+        for name in self.trackers():
+            require(owner, importlib.util.find_spec(name) is not None, "report_to",
+                    f"installed trackers (pip install {name})", name)
         for name in ("steps", "batch_size", "gradient_accumulation", "save_every", "eval_every", "log_every"):
             value = getattr(self, name)
             require(owner, isinstance(value, int) and value >= 1, name, "an integer >= 1", value)
@@ -230,12 +261,23 @@ def shipped_recipe_path(name: str) -> Path:
     return Path(str(resources.files("energyzoo") / "configs" / file))
 
 
+def shipped_recipes() -> dict[str, tuple[str, Path]]:
+    """name -> (the first line of its header comment, path) of every recipe in `energyzoo/configs/`."""
+    recipes = {}
+    for path in sorted(shipped_recipe_path("fem-lm-tiny").parent.glob("*.yaml")):
+        if not path.stem.startswith("accelerate-"):
+            header = next((line for line in path.read_text().splitlines() if line.startswith("#")), "#")
+            recipes[path.stem] = (header.lstrip("# "), path)
+    return recipes
+
+
 def load_recipe(path_or_name: str | Path, overrides: list[str] = ()) -> Recipe:
     """Read a recipe file (or a shipped one by name) and apply overrides."""
     path = Path(path_or_name)
     if not path.is_file():
         path = shipped_recipe_path(str(path_or_name))
         if not path.is_file():
-            raise FileNotFoundError(f"no recipe file {path_or_name!r} (and no shipped recipe of that name)")
+            raise FileNotFoundError(f"no recipe file {str(path_or_name)!r} and no shipped recipe of that name; shipped: "
+                                    f"{', '.join(shipped_recipes())}")
     raw = yaml.safe_load(path.read_text()) or {}
     return recipe_from_dict(apply_overrides(raw, list(overrides)))

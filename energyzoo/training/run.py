@@ -1,24 +1,30 @@
 """`energyzoo train RECIPE.yaml [overrides]`: train any zoo model with accelerate.
 
 One process or many (``accelerate launch --num_processes N ...``: data parallel, gloo on CPU, NCCL on GPUs,
-FSDP/DeepSpeed through the accelerate configs in `configs/`). AdamW with decoupled weight decay, linear
-warmup + cosine decay (or the recipe's `lr_schedule`), gradient clipping, gradient accumulation, mixed precision
-where the device has it. Online tasks (induction heads) draw a fresh global batch per step instead.
+FSDP/DeepSpeed through the accelerate configs in `configs/`, see `energyzoo recipes`). AdamW with decoupled weight
+decay, linear warmup + cosine decay (or the recipe's `lr_schedule`), gradient clipping, gradient accumulation
+(`Accelerator.accumulate`), mixed precision where the device has it, activation checkpointing on request.
 
 Data order is a pure function of (seed, step): the global batch of step s is the s-th slice of a stream of
-seeded permutations of the training examples, and process p of P takes the p-th part of it. So a run
-resumed from a checkpoint continues with exactly the examples it would have seen, and P processes see
-the same global batches as one process (same global batch size, same loss curve up to float rounding).
+seeded permutations of the training examples (online tasks, e.g. induction heads, draw a fresh one), served by a
+DataLoader that accelerate prepares and shards: process p of P takes every p-th micro-batch. So a run resumed
+from a checkpoint continues with exactly the examples it would have seen, and P processes see the same global
+batches as one process (same global batch size, same loss curve up to float rounding). Streamed `datasets`
+sources are read by each process from its own share of the documents (`data.PackedStream`) and resume from the
+per-process stream positions saved in the checkpoint.
 
 Outputs in ``output_dir``: ``metrics.jsonl`` (step, loss, learning rate, evaluation rows), ``loss_curve.png``,
+``trackers/`` (accelerate's trackers named in ``training.report_to``: TensorBoard when installed),
 ``checkpoints/step-NNNNNNN/`` every ``save_every`` steps (model, optimiser, scheduler, RNG states and the
-step, via `Accelerator.save_state`), ``tokenizer/`` and the final ``model/`` folder (``save_pretrained``,
-tokenizer and recipe included), which `energyzoo eval` and `energyzoo export` take.
+step, via `Accelerator.save_state`, plus a loadable ``model/`` folder that `energyzoo eval` and `energyzoo export`
+take with ``--checkpoint step-N``), ``tokenizer/`` and the final ``model/`` folder (``save_pretrained`` of the
+state dict accelerate gathers from every process; tokenizer and recipe included), which `energyzoo eval` and
+`energyzoo export` take.
 """
 
 import json
+import math
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -26,11 +32,13 @@ from typing import Callable
 import torch
 import yaml
 from accelerate import Accelerator
-from accelerate.state import AcceleratorState
-from accelerate.utils import set_seed
+from accelerate.state import AcceleratorState, GradientState
+from accelerate.utils import ProjectConfiguration, set_seed
+from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoTokenizer, get_scheduler
 
+from ..modeling.checks import require
 from ..presets import config_from_preset
 from ..registry import ARCHITECTURES, TASKS, auto_map_for
 from .data import tokenizer_training_texts, train_bpe_tokenizer
@@ -38,7 +46,9 @@ from .recipe import Recipe
 from .tasks import TrainingData, TrainingTask, training_task
 
 CHECKPOINTS = "checkpoints"
+MODEL = "model"  # the saved model folder, in the run folder and in every checkpoint
 STATE_FILE = "trainer_state.json"
+TRACKERS = "trackers"  # accelerate's trackers (tensorboard, ...) log under output_dir/trackers/
 
 
 def prepare_data(recipe: Recipe, output_dir: Path, is_main: bool, accelerator: Accelerator):
@@ -92,10 +102,39 @@ class BatchSchedule:
                           for epoch in epochs.unique()])
 
 
+class ScheduledExamples(torch.utils.data.Dataset):
+    """Training examples by global position, for a DataLoader that accelerate prepares: position k is example
+    k mod B of the global batch of step k // B (B = ``batch_size``): a `BatchSchedule` slice of the training
+    tensors, or of an online task's fresh batch. A micro-batch never straddles two steps, so ``__getitems__`` fetches
+    it at once (torch's DataLoader calls it with the micro-batch's positions)."""
+
+    def __init__(self, data: TrainingData, batch_size: int, steps: int, seed: int):
+        self.data, self.batch_size, self.steps = data, batch_size, steps
+        self.schedule = None if data.train_batches else BatchSchedule(len(data.train_inputs), batch_size, seed)
+
+    def __len__(self) -> int:
+        return self.steps * self.batch_size
+
+    def __getitems__(self, positions: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        positions = torch.as_tensor(positions)
+        step, rows = int(positions[0]) // self.batch_size, positions % self.batch_size
+        if self.schedule is None:
+            inputs, labels = self.data.train_batches(step, self.batch_size)
+            return inputs[rows], labels[rows]
+        indices = self.schedule.global_batch(step)[rows]
+        return self.data.train_inputs[indices], self.data.train_labels[indices]
+
+
+def _fetched_batch(batch):
+    """The DataLoader's collate function: `ScheduledExamples.__getitems__` returns whole batches already."""
+    return batch
+
+
 @torch.no_grad()
 def evaluate(model, data: TrainingData, task: TrainingTask, accelerator: Accelerator, batch_size: int = 32) -> dict:
     """Validation loss and the task's metrics (the data's own, where it has them), each process on its share, summed
-    over processes."""
+    over processes. Every process runs the same number of forward passes (a sharded model gathers its weights in
+    each one): a process whose share is used up runs its last batches on the first example and drops the result."""
     model.eval()
     totals: dict[str, torch.Tensor] = {}
 
@@ -103,16 +142,19 @@ def evaluate(model, data: TrainingData, task: TrainingTask, accelerator: Acceler
         pair = torch.stack([torch.as_tensor(numerator), torch.as_tensor(denominator)]).float().to(accelerator.device)
         totals[name] = totals.get(name, torch.zeros(2, device=accelerator.device)) + pair
 
-    share = range(accelerator.process_index, len(data.validation_inputs), accelerator.num_processes)
-    indices = torch.tensor(list(share), dtype=torch.long)
-    for start in range(0, len(indices), batch_size):
-        chunk = indices[start : start + batch_size]
+    examples, processes = len(data.validation_inputs), accelerator.num_processes
+    share = torch.arange(accelerator.process_index, examples, processes)
+    for start in range(0, math.ceil(examples / processes), batch_size):
+        chunk = share[start : start + batch_size]
+        counted = len(chunk) > 0
+        chunk = chunk if counted else torch.zeros(1, dtype=torch.long)
         labels = data.validation_labels[chunk].to(accelerator.device)
         inputs = data.validation_inputs[chunk].to(accelerator.device)
         outputs = model(**task.model_inputs(inputs, labels), **task.model_options)
-        add("loss", outputs.loss * len(chunk), len(chunk))
-        for name, (numerator, denominator) in (data.metrics or task.metrics)(outputs, labels).items():
-            add(name, numerator, denominator)
+        if counted:
+            add("loss", outputs.loss * len(chunk), len(chunk))
+            for name, (numerator, denominator) in (data.metrics or task.metrics)(outputs, labels).items():
+                add(name, numerator, denominator)
     model.train()
     names = sorted(totals)  # the same order on every process
     reduced = accelerator.reduce(torch.stack([totals[name] for name in names]), reduction="sum")
@@ -187,17 +229,40 @@ def run_training(recipe: Recipe, resume: bool = False, stop_after: int | None = 
         torch.set_num_threads(threads)
 
 
+def _accelerator(recipe: Recipe) -> Accelerator:
+    settings = recipe.training
+    # A previous run in this process leaves accelerate's singleton states behind (its mixed precision, its
+    # last DataLoader); the distributed state itself is kept.
+    AcceleratorState._reset_state()
+    GradientState._reset_state()
+    return Accelerator(mixed_precision=settings.mixed_precision, cpu=not torch.cuda.is_available(),
+                       gradient_accumulation_steps=settings.gradient_accumulation,
+                       # the scheduler counts global steps: it steps once per optimiser step, not once per process
+                       step_scheduler_with_optimizer=False,
+                       log_with=settings.trackers() or None,
+                       project_config=ProjectConfiguration(recipe.output_dir, str(Path(recipe.output_dir) / TRACKERS)))
+
+
+def tracker_config(recipe: Recipe) -> dict:
+    """The recipe flattened to ``section.key: scalar`` (trackers take scalars as hyperparameters)."""
+    flat = {}
+    for section, values in recipe.to_dict().items():
+        for key, value in (values.items() if isinstance(values, dict) else [(None, values)]):
+            name = section if key is None else f"{section}.{key}"
+            flat[name] = value if value is None or isinstance(value, (bool, int, float, str)) else str(value)
+    return flat
+
+
 def _train(recipe: Recipe, resume: bool, stop_after: int | None, progress: bool,
            evaluation_hook: Callable | None) -> TrainingResult:
     settings = recipe.training
     output_dir = Path(recipe.output_dir)
-    # A previous run in this process leaves accelerate's singleton state behind (its mixed precision among
-    # it); the distributed state itself is kept.
-    AcceleratorState._reset_state()
-    accelerator = Accelerator(mixed_precision=settings.mixed_precision, cpu=not torch.cuda.is_available())
-    if settings.batch_size % (accelerator.num_processes * settings.gradient_accumulation):
-        raise ValueError(f"training.batch_size {settings.batch_size} must divide into {accelerator.num_processes} "
-                         f"processes x {settings.gradient_accumulation} accumulation steps")
+    accelerator = _accelerator(recipe)
+    processes, rank, accumulation = accelerator.num_processes, accelerator.process_index, settings.gradient_accumulation
+    if settings.batch_size % (processes * accumulation):
+        raise ValueError(f"training.batch_size {settings.batch_size} must divide into {processes} "
+                         f"processes x {accumulation} accumulation steps")
+    micro = settings.batch_size // (processes * accumulation)  # examples per forward pass of one process
     is_main = accelerator.is_main_process
     if is_main:
         output_dir.mkdir(parents=True, exist_ok=True)
@@ -205,16 +270,29 @@ def _train(recipe: Recipe, resume: bool, stop_after: int | None, progress: bool,
     set_seed(settings.seed)
     task = training_task(recipe.task)
     data, tokenizer = prepare_data(recipe, output_dir, is_main, accelerator)
+    if len(data.validation_inputs) < processes:
+        raise ValueError(f"{len(data.validation_inputs)} validation examples cannot be shared by {processes} processes")
     model = build_model(recipe, tokenizer)
+    if settings.activation_checkpointing:
+        require("recipe training", model.supports_gradient_checkpointing, "activation_checkpointing",
+                f"false for {type(model).__name__}, which has no checkpointed blocks", True)
+        model.activation_checkpointing_enable({"use_reentrant": False})
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": settings.weight_decay},
                                    {"params": no_decay, "weight_decay": 0.0}],
                                   lr=settings.learning_rate, betas=settings.adam_betas)
     scheduler = get_scheduler(settings.lr_schedule, optimizer, settings.warmup_steps, settings.steps)
-    model, optimizer = accelerator.prepare(model, optimizer)
-    # Not prepared: accelerate would step it once per process, but every step here is one global batch.
-    accelerator.register_for_checkpointing(scheduler)
+    if data.train_stream is None:
+        # accelerate gives process p every p-th micro-batch of this loader, so the micro-batches of one step are
+        # the step's global batch in any number of processes (and DeepSpeed reads its micro-batch size here)
+        loader = DataLoader(ScheduledExamples(data, settings.batch_size, settings.steps, settings.seed),
+                            batch_size=micro, collate_fn=_fetched_batch)
+        model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
+    else:
+        if accelerator.state.deepspeed_plugin is not None:  # a stream has no DataLoader to read it from
+            accelerator.state.deepspeed_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = micro
+        model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
 
     metrics_path = output_dir / "metrics.jsonl"
     start_step = 0
@@ -228,10 +306,19 @@ def _train(recipe: Recipe, resume: bool, stop_after: int | None, progress: bool,
             _truncate_metrics(metrics_path, start_step)
     elif is_main and metrics_path.exists():
         metrics_path.unlink()
+    if data.train_stream is None:
+        batches = iter(accelerator.skip_first_batches(loader, start_step * accumulation) if start_step else loader)
+    else:
+        state = json.loads((checkpoint / _stream_state_file(rank)).read_text()) if checkpoint else None
+        stream = data.train_stream(rank, processes, state)
+        batches = ((blocks, blocks) for blocks in iter(lambda: stream.next_blocks(micro), None))
+    accelerator.init_trackers(output_dir.name, config=tracker_config(recipe))
 
-    schedule = None if data.train_batches else BatchSchedule(len(data.train_inputs), settings.batch_size, settings.seed)
-    per_process = settings.batch_size // accelerator.num_processes
-    micro = per_process // settings.gradient_accumulation
+    def log(row: dict) -> None:
+        if is_main:
+            _append_metrics(metrics_path, row)
+        accelerator.log({key: value for key, value in row.items() if key != "step"}, step=row["step"])
+
     end_step = settings.steps if stop_after is None else min(settings.steps, start_step + stop_after)
     losses, final_metrics = [], {}
     started = time.perf_counter()
@@ -242,74 +329,108 @@ def _train(recipe: Recipe, resume: bool, stop_after: int | None, progress: bool,
         model.eval()
         initial = evaluation_hook(accelerator.unwrap_model(model), 0)
         model.train()
-        if is_main:
-            _append_metrics(metrics_path, {"step": 0, **initial})
+        log({"step": 0, **initial})
     for step in bar:
-        share = slice(accelerator.process_index * per_process, (accelerator.process_index + 1) * per_process)
-        if schedule is None:
-            all_inputs, all_labels = data.train_batches(step, settings.batch_size)
-            step_inputs, step_labels = all_inputs[share], all_labels[share]
-        else:
-            indices = schedule.global_batch(step)[share]
-            step_inputs, step_labels = data.train_inputs[indices], data.train_labels[indices]
         step_loss = torch.zeros((), device=accelerator.device)
         parts: dict[str, torch.Tensor] = {}
-        for index in range(settings.gradient_accumulation):
-            chunk = slice(index * micro, (index + 1) * micro)
-            inputs = step_inputs[chunk].to(accelerator.device)
-            labels = step_labels[chunk].to(accelerator.device)
-            last = index == settings.gradient_accumulation - 1
-            with nullcontext() if last else accelerator.no_sync(model):
-                outputs = model(**task.model_inputs(inputs, labels), **task.model_options)
-                loss = outputs.loss / settings.gradient_accumulation
-                accelerator.backward(loss)
-            step_loss += loss.detach()
+        for _ in range(accumulation):
+            inputs, labels = next(batches)
+            with accelerator.accumulate(model):  # syncs, clips and steps on the last micro-batch only
+                outputs = model(**task.model_inputs(inputs.to(accelerator.device), labels.to(accelerator.device)),
+                                **task.model_options)
+                accelerator.backward(outputs.loss)
+                if accelerator.sync_gradients:
+                    accelerator.clip_grad_norm_(model.parameters(), settings.max_grad_norm)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            step_loss += outputs.loss.detach() / accumulation
             for name, value in scalar_outputs(outputs).items():
-                parts[name] = parts.get(name, 0) + value / settings.gradient_accumulation
-        accelerator.clip_grad_norm_(model.parameters(), settings.max_grad_norm)
-        optimizer.step()
+                parts[name] = parts.get(name, 0) + value / accumulation
         scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
         global_loss = float(accelerator.reduce(step_loss, reduction="mean"))
         losses.append(global_loss)
         done = step + 1
         bar.set_postfix(loss=f"{global_loss:.4f}")
         if done % settings.log_every == 0 or done == settings.steps:
             reduced = {name: float(accelerator.reduce(value, reduction="mean")) for name, value in sorted(parts.items())}
-            if is_main:
-                _append_metrics(metrics_path, {"step": done, "loss": global_loss, **reduced,
-                                               "learning_rate": scheduler.get_last_lr()[0],
-                                               "seconds": time.perf_counter() - started})
+            log({"step": done, "loss": global_loss, **reduced, "learning_rate": scheduler.get_last_lr()[0],
+                 "seconds": time.perf_counter() - started})
         if done % settings.eval_every == 0 or done == settings.steps:
             final_metrics = evaluate(model, data, task, accelerator)
             if evaluation_hook is not None:
                 model.eval()
                 final_metrics.update(evaluation_hook(accelerator.unwrap_model(model), done))
                 model.train()
-            if is_main:
-                _append_metrics(metrics_path, {"step": done, **final_metrics})
+            log({"step": done, **final_metrics})
         if done % settings.save_every == 0 and done < settings.steps:
             path = output_dir / CHECKPOINTS / f"step-{done:07d}"
             accelerator.save_state(str(path))
+            save_model_folder(accelerator, model, path / MODEL, tokenizer, output_dir,
+                              {"steps": done, "processes": processes, **final_metrics})
+            if data.train_stream is not None:
+                path.mkdir(parents=True, exist_ok=True)
+                (path / _stream_state_file(rank)).write_text(json.dumps(stream.state_dict()))
             if is_main:
                 (path / STATE_FILE).write_text(json.dumps({"step": done}))
             accelerator.wait_for_everyone()
     bar.close()
+    for tracker in accelerator.trackers:  # not `end_training`, which also ends the distributed state
+        tracker.finish()
     last_step = end_step
     if last_step < settings.steps:
         return TrainingResult(output_dir, None, last_step, losses, final_metrics)
 
-    model_dir = output_dir / "model"
+    model_dir = output_dir / MODEL
+    save_model_folder(accelerator, model, model_dir, tokenizer, output_dir,
+                      {"steps": settings.steps, "processes": processes, **final_metrics})
     if is_main:
-        unwrapped = accelerator.unwrap_model(model)
-        if unwrapped.config.model_type in ARCHITECTURES:  # vanilla baselines (a ViT, a Llama) need no remote code
-            unwrapped.config.auto_map = auto_map_for(unwrapped.config.model_type)
-        unwrapped.save_pretrained(model_dir)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(model_dir)
-        (model_dir / "recipe.yaml").write_text((output_dir / "recipe.yaml").read_text())
-        (model_dir / "training_metrics.json").write_text(json.dumps(
-            {"steps": settings.steps, "processes": accelerator.num_processes, **final_metrics}))
         plot_loss_curve(metrics_path, output_dir / "loss_curve.png")
     accelerator.wait_for_everyone()
     return TrainingResult(output_dir, model_dir, last_step, losses, final_metrics)
+
+
+def _stream_state_file(rank: int) -> str:
+    return f"stream_state_{rank}.json"
+
+
+def save_model_folder(accelerator: Accelerator, model, model_dir: Path, tokenizer, output_dir: Path,
+                      metrics: dict) -> None:
+    """A folder `from_pretrained`, `energyzoo eval` and `energyzoo export` take, called on every process: the full
+    state dict gathered by accelerate (FSDP and ZeRO-3 shards included) saved by the main process, with the
+    tokenizer, the recipe and ``training_metrics.json``."""
+    state_dict = accelerator.get_state_dict(model)
+    unwrapped = accelerator.unwrap_model(model)
+    if unwrapped.config.model_type in ARCHITECTURES:  # vanilla baselines (a ViT, a Llama) need no remote code
+        unwrapped.config.auto_map = auto_map_for(unwrapped.config.model_type)
+    unwrapped.save_pretrained(model_dir, is_main_process=accelerator.is_main_process, state_dict=state_dict,
+                              save_function=accelerator.save)
+    if accelerator.is_main_process:
+        if tokenizer is not None:
+            tokenizer.save_pretrained(model_dir)
+        (model_dir / "recipe.yaml").write_text((output_dir / "recipe.yaml").read_text())
+        (model_dir / "training_metrics.json").write_text(json.dumps(metrics))
+
+
+def model_folder(path: str | Path, checkpoint: str | None = None) -> Path:
+    """The model folder to evaluate or export, checked on disk before anything can reach the network: ``path``
+    itself (a folder with a config.json), or with ``checkpoint`` ("step-N", or a checkpoint folder) the model saved
+    in that checkpoint of the run folder ``path`` (or of the run whose ``model/`` folder ``path`` is)."""
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path} is not a folder")
+    if checkpoint is not None:
+        run = path.parent if path.name == MODEL and not (path / CHECKPOINTS).is_dir() else path
+        chosen = Path(checkpoint)
+        if not chosen.is_dir():
+            step = checkpoint.removeprefix("step-")
+            if not step.isdigit():
+                raise ValueError(f"--checkpoint must be step-N or a checkpoint folder, got {checkpoint!r}")
+            chosen = run / CHECKPOINTS / f"step-{int(step):07d}"
+        path = chosen / MODEL
+        if not path.is_dir():
+            saved = ", ".join(folder.name for folder in sorted((run / CHECKPOINTS).glob("step-*"))) or "none"
+            raise FileNotFoundError(f"no model in checkpoint {chosen} (checkpoints of {run}: {saved})")
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{path} has no config.json: not a model folder (a run folder takes --checkpoint, "
+                                f"or use its {MODEL}/ folder)")
+    return path

@@ -10,7 +10,16 @@ from typing import Callable
 
 import torch
 
-from .data import cumulative_parity_split, digit_code_split, digits_split, hub_image_split, hub_sudoku_split, language_model_blocks
+from .data import (
+    PackedStream,
+    cumulative_parity_split,
+    digit_code_split,
+    digits_split,
+    hub_image_split,
+    hub_sudoku_split,
+    language_model_blocks,
+    streamed_validation_blocks,
+)
 from .image_tokenizer import digit_patch_split
 from .induction import induction_batch, induction_metrics, training_batch
 from .sudoku import sudoku_split
@@ -19,8 +28,9 @@ from .sudoku import sudoku_split
 @dataclass
 class TrainingData:
     """Examples as tensors. Online tasks give ``train_batches(step) -> (inputs, labels)``, the fresh global batch of a
-    step of a global batch size (a pure function of both), instead of training tensors; ``metrics`` replaces the task's where the data
-    needs its own (the induction task's aligned labels)."""
+    step of a global batch size (a pure function of both), instead of training tensors; streamed sources give
+    ``train_stream(rank, world, state) -> PackedStream``, one process's blocks; ``metrics`` replaces the task's where
+    the data needs its own (the induction task's aligned labels)."""
 
     train_inputs: torch.Tensor | None
     train_labels: torch.Tensor | None
@@ -28,6 +38,7 @@ class TrainingData:
     validation_labels: torch.Tensor
     train_batches: Callable[[int, int], tuple[torch.Tensor, torch.Tensor]] | None = None
     metrics: Callable | None = None
+    train_stream: Callable[[int, int, dict | None], PackedStream] | None = None
 
 
 @dataclass(frozen=True)
@@ -55,6 +66,10 @@ def _language_model_data(data, tokenizer, seed) -> TrainingData:
                             train_batches=lambda step, batch: training_batch(seed, step, batch, lengths))
     if data.source == "parity":
         return TrainingData(*cumulative_parity_split(data.examples, data.block_size, data.validation_fraction, seed))
+    if data.source == "hf":
+        validation = streamed_validation_blocks(data, tokenizer)
+        return TrainingData(None, None, validation, validation,
+                            train_stream=lambda rank, world, state: PackedStream(data, tokenizer, rank, world, state))
     train, validation = language_model_blocks(data, tokenizer)
     return TrainingData(train, train, validation, validation)
 
@@ -91,7 +106,7 @@ TRAINING_TASKS = {
                                 "{block_size} tokens",
                  "text": "local text files ({paths}) in blocks of {block_size} tokens",
                  "jsonl": "the `{text_field}` field of local JSONL files ({paths}) in blocks of {block_size} tokens",
-                 "hf": "the `datasets` source `{name}` in blocks of {block_size} tokens",
+                 "hf": "the `datasets` source `{name}` (streamed) in blocks of {block_size} tokens",
                  "parity": "{examples} random bit strings of length {block_size} labelled with their cumulative "
                            "parity (eqt.txt eq. 44)",
                  "induction": "fresh induction-head sequences (Sanford et al.'s full-sequence task, 4 symbols, 1 hop) "

@@ -1,0 +1,133 @@
+"""The `energyzoo` command as a user meets it: one-line answers to bad input (exit code 2, a traceback only with
+--debug), local paths checked before the network, `recipes`, a fast --help, `eval` flags passed through to lm-eval,
+intermediate checkpoints evaluated and exported, trackers beside metrics.jsonl."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from energyzoo.cli import main
+from energyzoo.training.recipe import load_recipe, shipped_recipe_path
+from energyzoo.training.run import run_training
+
+ONLINE = {**os.environ, "HF_HUB_OFFLINE": "0", "HF_DATASETS_OFFLINE": "0"}  # a Hub lookup would wait on the network
+TINY = ["training.steps=4", "training.save_every=2", "training.eval_every=2", "training.log_every=1",
+        "training.warmup_steps=1", "training.batch_size=4", "model.overrides.hidden_size=32",
+        "model.overrides.intermediate_size=64", "model.overrides.num_hidden_layers=2", "tokenizer.train_vocab_size=300"]
+
+
+def energyzoo(*args) -> subprocess.CompletedProcess:
+    """The installed console script, as a user runs it."""
+    return subprocess.run(["energyzoo", *args], capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def run_folder(tmp_path_factory):
+    output = tmp_path_factory.mktemp("run")
+    run_training(load_recipe("fem-lm-tiny", [*TINY, f"output_dir={output}"]), progress=False)
+    return output
+
+
+def test_help_answers_in_under_a_second():
+    energyzoo("--help")  # warm the file cache
+    started = time.perf_counter()
+    done = energyzoo("--help")
+    assert time.perf_counter() - started < 1.0
+    assert done.returncode == 0 and "recipes" in done.stdout and "--debug" in done.stdout
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["train", "fem-lm-tinyy"], "no recipe file 'fem-lm-tinyy' and no shipped recipe of that name; shipped: "),
+    (["train", "fem-lm-tiny", "model.preset=fem-lm-tinyy"], "Unknown preset 'fem-lm-tinyy'; known presets: "),
+    (["train", "fem-lm-tiny", "training.steps"], "override 'training.steps' must look like section.key=value"),
+    (["train", "fem-lm-tiny", "training.learning_rte=0.1"], "recipe section 'training' has unknown keys"),
+    (["train", "fem-lm-tiny", "model.overrides.hidden_sise=32"],
+     "recipe model.overrides must be fields of FEMConfig (did you mean 'hidden_size'?), got 'hidden_sise'"),
+    (["eval", "runs/no-such-run"], "runs/no-such-run is not a folder"),
+    (["export", "missing_dir", "out"], "missing_dir is not a folder"),
+])
+def test_bad_input_is_answered_in_one_line_with_exit_code_2(args, message, tmp_path):
+    started = time.perf_counter()
+    done = subprocess.run(["energyzoo", *args], capture_output=True, text=True, timeout=300, env=ONLINE, cwd=tmp_path)
+    assert time.perf_counter() - started < 20  # no network wait (the old export waited 31 s on the Hub)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"energyzoo {args[0]}: error: ") and message in lines[0], done.stderr
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "out").exists()  # nothing created on the way
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    done = subprocess.run(["energyzoo", "--debug", "export", "missing_dir", "out"], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)
+    assert done.returncode == 1 and "Traceback (most recent call last)" in done.stderr
+    assert "FileNotFoundError: missing_dir is not a folder" in done.stderr
+
+
+def test_export_refuses_non_zoo_folders_in_one_line(tmp_path, capsys):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50)).save_pretrained(tmp_path / "gpt2")
+    assert main(["export", str(tmp_path / "gpt2"), str(tmp_path / "out")]) == 2
+    assert "holds a 'gpt2' model; energyzoo exports" in capsys.readouterr().err
+
+
+def test_recipes_lists_every_shipped_recipe_and_the_accelerate_configs(capsys):
+    assert main(["recipes"]) == 0
+    printed = capsys.readouterr().out
+    configs = shipped_recipe_path("fem-lm-tiny").parent
+    for path in configs.glob("*.yaml"):
+        if not path.stem.startswith("accelerate-"):
+            assert f"  {path.stem}  " in printed or f"  {path.stem} " in printed, path.stem
+    assert str(configs) in printed and "accelerate-fsdp.yaml" in printed
+    assert "FEM-LM (softmax prior) 340m on FineWeb-Edu" in printed  # a recipe's header line
+
+
+def test_eval_passes_its_settings_to_lm_eval_and_reads_checkpoints(run_folder, capsys):
+    code = main(["eval", str(run_folder), "--checkpoint", "step-2", "--tasks", "energyzoo_pydoc_mc", "--dtype",
+                 "bfloat16", "--num-fewshot", "1", "--limit", "5", "--batch-size", "4"])
+    assert code == 0
+    checkpoint_model = run_folder / "checkpoints" / "step-0000002" / "model"
+    written = json.loads((checkpoint_model / "eval" / "tasks.json").read_text())
+    assert written["config"]["model_dtype"] == "torch.bfloat16"  # lm-eval's own record of what it loaded
+    assert written["n-shot"] == {"energyzoo_pydoc_mc": 1}
+    assert written["n-samples"]["energyzoo_pydoc_mc"]["effective"] == 5
+    assert written["config"]["batch_size"] == "4"
+    # the checkpoint's model is the one accelerate saved at step 2, not the final one
+    saved = load_file(run_folder / "checkpoints" / "step-0000002" / "model.safetensors")
+    exported = load_file(checkpoint_model / "model.safetensors")
+    final = load_file(run_folder / "model" / "model.safetensors")
+    name = "model.layers.0.mlp.up_proj.weight"
+    assert torch.equal(exported[name], saved[name]) and not torch.equal(exported[name], final[name])
+
+
+def test_a_missing_checkpoint_lists_the_saved_ones(run_folder, capsys):
+    assert main(["export", str(run_folder), str(run_folder / "out"), "--checkpoint", "step-3"]) == 2
+    error = capsys.readouterr().err
+    assert "no model in checkpoint" in error and "step-0000002" in error
+
+
+def test_training_logs_to_tensorboard_beside_metrics_jsonl(run_folder):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    logs = next((run_folder / "trackers").rglob("events.out.tfevents.*")).parent
+    events = EventAccumulator(str(logs))
+    events.Reload()
+    rows = [json.loads(line) for line in (run_folder / "metrics.jsonl").read_text().splitlines()]
+    losses = [(row["step"], row["loss"]) for row in rows if "loss" in row]
+    logged = [(event.step, event.value) for event in events.Scalars("loss")]
+    assert [step for step, _ in logged] == [step for step, _ in losses]
+    assert [value for _, value in logged] == pytest.approx([value for _, value in losses])
+    assert [event.step for event in events.Scalars("validation_loss")] == [2, 4]
+
+
+def test_report_to_names_unknown_or_missing_trackers():
+    with pytest.raises(ValueError, match="report_to"):
+        load_recipe("fem-lm-tiny", ["training.report_to=[tensorbord]"])
+    assert load_recipe("fem-lm-tiny", ["training.report_to=none"]).training.trackers() == []
