@@ -107,6 +107,16 @@ def test_eval_passes_its_settings_to_lm_eval_and_reads_checkpoints(run_folder, c
     assert torch.equal(exported[name], saved[name]) and not torch.equal(exported[name], final[name])
 
 
+def test_export_takes_an_intermediate_checkpoint(run_folder, tmp_path):
+    assert main(["export", str(run_folder / "model"), str(tmp_path / "export"), "--checkpoint", "step-2"]) == 0
+    exported = load_file(tmp_path / "export" / "model.safetensors")
+    saved = load_file(run_folder / "checkpoints" / "step-0000002" / "model.safetensors")  # accelerate's own save
+    assert exported.keys() <= saved.keys()
+    for name in exported:
+        assert torch.equal(exported[name], saved[name]), name
+    assert json.loads((tmp_path / "export" / "training_metrics.json").read_text())["steps"] == 2
+
+
 def test_a_missing_checkpoint_lists_the_saved_ones(run_folder, capsys):
     assert main(["export", str(run_folder), str(run_folder / "out"), "--checkpoint", "step-3"]) == 2
     error = capsys.readouterr().err

@@ -86,3 +86,39 @@ def test_a_killed_and_resumed_streamed_run_ends_with_the_weights_of_an_uninterru
         assert torch.equal(expected[name], actual[name]), name
     # validation: the held-out documents among the first `examples`, packed
     assert whole.final_metrics["validation_loss"] == resumed.final_metrics["validation_loss"]
+
+
+def test_two_processes_stream_their_shares_and_resume_from_their_own_positions(corpus, tmp_path):
+    """`accelerate launch` with 2 processes on a streamed source: killed after step 4, resumed from step 3's
+    checkpoint (one stream position per process), it ends with the weights of an uninterrupted 2-process run."""
+    import os
+    import subprocess
+    import sys
+
+    from energyzoo.training.recipe import shipped_recipe_path
+
+    path, _, _ = corpus
+    config = shipped_recipe_path("accelerate-cpu-2proc")
+
+    def launch(output, *extra):
+        command = [sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch", "--config_file", str(config),
+                   "-m", "energyzoo.cli", "train", "fem-lm-tiny", "data.source=hf", "data.name=json",
+                   f"data.paths=[{path}]", f"data.block_size={BLOCK}", "training.steps=6", "training.save_every=3",
+                   "training.eval_every=3", "training.warmup_steps=1", "training.batch_size=4",
+                   "model.overrides.hidden_size=32", "model.overrides.intermediate_size=64",
+                   "model.overrides.num_hidden_layers=2", "tokenizer.train_vocab_size=300", f"output_dir={output}",
+                   *extra]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=600,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+        assert done.returncode == 0, done.stderr[-3000:]
+
+    launch(tmp_path / "whole")
+    launch(tmp_path / "resumed", "--stop-after", "4")
+    checkpoint = tmp_path / "resumed" / "checkpoints" / "step-0000003"
+    positions = [json.loads((checkpoint / f"stream_state_{rank}.json").read_text())["documents"] for rank in (0, 1)]
+    assert all(count > 0 for count in positions)
+    launch(tmp_path / "resumed", "--resume")
+    expected = load_file(tmp_path / "whole" / "model" / "model.safetensors")
+    actual = load_file(tmp_path / "resumed" / "model" / "model.safetensors")
+    for name in expected:
+        assert torch.equal(expected[name], actual[name]), name

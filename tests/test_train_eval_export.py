@@ -325,6 +325,36 @@ def test_tel_classifier_exports_with_its_card_and_accuracy(tmp_path):
     assert predicted == expected.tolist() and len(set(expected.tolist())) > 1  # not one constant answer
 
 
+def test_a_warm_started_run_keeps_the_checkpoint_weights_and_names_its_base_model(tmp_path):
+    """TEL-GPT2 from a vanilla GPT-2 folder (TEL's warm start): the GPT-2 weights carry over, the TEL layer is
+    initialised, the folder's tokenizer is used; the card's base_model names a Hub id (a local folder is none)."""
+    from transformers import GPT2LMHeadModel
+
+    from energyzoo import model_from_preset
+    from energyzoo.training.data import python_docs_corpus, train_bpe_tokenizer
+
+    tokenizer = train_bpe_tokenizer(python_docs_corpus()[0][:50], 300)
+    vanilla = model_from_preset("gpt2-tiny", vocab_size=len(tokenizer), n_layer=2)
+    assert isinstance(vanilla, GPT2LMHeadModel)
+    vanilla.save_pretrained(tmp_path / "gpt2")
+    tokenizer.save_pretrained(tmp_path / "gpt2")
+    recipe = load_recipe("tel-gpt2-tiny", ["training.steps=1", "training.warmup_steps=0", "training.learning_rate=1.0e-9",
+                                           "training.batch_size=2", "model.overrides.n_layer=2",
+                                           f"model.init_from={tmp_path / 'gpt2'}", f"output_dir={tmp_path / 'run'}"])
+    trained = run_training(recipe, progress=False)
+    weights, start = load_file(trained.model_dir / "model.safetensors"), vanilla.state_dict()
+    for name in ("transformer.wte.weight", "transformer.h.1.attn.c_attn.weight", "transformer.h.0.mlp.c_proj.weight"):
+        torch.testing.assert_close(weights[name], start[name], rtol=0, atol=1e-6)  # one step of lr 1e-9 from them
+    assert any(".tel_" in name for name in weights)
+    assert (trained.model_dir / "tokenizer.json").read_text() == (tmp_path / "gpt2" / "tokenizer.json").read_text()
+    assert "base_model" not in ModelCard.load(export_folder(trained.model_dir, tmp_path / "local") / "README.md").data.to_dict()
+    saved = yaml.safe_load((trained.model_dir / "recipe.yaml").read_text())
+    saved["model"]["init_from"] = "openai-community/gpt2"
+    (trained.model_dir / "recipe.yaml").write_text(yaml.safe_dump(saved))
+    card = ModelCard.load(export_folder(trained.model_dir, tmp_path / "hub") / "README.md")
+    assert card.data.base_model == "openai-community/gpt2"
+
+
 def load_trained(model_dir):
     from transformers import AutoModelForImageClassification
 

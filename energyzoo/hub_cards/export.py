@@ -52,11 +52,14 @@ def load_for_export(model_dir: Path):
 PACKAGED_BUILDERS = {"json", "csv", "parquet", "text", "arrow", "imagefolder", "audiofolder", "webdataset", "pandas"}
 
 
+def hub_repository_id(name: str | None) -> str | None:
+    """``name`` if it names a Hub repository, not a local path."""
+    return None if not name or Path(name).exists() or name.startswith((".", "/", "~")) else name
+
+
 def hub_dataset_id(name: str | None) -> str | None:
     """``name`` if it names a Hub dataset (not a `datasets` builder of local files, nor a local path)."""
-    if not name or name in PACKAGED_BUILDERS or Path(name).exists():
-        return None
-    return name
+    return None if name in PACKAGED_BUILDERS else hub_repository_id(name)
 
 
 def _recipe(model_dir: Path) -> dict | None:
@@ -154,8 +157,9 @@ def render_card(model, model_dir: Path, task: str, repo_id: str | None = None) -
     results = eval_results(model_dir, TASKS[task].pipeline_tag)
     recipe = _recipe(model_dir)
     language = recipe["data"].get("language") if recipe else None
+    base_model = hub_repository_id(recipe["model"].get("init_from")) if recipe else None
     card_data = ModelCardData(library_name="transformers", pipeline_tag=TASKS[task].pipeline_tag, license="apache-2.0",
-                              tags=["energyzoo", model_type, "custom_code"], model_name=name,
+                              tags=["energyzoo", model_type, "custom_code"], model_name=name, base_model=base_model,
                               datasets=card_datasets(model_dir) or None, language=language,
                               eval_results=results or None)
     variables = dict(

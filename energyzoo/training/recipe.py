@@ -36,12 +36,16 @@ LR_SCHEDULES = ("cosine", "linear", "constant_with_warmup")  # transformers' `ge
 
 @dataclass
 class ModelSection:
-    """A preset (whose card states its task) or a raw ``config`` with the ``task`` it is trained for."""
+    """A preset (whose card states its task) or a raw ``config`` with the ``task`` it is trained for. ``init_from``
+    (a folder or Hub id) starts from its weights instead of a random initialisation, where the names match (a
+    GPT-2 for TEL-GPT2, a Llama for EqT-LLaMA: the papers' warm starts; parts the checkpoint lacks are
+    initialised), with its tokenizer unless ``tokenizer.name`` says otherwise; it is the card's ``base_model``."""
 
     preset: str | None = None
     config: dict | None = None
     task: str | None = None
     overrides: dict = field(default_factory=dict)
+    init_from: str | None = None
 
     def validate(self) -> None:
         owner = "recipe model"

@@ -52,15 +52,16 @@ TRACKERS = "trackers"  # accelerate's trackers (tensorboard, ...) log under outp
 
 
 def prepare_data(recipe: Recipe, output_dir: Path, is_main: bool, accelerator: Accelerator):
-    """(data, tokenizer or None) of the recipe's task. A text task's tokenizer is trained once and kept in
-    ``output_dir/tokenizer`` so a resumed run uses the same one."""
+    """(data, tokenizer or None) of the recipe's task. A text task's tokenizer (``tokenizer.name``'s, else the warm
+    start's, else one trained here) is kept in ``output_dir/tokenizer`` so a resumed run uses the same one."""
     task = training_task(recipe.task)
     tokenizer = None
     if task.tokenized and recipe.data.source not in task.token_sources:
         tokenizer_dir = output_dir / "tokenizer"
         if not tokenizer_dir.exists():
             if is_main:
-                trained = (AutoTokenizer.from_pretrained(recipe.tokenizer.name) if recipe.tokenizer.name else
+                named = recipe.tokenizer.name or recipe.model.init_from
+                trained = (AutoTokenizer.from_pretrained(named) if named else
                            train_bpe_tokenizer(tokenizer_training_texts(recipe.data), recipe.tokenizer.train_vocab_size))
                 trained.save_pretrained(tokenizer_dir)
             accelerator.wait_for_everyone()
@@ -77,7 +78,10 @@ def build_model(recipe: Recipe, tokenizer):
         for name, value in dict(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
                                 bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id).items():
             setattr(config, name, value)
-    return TASKS[recipe.task].auto_class.from_config(config)
+    auto_class = TASKS[recipe.task].auto_class
+    if recipe.model.init_from is not None:  # a warm start: the checkpoint's weights where the names match
+        return auto_class.from_pretrained(recipe.model.init_from, config=config)
+    return auto_class.from_config(config)
 
 
 class BatchSchedule:
