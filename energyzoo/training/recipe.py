@@ -167,16 +167,18 @@ class TrainingSection:
         """The accelerate trackers `report_to` names ("auto": TensorBoard, offline, when it is installed)."""
         if self.report_to == "auto":
             return ["tensorboard"] if importlib.util.find_spec("tensorboard") else []
-        return [] if self.report_to == "none" else list(self.report_to)
+        if self.report_to == "none":
+            return []
+        return [self.report_to] if isinstance(self.report_to, str) else list(self.report_to)
 
     def validate(self) -> None:
         owner = "recipe training"
         require(owner, isinstance(self.activation_checkpointing, bool), "activation_checkpointing", "true or false",
                 self.activation_checkpointing)
-        named = [self.report_to] if isinstance(self.report_to, str) else self.report_to
         known = [tracker.value for tracker in LoggerType if tracker.value != "all"]
-        require(owner, isinstance(named, list) and all(name in ["auto", "none", *known] for name in named),
-                "report_to", f"'auto', 'none' or a list of {known}", self.report_to)
+        named = isinstance(self.report_to, (str, list)) and (
+            self.report_to in ("auto", "none") or all(name in known for name in self.trackers()))
+        require(owner, named, "report_to", f"'auto', 'none', or one or a list of {known}", self.report_to)
         for name in self.trackers():
             require(owner, importlib.util.find_spec(name) is not None, "report_to",
                     f"installed trackers (pip install {name})", name)
