@@ -50,6 +50,9 @@ def test_help_answers_in_under_a_second():
     (["train", "fem-lm-tiny", "training.learning_rte=0.1"], "recipe section 'training' has unknown keys"),
     (["train", "fem-lm-tiny", "model.overrides.hidden_sise=32"],
      "recipe model.overrides must be fields of FEMConfig (did you mean 'hidden_size'?), got 'hidden_sise'"),
+    (["train", "fem-lm-tiny", "model.init_from=runs/gpt2/model"],
+     "recipe model.init_from must be an existing folder or a Hub id (user/name), got 'runs/gpt2/model'"),
+    (["train", "fem-lm-tiny", "tokenizer.name=./my-tokenizer"], "recipe tokenizer.name must be an existing folder"),
     (["eval", "runs/no-such-run"], "runs/no-such-run is not a folder"),
     (["export", "missing_dir", "out"], "missing_dir is not a folder"),
 ])

@@ -57,6 +57,7 @@ class ModelSection:
                     self.task)
             self.task = card_task
         require(owner, self.task in TRAINING_TASKS, "task", f"one of {sorted(TRAINING_TASKS)}", self.task)
+        require_folder_or_hub_id(owner, "init_from", self.init_from)
         base = config_from_preset(self.preset) if self.preset is not None else AutoConfig.for_model(**self.config)
         for key in self.overrides:
             close = difflib.get_close_matches(key, base.to_dict().keys(), n=1)
@@ -128,6 +129,17 @@ class TokenizerSection:
 
     name: str | None = None
     train_vocab_size: int = 2048
+
+    def validate(self) -> None:
+        require_folder_or_hub_id("recipe tokenizer", "name", self.name)
+
+
+def require_folder_or_hub_id(owner: str, field: str, value: str | None) -> None:
+    """A folder or Hub id a recipe names: what can only be a local path (./x, /x, ~/x, a/b/c) must exist, so that a
+    typo fails here instead of waiting on the Hub."""
+    local = value is not None and (value.startswith((".", "/", "~")) or value.count("/") > 1 or "\\" in value)
+    require(owner, not local or Path(value).expanduser().is_dir(), field, "an existing folder or a Hub id (user/name)",
+            value)
 
 
 @dataclass
@@ -217,6 +229,7 @@ class Recipe:
 
     def validate(self) -> "Recipe":
         self.model.validate()
+        self.tokenizer.validate()
         self.data.validate(self.task)
         self.training.resolve_token_budget(self.data.block_size)
         self.training.validate()
