@@ -18,6 +18,8 @@ clipped to |beta v| <= 40 as for the softmax prior (`fem_free_energy.clip_values
 (``valid`` False) get k~ = 0 and no decay: they neither enter nor change the state.
 """
 
+import importlib.util
+
 import torch
 import torch.nn.functional as F
 
@@ -28,6 +30,27 @@ from .fem_free_energy import (
     normalized_free_energy,
     work_dtype,
 )
+
+
+GLA_KERNELS = ("torch", "fla")
+
+
+def fla_available() -> bool:
+    return importlib.util.find_spec("fla") is not None
+
+
+def fla_scan(q, k, values, log_decay, state):
+    """The whole sequence in one call of flash-linear-attention's GLA kernels: `chunk_gla` for a prefill,
+    `fused_recurrent_gla` for one decoded token. fla (0.6) takes (batch, seq, heads, dim) where this file has
+    (batch, heads, seq, dim); its default scale is key_dim^-1/2, FEM's GLA scores are the unscaled <q~, k~>
+    (scale 1); its gate is per key channel (a per-head decay is broadcast) and its state (batch, heads, key_dim,
+    columns) is this file's. Same recurrence: S_t = exp(g_t) S_{t-1} + k_t values_t^T, out_t = q_t S_t."""
+    from fla.ops.gla import chunk_gla, fused_recurrent_gla
+
+    kernel = fused_recurrent_gla if q.shape[2] == 1 else chunk_gla
+    out, new_state = kernel(*(tensor.transpose(1, 2) for tensor in (q, k, values, log_decay.expand_as(k))),
+                            scale=1.0, initial_state=state, output_final_state=True)
+    return out.transpose(1, 2), new_state
 
 
 def gla_features(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -67,6 +90,7 @@ def gla_free_energy_read(
     state: tuple[torch.Tensor, torch.Tensor] | None = None,
     chunk_size: int = 64,
     eps: float = 1e-6,
+    kernel: str = "torch",
 ) -> FreeEnergyRead:
     """FEM read (mu, f_max) under the GLA prior, with the streaming state (signature: `fem_free_energy`).
 
@@ -77,6 +101,9 @@ def gla_free_energy_read(
         valid: (batch, seq) bool, False at padding; None means all valid.
         state: ``(S, M)`` from a previous call: S (batch, heads, key_dim, 2 v_dim + 1), the decayed sums
             of k~ [v, exp(beta v - M), 1]; M (batch, heads, 1, v_dim) their exp shift. None starts empty.
+        kernel: "torch" (the chunkwise form above, the reference) or "fla" (`fla_scan`: one kernel call for the
+            whole sequence, with one shift M for it: the running maximum over the call, which |beta v| <= 40
+            keeps exact, exp(beta v - M) >= e^-80 being a normal float32).
 
     Returns:
         `FreeEnergyRead` (mu, f_max shaped like value; rows with nothing visible are 0) and ``(S, M)``.
@@ -104,16 +131,15 @@ def gla_free_energy_read(
     ones = torch.ones_like(v[..., :1])
 
     mus, f_maxes = [], []
-    for start in range(0, length, chunk_size):
-        piece = slice(start, start + chunk_size)
+    pieces = [slice(None)] if kernel == "fla" else [slice(start, start + chunk_size) for start in range(0, length, chunk_size)]
+    scan = fla_scan if kernel == "fla" else _linear_attention_chunk
+    for piece in pieces:
         new_shift = torch.maximum(shift, scaled_for_max[:, :, piece].amax(dim=2, keepdim=True))
         rescale = torch.cat([torch.ones_like(shift), torch.exp(shift - new_shift), ones[:, :, :1]], dim=-1)
         num_state = num_state * rescale  # exp columns follow the raised shift
         shift = new_shift
         values = torch.cat([v[:, :, piece], torch.exp(scaled[:, :, piece] - shift), ones[:, :, piece]], dim=-1)
-        out, num_state = _linear_attention_chunk(
-            q_features[:, :, piece], k_features[:, :, piece], values, log_decay[:, :, piece], num_state
-        )
+        out, num_state = scan(q_features[:, :, piece], k_features[:, :, piece], values, log_decay[:, :, piece], num_state)
         mu, f_max = normalized_free_energy(*out.split([v_dim, v_dim, 1], dim=-1), shift, beta)
         mus.append(mu)
         f_maxes.append(f_max)
