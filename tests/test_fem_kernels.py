@@ -88,3 +88,28 @@ def test_fla_gla_chunked_prefill_and_decoding_continue_the_torch_read(fla_on_cpu
     torch.testing.assert_close(torch.cat(mus, dim=1), whole.mu, rtol=1e-5, atol=1e-5)
     for carried, expected in zip(state, whole.state):
         assert_close_to_scale(carried, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_fem_gla_model_on_the_fla_path_matches_the_torch_path_in_training_and_generation(fla_on_cpu, monkeypatch):
+    """The whole model with its reads dispatched to fla (the CUDA check bypassed): logits, gradients, and greedy
+    generation with the cache (prefill through chunk_gla, each new token through fused_recurrent_gla)."""
+    from energyzoo import model_from_preset
+    from energyzoo.modeling import modeling_fem
+
+    torch.manual_seed(0)
+    model = model_from_preset("fem-gla-tiny", num_hidden_layers=2, gla_decay="channel")
+    ids = torch.randint(4, 200, (2, 13))
+    mask = torch.ones_like(ids)
+    mask[1, :4] = 0  # left padding
+    runs = {}
+    for kernel in ("torch", "fla"):
+        monkeypatch.setattr(modeling_fem, "gla_kernel", lambda requested, tensor, kernel=kernel: kernel)
+        model.zero_grad()
+        outputs = model(input_ids=ids, attention_mask=mask, labels=ids)
+        outputs.loss.backward()
+        generated = model.generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False)
+        runs[kernel] = (outputs.logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}, generated)
+    torch.testing.assert_close(runs["fla"][0], runs["torch"][0], rtol=1e-4, atol=1e-4)
+    for name, gradient in runs["torch"][1].items():
+        assert_close_to_scale(runs["fla"][1][name], gradient, rtol=1e-4, atol=1e-4)
+    assert torch.equal(runs["fla"][2], runs["torch"][2])

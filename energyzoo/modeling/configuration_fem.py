@@ -9,6 +9,10 @@ from transformers.activations import ACT2FN
 from .checks import require
 
 FEM_PRIORS = ("softmax", "gla", "aft", "ssm")
+# the recurrent reads' kernels per prior ("auto": the library kernel on CUDA when installed, else "torch"); the
+# softmax prior's fast read is the attention implementation's (attn_implementation="flash_attention_2")
+PRIOR_KERNELS = {"softmax": ("auto", "torch"), "gla": ("auto", "torch", "fla"), "aft": ("auto", "torch"),
+                 "ssm": ("auto", "torch")}
 OWNER = "FEMConfig"
 GLA_DECAY_KINDS = ("head", "channel")
 
@@ -39,6 +43,10 @@ class FEMConfig(PreTrainedConfig):
         decay_normalizer: g = logsigmoid(x W_g) / normalizer (16, as in GLA, Yang et al. 2024), so the
             initial per-step decay is about exp(-0.043).
         prior_chunk_size: chunk length of the chunkwise linear-attention form (speed/memory only).
+        kernel: the recurrent read's implementation: "torch" (the chunkwise PyTorch form, the reference and the
+            CPU path), "fla" (GLA prior: flash-linear-attention's chunk_gla / fused_recurrent_gla, CUDA) or
+            "auto" (default: the library kernel when the tensors are on CUDA and the library is installed, else
+            "torch"; never chosen by sequence length). Naming a kernel that cannot run is an error.
         feature_eps: the eps of the nonnegative features ReLU(.) + eps (H.2).
         qk_ratio: total Q (and K) width / hidden_size. Per-head width must be even (RoPE).
         value_ratio: value-path width d / hidden_size; also the width of lambda, g and beta_max.
@@ -86,6 +94,7 @@ class FEMConfig(PreTrainedConfig):
     attention_bias: bool = False
     mlp_bias: bool = False
     prior: str = "softmax"
+    kernel: str = "auto"
     qk_ratio: float = 1.0
     value_ratio: float = 0.5
     use_time_decay: bool = True
@@ -121,6 +130,8 @@ class FEMConfig(PreTrainedConfig):
             require(OWNER, isinstance(value, int) and value > 0, field, "a positive integer", value)
         require(OWNER, self.hidden_act in ACT2FN, "hidden_act", f"one of {sorted(ACT2FN)}", self.hidden_act)
         require(OWNER, self.prior in FEM_PRIORS, "prior", f"one of {FEM_PRIORS}", self.prior)
+        kernels = PRIOR_KERNELS[self.prior]
+        require(OWNER, self.kernel in kernels, "kernel", f"one of {kernels} for prior {self.prior!r}", self.kernel)
         for field in ("qk_ratio", "value_ratio"):
             value = getattr(self, field)
             require(OWNER, math.isfinite(value) and value > 0, field, "a positive finite number", value)

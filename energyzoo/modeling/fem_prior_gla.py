@@ -35,8 +35,14 @@ from .fem_free_energy import (
 GLA_KERNELS = ("torch", "fla")
 
 
-def fla_available() -> bool:
-    return importlib.util.find_spec("fla") is not None
+def gla_kernel(requested: str, tensor: torch.Tensor) -> str:
+    """The kernel a read on ``tensor`` runs: "fla" when asked for, or under "auto" when ``tensor`` is on CUDA and
+    flash-linear-attention is installed; "torch" otherwise. Asking for "fla" where it cannot run is an error."""
+    runnable = tensor.is_cuda and importlib.util.find_spec("fla") is not None
+    if requested == "fla" and not runnable:
+        raise ValueError("FEMConfig.kernel='fla' needs CUDA tensors and flash-linear-attention (pip install "
+                         "'energyzoo[cuda]'); use kernel='auto' or 'torch'")
+    return "fla" if requested == "fla" or (requested == "auto" and runnable) else "torch"
 
 
 def fla_scan(q, k, values, log_decay, state):

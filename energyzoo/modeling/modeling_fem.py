@@ -37,7 +37,7 @@ from .fem_free_energy import (
     widened,
 )
 from .fem_prior_aft import aft_free_energy_read
-from .fem_prior_gla import gla_free_energy_read
+from .fem_prior_gla import gla_free_energy_read, gla_kernel
 from .fem_prior_ssm import ssm_free_energy_read
 from .outputs import (
     BaseModelOutputWithEnergies,
@@ -204,7 +204,7 @@ class FEMAttention(nn.Module):
         query, key = self._rotated_query_key(projected, position_embeddings)
         batch, _, length, _ = query.shape
         log_decay = self._log_decay(projected["decay_proj"]).view(batch, length, self.num_heads, -1).transpose(1, 2)
-        return (query, key, log_decay), {"eps": self.config.feature_eps}
+        return (query, key, log_decay), {"eps": self.config.feature_eps, "kernel": gla_kernel(self.config.kernel, query)}
 
     def _aft_selection(self, projected, position_embeddings):
         """Per-channel logits k_i and, with LRNN-decay, the decay g (FEM H.3); no queries."""
