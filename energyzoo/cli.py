@@ -1,4 +1,4 @@
-"""The `energyzoo` command: `energyzoo quickstart | train | eval | export | recipes | bench | reproduce`.
+"""The `energyzoo` command: `energyzoo quickstart | train | eval | export | recipes | bench | doctor | reproduce`.
 
 Bad input (a recipe or preset name, an override, a folder, a config key) is answered in one line,
 ``energyzoo <command>: error: <message>``, with exit code 2; ``--debug`` shows the traceback instead. Modules load
@@ -124,10 +124,23 @@ def _bench(args) -> int:
     preset = {"preset": args.preset} if args.preset else {}
     settings = BenchSettings(**preset, baseline=args.baseline, batch_size=args.batch_size,
                              seq_len=args.seq_len, repeats=args.repeats, device=args.device, dtype=args.dtype,
-                             compile=args.compile)
+                             compile=args.compile, prior=args.prior, kernel=args.kernel,
+                             attn_implementation=args.attn_implementation)
     result = run_fem_vs_llama(settings)
     _print_and_save(format_table(result), result, args.output)
     return 0
+
+
+def _doctor(args) -> int:
+    from dataclasses import asdict
+
+    from .eval.kernels import format_doctor_table, run_doctor
+
+    checks = run_doctor(args.device, tuple(args.dtypes))
+    _print_and_save(format_doctor_table(checks, args.device), [asdict(check) for check in checks], args.output)
+    counts = {status: sum(check.status == status for check in checks) for status in ("pass", "FAIL")}
+    print(f"{counts['pass']} passed, {counts['FAIL']} failed, {len(checks) - sum(counts.values())} not run")
+    return 1 if counts["FAIL"] else 0
 
 
 def _reproduce(args) -> int:
@@ -226,6 +239,14 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--device", default="cpu")
     bench.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     bench.add_argument("--output", default="bench.json", help="JSON file for the results ('' to skip)")
+    bench.add_argument("--prior", default=None, choices=["softmax", "gla", "aft", "ssm"],
+                       help="FEM's prior (default: the preset's)")
+    bench.add_argument("--kernel", default="auto", choices=["auto", "torch", "fla", "mamba"],
+                       help="FEMConfig.kernel: auto (the GPU kernel libraries on CUDA when installed), torch, fla "
+                            "(GLA prior), mamba (SSM prior)")
+    bench.add_argument("--attn-implementation", default="sdpa", choices=["sdpa", "flash_attention_2"],
+                       help="the baseline's and FEM softmax prior's attention (flash_attention_2 needs --dtype "
+                            "bfloat16)")
     bench.add_argument("--compile", action="store_true",
                        help="compile both models' forward with torch.compile (inductor) before timing")
     bench.add_argument("--scaling", action="store_true",
@@ -239,6 +260,13 @@ def build_parser() -> argparse.ArgumentParser:
                             "inference forward (e.g. --batch-size 1 --seq-len 512)")
     bench.add_argument("--steps", type=int, nargs="+", default=[0, 1, 2, 4, 8, 16], help="K values for --eqt")
     bench.set_defaults(run=_bench)
+
+    doctor = commands.add_parser("doctor", help="check the GPU kernels (fla, mamba-ssm, flash-attn) against the "
+                                                "PyTorch path, forward, backward and cached decoding")
+    doctor.add_argument("--device", default="cuda")
+    doctor.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
+    doctor.add_argument("--output", default="", help="JSON file for the results (default: none)")
+    doctor.set_defaults(run=_doctor)
 
     reproduce = commands.add_parser("reproduce", help="a CPU-scale rerun of a paper experiment, with a report")
     reproduce.add_argument("experiment", choices=["tel-stage1", "hyperset", "eqt-parity", "eer-induction"],

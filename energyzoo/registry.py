@@ -110,7 +110,7 @@ ARCHITECTURES = {
         {"causal-lm": FEMForCausalLM, "sequence-classification": FEMForSequenceClassification},
         "fem.md",
         card_facts=lambda config: dict(prior=config.prior),
-        bench_presets=("fem-lm-table5",),
+        bench_presets=("fem-lm-table5", "fem-lm-table7"),
     ),
     "tel-gpt2": Architecture(TELGPT2Config, TELGPT2Model, {"causal-lm": TELGPT2LMHeadModel}, "tel.md",
                              card_facts=_tel_card_facts("GPT-2"), bench_presets=("tel-gpt2-head", "tel-gpt2-full")),

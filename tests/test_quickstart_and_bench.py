@@ -48,6 +48,18 @@ def test_bench_command_writes_json(tmp_path):
     assert code == 0 and json.loads(output.read_text())["rows"]["forward"]["ratio"] > 0
 
 
+def test_bench_builds_fem_with_the_requested_prior_and_kernel_and_leaves_the_baseline_alone():
+    from energyzoo.eval.speed import _build
+
+    settings = BenchSettings(preset="fem-lm-tiny", prior="ssm", kernel="torch", seq_len=16)
+    fem, llama = _build("fem-lm-tiny", settings), _build("llama-tiny", settings)
+    assert (fem.config.prior, fem.config.kernel) == ("ssm", "torch")
+    assert fem.config._attn_implementation == "sdpa" and llama.config._attn_implementation == "sdpa"
+    assert type(fem.model.layers[0].self_attn).__name__ == "FEMAttention" and hasattr(fem.model.layers[0].self_attn,
+                                                                                       "dt_proj")
+    assert llama.config.model_type == "llama"
+
+
 def test_length_scaling_reports_one_row_per_prior():
     from energyzoo.eval.speed import format_scaling_table, run_length_scaling
 

@@ -9,6 +9,12 @@ drifts of a shared machine. On CPU, peak memory is the peak resident set of a fr
 builds the model and runs train steps, minus that process's footprint before the model exists; on CUDA it
 is the allocator's peak. (Linux: the resident high-water mark is reset after imports.)
 
+FEM options: ``prior`` replaces the preset's prior, ``kernel`` is `FEMConfig.kernel` ("auto" runs fla / mamba-ssm
+on CUDA when installed; "torch" the PyTorch reads), and ``attn_implementation`` ("sdpa" or "flash_attention_2",
+which needs bfloat16) is that of the baseline and of FEM's softmax prior (the recurrent priors run their own read).
+fem.txt Table 7 (GPT-2 size, seq 1024, batch 8, L40S) is ``preset="fem-lm-table7"`` against its "llama-table7":
+FEM-SM +L,T,G at 1.07x the forward and 1.10x the train step of flash softmax attention.
+
 ``compile=True`` (`energyzoo bench --compile`) runs both models' forward through ``torch.compile`` (the default
 inductor backend, also inside the memory probe) and warms every workload up before timing, so compilation
 and recompilation for new shapes are not timed.
@@ -53,6 +59,9 @@ class BenchSettings:
     dtype: str = "float32"
     seed: int = 0
     compile: bool = False
+    prior: str | None = None  # None: the preset's
+    kernel: str = "auto"
+    attn_implementation: str = "sdpa"
 
     def resolved_baseline(self) -> str:
         return self.baseline or card_baseline(self.preset)
@@ -60,7 +69,12 @@ class BenchSettings:
 
 def _build(preset: str, settings: BenchSettings):
     torch.manual_seed(settings.seed)
-    model = model_from_preset(preset, max_position_embeddings=max(4096, settings.seq_len + settings.decode_tokens))
+    overrides = {"max_position_embeddings": max(4096, settings.seq_len + settings.decode_tokens)}
+    if config_from_preset(preset).model_type == "fem":
+        overrides.update(kernel=settings.kernel, **({} if settings.prior is None else {"prior": settings.prior}))
+    model = model_from_preset(preset, **overrides)
+    if getattr(model.config, "prior", "softmax") == "softmax":
+        model.set_attn_implementation(settings.attn_implementation)
     model = model.to(device=settings.device, dtype=getattr(torch, settings.dtype))
     if settings.compile:  # the forward, so that generate() and train steps run the compiled model too
         # Both models' forwards are transformers' `can_return_tuple` wrapper, one code object: their graphs
@@ -216,7 +230,8 @@ def run_fem_vs_llama(settings: BenchSettings) -> dict:
     for name, row in rows.items():
         row["target"] = TARGETS[name]
         row["meets_target"] = row["ratio"] >= row["target"] if name == "decode_tokens_per_s" else row["ratio"] <= row["target"]
-    return {"settings": asdict(settings), "models": names, "torch": torch.__version__,
+    prior = settings.prior or config_from_preset(settings.preset).prior
+    return {"settings": asdict(settings), "models": names, "prior": prior, "torch": torch.__version__,
             "threads": torch.get_num_threads(), "rows": rows, "raw_seconds": times}
 
 
@@ -226,7 +241,8 @@ def format_table(result: dict) -> str:
     compiled = ", torch.compile" if settings.get("compile") else ""
     lines = [
         f"{models['fem']} vs {models['llama']}  (batch {settings['batch_size']}, seq {settings['seq_len']}, "
-        f"{settings['dtype']} on {settings['device']}{compiled}, median of {settings['repeats']})",
+        f"{settings['dtype']} on {settings['device']}{compiled}, median of {settings['repeats']}; FEM prior "
+        f"{result['prior']}, kernel {settings['kernel']}, attention {settings['attn_implementation']})",
         f"| {'metric':<20} | {'FEM':>10} | {'Llama':>10} | {'ratio':>6} | {'target':>7} | ok  |",
         f"|{'-' * 22}|{'-' * 12}|{'-' * 12}|{'-' * 8}|{'-' * 9}|-----|",
     ]

@@ -9,10 +9,9 @@ from transformers.activations import ACT2FN
 from .checks import require
 
 FEM_PRIORS = ("softmax", "gla", "aft", "ssm")
-# the recurrent reads' kernels per prior ("auto": the library kernel on CUDA when installed, else "torch"); the
-# softmax prior's fast read is the attention implementation's (attn_implementation="flash_attention_2")
-PRIOR_KERNELS = {"softmax": ("auto", "torch"), "gla": ("auto", "torch", "fla"), "aft": ("auto", "torch"),
-                 "ssm": ("auto", "torch")}
+# The read implementations per prior (``FEMConfig.kernel``). The softmax prior's is chosen by attn_implementation.
+PRIOR_KERNELS = {"softmax": ("auto",), "gla": ("auto", "torch", "fla"), "aft": ("auto", "torch"),
+                 "ssm": ("auto", "torch", "mamba")}
 OWNER = "FEMConfig"
 GLA_DECAY_KINDS = ("head", "channel")
 
@@ -43,10 +42,13 @@ class FEMConfig(PreTrainedConfig):
         decay_normalizer: g = logsigmoid(x W_g) / normalizer (16, as in GLA, Yang et al. 2024), so the
             initial per-step decay is about exp(-0.043).
         prior_chunk_size: chunk length of the chunkwise linear-attention form (speed/memory only).
-        kernel: the recurrent read's implementation: "torch" (the chunkwise PyTorch form, the reference and the
-            CPU path), "fla" (GLA prior: flash-linear-attention's chunk_gla / fused_recurrent_gla, CUDA) or
-            "auto" (default: the library kernel when the tensors are on CUDA and the library is installed, else
-            "torch"; never chosen by sequence length). Naming a kernel that cannot run is an error.
+        kernel: the prior read's implementation. "torch": the chunkwise PyTorch form (the reference, the CPU path);
+            "fla" (GLA prior): flash-linear-attention's chunk_gla, and fused_recurrent_gla for decoding; "mamba"
+            (SSM prior): mamba-ssm's SSD chunk scan (the Mamba-2 kernel); "auto" (default): the library kernel
+            when the tensors are on CUDA and the library is installed, else "torch", never chosen by sequence
+            length. Naming a kernel that cannot run is an error. The AFT prior has only "torch" (see
+            `fem_prior_aft`); the softmax prior's kernel is ``attn_implementation``'s ("sdpa", which is PyTorch's
+            flash/memory-efficient kernels on CUDA, or "flash_attention_2"), so it takes only "auto".
         feature_eps: the eps of the nonnegative features ReLU(.) + eps (H.2).
         qk_ratio: total Q (and K) width / hidden_size. Per-head width must be even (RoPE).
         value_ratio: value-path width d / hidden_size; also the width of lambda, g and beta_max.

@@ -35,6 +35,8 @@ Numerics (FEM App. G.2 "numerical stability", and the public reference layer):
   may put f_max a hair below mu, and a clamp would hide a collapsed branch.
 """
 
+import functools
+import importlib.util
 from typing import Callable, NamedTuple
 
 import torch
@@ -55,6 +57,35 @@ class FreeEnergyRead(NamedTuple):
     f_max: torch.Tensor | None
     state: tuple | None
     weights: torch.Tensor | None = None
+
+
+@functools.cache
+def installed(package: str) -> bool:
+    return importlib.util.find_spec(package) is not None
+
+
+def read_kernel(requested: str, tensor: torch.Tensor, library: str, package: str) -> str:
+    """The implementation a recurrent read on ``tensor`` runs (``FEMConfig.kernel``): ``library`` (the prior's
+    GPU kernel library) when named, or under "auto" when ``tensor`` is on CUDA, ``package`` is installed and the read
+    works in float32 (the kernels' dtype: half precision reads are widened to it, float64 ones are not); "torch" (the
+    chunkwise PyTorch form, the reference) otherwise. Never chosen by sequence length: prefill and decoding run the
+    same implementation. Naming ``library`` where it cannot run is an error, not a fallback."""
+    runnable = tensor.is_cuda and work_dtype(tensor.dtype) == torch.float32 and installed(package)
+    if requested == library and not runnable:
+        raise ValueError(
+            f"FEMConfig.kernel={library!r} needs CUDA tensors of at most float32 precision and the {package} package "
+            f"(pip install 'energyzoo[cuda]'); got {tensor.dtype} tensors on {tensor.device}, {package} "
+            f"{'installed' if installed(package) else 'not installed'}. Use kernel='auto' or 'torch'."
+        )
+    return library if requested == library or (requested == "auto" and runnable) else "torch"
+
+
+def chunk_slices(length: int, chunk_size: int | None) -> list[slice]:
+    """The pieces a recurrent read walks through: chunks of ``chunk_size``, or (None) the whole sequence at once,
+    as one kernel call takes it."""
+    if chunk_size is None:
+        return [slice(None)]
+    return [slice(start, start + chunk_size) for start in range(0, length, chunk_size)]
 
 
 def work_dtype(dtype: torch.dtype) -> torch.dtype:

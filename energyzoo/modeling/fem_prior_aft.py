@@ -13,6 +13,12 @@ over the whole sequence are never formed, so nothing overflows or underflows for
 branch uses a running per-channel maximum M of beta v (detached: it cancels exactly), rescaling the state
 when it grows (online-softmax style), exactly as the GLA prior does; prefill, chunked prefill and one-token
 decoding share the code. Padded positions (``valid`` False) get no weight and no decay.
+
+Kernels: none is used, by choice. The recurrence is gated linear attention with key width 1 (one head per
+channel, q = 1, k = exp(k_i), gate g), which fla's fused_recurrent_gla could run; but its chunk kernels tile keys
+for matrix multiplies (widths of 16 and up), a kernel call would need one exp shift for all logits of the call
+(which can underflow where the online log-max above cannot: the logits are unbounded, unlike beta v), and the read
+is elementwise work plus cumulative sums with no matrix multiply for a kernel to speed up.
 """
 
 import torch

@@ -18,31 +18,17 @@ clipped to |beta v| <= 40 as for the softmax prior (`fem_free_energy.clip_values
 (``valid`` False) get k~ = 0 and no decay: they neither enter nor change the state.
 """
 
-import importlib.util
-
 import torch
 import torch.nn.functional as F
 
 from .fem_free_energy import (
     EXP_ARGUMENT_CAP,
     FreeEnergyRead,
+    chunk_slices,
     clip_values_for_exp,
     normalized_free_energy,
     work_dtype,
 )
-
-
-GLA_KERNELS = ("torch", "fla")
-
-
-def gla_kernel(requested: str, tensor: torch.Tensor) -> str:
-    """The kernel a read on ``tensor`` runs: "fla" when asked for, or under "auto" when ``tensor`` is on CUDA and
-    flash-linear-attention is installed; "torch" otherwise. Asking for "fla" where it cannot run is an error."""
-    runnable = tensor.is_cuda and importlib.util.find_spec("fla") is not None
-    if requested == "fla" and not runnable:
-        raise ValueError("FEMConfig.kernel='fla' needs CUDA tensors and flash-linear-attention (pip install "
-                         "'energyzoo[cuda]'); use kernel='auto' or 'torch'")
-    return "fla" if requested == "fla" or (requested == "auto" and runnable) else "torch"
 
 
 def fla_scan(q, k, values, log_decay, state):
@@ -137,15 +123,15 @@ def gla_free_energy_read(
     ones = torch.ones_like(v[..., :1])
 
     mus, f_maxes = [], []
-    pieces = [slice(None)] if kernel == "fla" else [slice(start, start + chunk_size) for start in range(0, length, chunk_size)]
     scan = fla_scan if kernel == "fla" else _linear_attention_chunk
-    for piece in pieces:
+    for piece in chunk_slices(length, None if kernel == "fla" else chunk_size):
         new_shift = torch.maximum(shift, scaled_for_max[:, :, piece].amax(dim=2, keepdim=True))
         rescale = torch.cat([torch.ones_like(shift), torch.exp(shift - new_shift), ones[:, :, :1]], dim=-1)
         num_state = num_state * rescale  # exp columns follow the raised shift
         shift = new_shift
         values = torch.cat([v[:, :, piece], torch.exp(scaled[:, :, piece] - shift), ones[:, :, piece]], dim=-1)
-        out, num_state = scan(q_features[:, :, piece], k_features[:, :, piece], values, log_decay[:, :, piece], num_state)
+        out, num_state = scan(q_features[:, :, piece], k_features[:, :, piece], values, log_decay[:, :, piece],
+                              num_state)
         mu, f_max = normalized_free_energy(*out.split([v_dim, v_dim, 1], dim=-1), shift, beta)
         mus.append(mu)
         f_maxes.append(f_max)

@@ -25,10 +25,13 @@ import torch
 from .fem_free_energy import (
     EXP_ARGUMENT_CAP,
     FreeEnergyRead,
+    chunk_slices,
     clip_values_for_exp,
     normalized_free_energy,
     work_dtype,
 )
+
+MAMBA_CHUNK_SIZE = 256  # Mamba-2's chunk length for its SSD kernel (speed only; the result does not depend on it)
 
 
 def ssm_free_energy_read(
@@ -43,6 +46,7 @@ def ssm_free_energy_read(
     valid: torch.Tensor | None = None,
     state: tuple[torch.Tensor, torch.Tensor] | None = None,
     chunk_size: int = 16,
+    kernel: str = "torch",
 ) -> FreeEnergyRead:
     """FEM read (mu, f_max) under the SSM prior, with the streaming state (signature: `fem_free_energy`).
 
@@ -53,6 +57,9 @@ def ssm_free_energy_read(
         valid: (batch, seq) bool, False at padding; None means all valid.
         state: ``(h, M)`` from a previous call: h (batch, channels, N, 3) the states of the streams
             [v, exp(beta v - M), 1]; M (batch, channels) the exp shift. None starts empty.
+        kernel: "torch" (the chunkwise form above, the reference) or "mamba" (`mamba_scan`: one SSD kernel call
+            for the whole sequence, with one shift M for it, the running maximum over the call, which
+            |beta v| <= 40 keeps exact: exp(beta v - M) >= e^-80 is a normal float32).
 
     Returns:
         `FreeEnergyRead` (mu, f_max shaped like value; rows with nothing visible are 0) and ``(h, M)``.
@@ -73,7 +80,6 @@ def ssm_free_energy_read(
         scaled_for_max = scaled.detach().masked_fill(~keep, -EXP_ARGUMENT_CAP)
     else:
         scaled_for_max = scaled.detach()
-    log_decay = delta * generator  # (b, t, c) <= 0
     if state is None:
         hidden = v.new_zeros(batch, channels, input_matrix.shape[-1], 3)
         shift = torch.full((batch, channels), -EXP_ARGUMENT_CAP, dtype=work, device=v.device)
@@ -81,28 +87,18 @@ def ssm_free_energy_read(
         hidden, shift = (tensor.to(work) for tensor in state)
 
     mus, f_maxes = [], []
-    for start in range(0, length, chunk_size):
-        piece = slice(start, start + chunk_size)
-        size = v[:, piece].shape[1]
+    scan = mamba_scan if kernel == "mamba" else _chunk_scan
+    for piece in chunk_slices(length, None if kernel == "mamba" else chunk_size):
         new_shift = torch.maximum(shift, scaled_for_max[:, piece].amax(dim=1))
         rescale = torch.stack([torch.ones_like(shift), torch.exp(shift - new_shift), torch.ones_like(shift)], -1)
         hidden = hidden * rescale[:, :, None, :]
         shift = new_shift
-        streams = torch.stack([v[:, piece], torch.exp(scaled[:, piece] - shift[:, None]), torch.ones_like(v[:, piece])], 2)
+        exp_stream = torch.exp(scaled[:, piece] - shift[:, None])
+        streams = torch.stack([v[:, piece], exp_stream, torch.ones_like(exp_stream)], 2)
         if valid is not None:
             streams = streams * valid[:, piece, None, None]  # (b, t, 3, c)
-
-        cumulative = log_decay[:, piece].cumsum(dim=1)  # G_t, (b, t, c)
-        causal = torch.ones(size, size, dtype=torch.bool, device=v.device).tril()[None, :, :, None]
-        decay = torch.exp((cumulative[:, :, None] - cumulative[:, None]).masked_fill(~causal, float("-inf")))
-        contraction = output_matrix[:, piece] @ input_matrix[:, piece].transpose(1, 2)  # C_t . B_i, (b, t, i)
-        weights = decay * contraction[..., None] * delta[:, None, piece]  # (b, t, i, c)
-        out = torch.einsum("btic,bisc->btsc", weights, streams) + skip * streams
-        out = out + torch.einsum("btn,btc,bcns->btsc", output_matrix[:, piece], torch.exp(cumulative), hidden)
-        to_end = torch.exp(cumulative[:, -1:] - cumulative) * delta[:, piece]  # (b, i, c)
-        hidden = torch.exp(cumulative[:, -1])[:, :, None, None] * hidden + torch.einsum(
-            "bic,bin,bisc->bcns", to_end, input_matrix[:, piece], streams
-        )
+        out, hidden = scan(streams, delta[:, piece], generator, input_matrix[:, piece], output_matrix[:, piece], skip,
+                           hidden)
 
         empty = None if valid is None else ~valid[:, piece, None]
         mu, f_max = normalized_free_energy(*out.unbind(dim=2), shift[:, None], beta, empty)
@@ -111,3 +107,37 @@ def ssm_free_energy_read(
     mu = torch.cat(mus, dim=1).to(out_dtype).view(shape)
     f_max = torch.cat(f_maxes, dim=1).to(out_dtype).view(shape)
     return FreeEnergyRead(mu, f_max, (hidden, shift))
+
+
+def _chunk_scan(streams, delta, generator, input_matrix, output_matrix, skip, hidden):
+    """One chunk of the scan in PyTorch: streams (b, t, 3, c) -> outputs (b, t, 3, c) and the carried state
+    (b, c, N, 3), with exp(G_t - G_i) inside the chunk and the state's factor exp(G_t) across it."""
+    size = streams.shape[1]
+    cumulative = (delta * generator).cumsum(dim=1)  # G_t, (b, t, c) <= 0
+    causal = torch.ones(size, size, dtype=torch.bool, device=streams.device).tril()[None, :, :, None]
+    decay = torch.exp((cumulative[:, :, None] - cumulative[:, None]).masked_fill(~causal, float("-inf")))
+    contraction = output_matrix @ input_matrix.transpose(1, 2)  # C_t . B_i, (b, t, i)
+    weights = decay * contraction[..., None] * delta[:, None]  # (b, t, i, c)
+    out = torch.einsum("btic,bisc->btsc", weights, streams) + skip * streams
+    out = out + torch.einsum("btn,btc,bcns->btsc", output_matrix, torch.exp(cumulative), hidden)
+    to_end = torch.exp(cumulative[:, -1:] - cumulative) * delta  # (b, i, c)
+    hidden = torch.exp(cumulative[:, -1])[:, :, None, None] * hidden + torch.einsum(
+        "bic,bin,bisc->bcns", to_end, input_matrix, streams
+    )
+    return out, hidden
+
+
+def mamba_scan(streams, delta, generator, input_matrix, output_matrix, skip, hidden):
+    """The whole sequence in one call of mamba-ssm's SSD chunk scan (`mamba_chunk_scan_combined`, the Mamba-2
+    kernel, whose generator is one scalar per head as FEM's is per channel). Each value channel is one of its
+    heads, and the three streams [v, exp(beta v - M), 1] are that head's three "head dims": they share the
+    channel's Delta and a, so the normalising scan (the ones stream) runs in the same call. B and C are one group
+    shared by all heads; D is the per-head skip. Layouts: x (b, t, heads, 3), state (b, heads, 3, N) where
+    this file has (b, t, 3, c) and (b, c, N, 3). dt is passed as Delta itself (no softplus, no bias, no limit)."""
+    from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
+
+    out, hidden = mamba_chunk_scan_combined(
+        streams.transpose(2, 3), delta, generator, input_matrix[:, :, None], output_matrix[:, :, None],
+        chunk_size=MAMBA_CHUNK_SIZE, D=skip, initial_states=hidden.transpose(2, 3), return_final_states=True,
+    )
+    return out.transpose(2, 3), hidden.transpose(2, 3)

@@ -32,12 +32,13 @@ from .fem_cache import FEMAFTCacheLayer, FEMGLACacheLayer, FEMSoftmaxCacheLayer,
 from .fem_free_energy import (
     gated_free_energy,
     outer_gate_activation,
+    read_kernel,
     sdpa_attention,
     softmax_free_energy_read,
     widened,
 )
 from .fem_prior_aft import aft_free_energy_read
-from .fem_prior_gla import gla_free_energy_read, gla_kernel
+from .fem_prior_gla import gla_free_energy_read
 from .fem_prior_ssm import ssm_free_energy_read
 from .outputs import (
     BaseModelOutputWithEnergies,
@@ -204,7 +205,8 @@ class FEMAttention(nn.Module):
         query, key = self._rotated_query_key(projected, position_embeddings)
         batch, _, length, _ = query.shape
         log_decay = self._log_decay(projected["decay_proj"]).view(batch, length, self.num_heads, -1).transpose(1, 2)
-        return (query, key, log_decay), {"eps": self.config.feature_eps, "kernel": gla_kernel(self.config.kernel, query)}
+        kernel = read_kernel(self.config.kernel, query, "fla", "fla")
+        return (query, key, log_decay), {"eps": self.config.feature_eps, "kernel": kernel}
 
     def _aft_selection(self, projected, position_embeddings):
         """Per-channel logits k_i and, with LRNN-decay, the decay g (FEM H.3); no queries."""
@@ -216,7 +218,8 @@ class FEMAttention(nn.Module):
         delta = F.softplus(widened(projected["dt_proj"]) + self.dt_bias)
         input_matrix, output_matrix = F.softplus(widened(projected["bc_proj"])).chunk(2, dim=-1)
         generator, skip = -F.softplus(self.ssm_generator_raw), F.softplus(self.ssm_skip_raw)
-        return (delta, generator, input_matrix, output_matrix, skip), {}
+        kernel = read_kernel(self.config.kernel, delta, "mamba", "mamba_ssm")
+        return (delta, generator, input_matrix, output_matrix, skip), {"kernel": kernel}
 
     def _rotated_query_key(self, projected, position_embeddings):
         batch, length, _ = projected["q_proj"].shape
@@ -240,10 +243,10 @@ class FEMAttention(nn.Module):
                     "cannot hold the exp branch (its values reach e^-80), and fp32 has no flash kernel. Use "
                     "dtype=torch.bfloat16, or attn_implementation='sdpa'."
                 )
-            if value.shape[-1] != query.shape[-1]:
+            if value.shape[-1] > query.shape[-1]:  # transformers pads narrower values to the query width
                 raise ValueError(
-                    f"attn_implementation={implementation!r} needs [v, exp(beta v)] as wide as the queries (2 x "
-                    f"value_head_dim = {value.shape[-1]}, head_dim = {query.shape[-1]}): use value_ratio = "
+                    f"attn_implementation={implementation!r} needs [v, exp(beta v)] no wider than the queries (2 x "
+                    f"value_head_dim = {value.shape[-1]}, head_dim = {query.shape[-1]}): use value_ratio <= "
                     "qk_ratio / 2."
                 )
         if implementation == "eager" and attention_mask is not None and attention_mask.is_floating_point():
