@@ -179,13 +179,14 @@ def assert_kernel_read_matches_torch(read, inputs, kernel, dtype):
 
 
 def assert_decoding_continues_the_torch_read(read, inputs, kernel):
-    """A prefill of 5 on the kernel, then one token at a time on it with the carried state: the whole sequence's
-    torch read, and its final state."""
-    whole = read(inputs, "torch")
-    prefill = read(inputs, kernel, span=slice(0, 5))
-    state, mus, f_maxes = prefill.state, [prefill.mu], [prefill.f_max]
-    for position in range(5, 11):
-        step = read(inputs, kernel, state=state, span=slice(position, position + 1))
+    """On the kernel: a prefill of 4, a second prefill chunk of 4 from its state, then one token at a time with the
+    carried state; together they are the whole sequence's torch read, and end in its final state. Left padding."""
+    valid = torch.ones(2, 11, dtype=torch.bool)
+    valid[1, :6] = False  # the first prefill chunk of row 1 is all padding, the second half
+    whole = read(inputs, "torch", valid)
+    state, mus, f_maxes = None, [], []
+    for span in [slice(0, 4), slice(4, 8)] + [slice(position, position + 1) for position in range(8, 11)]:
+        step = read(inputs, kernel, valid, state=state, span=span)
         state = step.state
         mus.append(step.mu)
         f_maxes.append(step.f_max)
