@@ -381,3 +381,32 @@ def test_half_precision_cached_decoding_keeps_the_exp_branch(prior, dtype):
     assert (stepped.float() - reference).abs().mean() < 0.1 * lse_effect
     if prior == "softmax" and dtype == torch.float16:
         assert cache.layers[0].values.dtype == torch.float32  # fp16 cannot hold the cached exp values
+
+
+@pytest.mark.parametrize("prior", ["softmax", "gla", "aft", "ssm"])
+def test_assisted_and_prompt_lookup_decoding_are_refused_before_anything_runs(prior):
+    """FEM is stateful (`_is_stateful`): generate() refuses both modes with transformers' own message before the
+    assistant runs, instead of failing later when it would crop the cache."""
+    model, assistant = tiny_fem(prior=prior), tiny_fem(prior=prior, num_hidden_layers=1)
+    calls = []
+    assistant.register_forward_hook(lambda *args: calls.append(1))
+    ids = torch.randint(3, 97, (1, 6))
+    for options in ({"assistant_model": assistant}, {"prompt_lookup_num_tokens": 2}):
+        with pytest.raises(ValueError, match="assisted generation is not supported with stateful models"):
+            model.generate(ids, max_new_tokens=3, do_sample=False, **options)
+    assert calls == []
+
+
+def test_rope_parameters_without_queries_and_keys_are_warned_about_once():
+    from transformers.testing_utils import CaptureLogger
+
+    from energyzoo.modeling import configuration_fem
+
+    custom = {"rope_type": "default", "rope_theta": 123456.0}
+    with CaptureLogger(configuration_fem.logger) as captured:
+        for prior in ("softmax", "gla", "aft"):  # RoPE rotates the softmax and GLA priors' queries and keys
+            FEMConfig(prior=prior, rope_parameters=dict(custom))
+        FEMConfig(prior="aft", rope_parameters=dict(custom))  # the same warning again: not repeated
+        FEMConfig(prior="ssm")  # the default: nothing to say
+    assert captured.out.count("have no effect with prior='aft'") == 1
+    assert "softmax" not in captured.out and "gla" not in captured.out and "ssm" not in captured.out

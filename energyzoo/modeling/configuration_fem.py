@@ -5,14 +5,19 @@ import math
 from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
 from transformers.activations import ACT2FN
+from transformers.utils import logging
 
 from .checks import require
+
+logger = logging.get_logger(__name__)
 
 FEM_PRIORS = ("softmax", "gla", "aft", "ssm")
 # The read implementations per prior (``FEMConfig.kernel``). The softmax prior's is chosen by attn_implementation.
 PRIOR_KERNELS = {"softmax": ("auto",), "gla": ("auto", "torch", "fla"), "aft": ("auto", "torch"),
                  "ssm": ("auto", "torch", "mamba")}
 OWNER = "FEMConfig"
+DEFAULT_ROPE = {"rope_type": "default", "rope_theta": 10000.0}
+PRIORS_WITHOUT_QUERIES = ("aft", "ssm")  # no queries or keys: nothing for RoPE to rotate
 GLA_DECAY_KINDS = ("head", "channel")
 
 
@@ -68,15 +73,6 @@ class FEMConfig(PreTrainedConfig):
 
     model_type = "fem"
     keys_to_ignore_at_inference = ["past_key_values"]
-    base_model_tp_plan = {
-        "layers.*.self_attn.q_proj": "colwise",
-        "layers.*.self_attn.k_proj": "colwise",
-        "layers.*.self_attn.v_proj": "colwise",
-        "layers.*.self_attn.o_proj": "rowwise",
-        "layers.*.mlp.gate_proj": "colwise",
-        "layers.*.mlp.up_proj": "colwise",
-        "layers.*.mlp.down_proj": "rowwise",
-    }
 
     vocab_size: int = 32000
     hidden_size: int = 1024
@@ -117,7 +113,12 @@ class FEMConfig(PreTrainedConfig):
     def __post_init__(self, **kwargs):
         self._check_fem_fields()
         if self.rope_parameters is None:
-            self.rope_parameters = {"rope_type": "default", "rope_theta": 10000.0}
+            self.rope_parameters = dict(DEFAULT_ROPE)
+        elif self.prior in PRIORS_WITHOUT_QUERIES and self.rope_parameters != DEFAULT_ROPE:
+            logger.warning_once(
+                f"FEMConfig: rope_parameters={self.rope_parameters} have no effect with prior={self.prior!r}, which "
+                "has no queries or keys to rotate (FEM App. H.3 / H.4)."
+            )
         if self.time_decay_rank is None:
             self.time_decay_rank = max(1, self.value_width // 16)
         if self.layer_types is None:
@@ -154,6 +155,28 @@ class FEMConfig(PreTrainedConfig):
         for field in ("decay_normalizer", "feature_eps", "rms_norm_eps"):
             require(OWNER, getattr(self, field) > 0, field, "> 0", getattr(self, field))
         require(OWNER, 0 <= self.initializer_range <= 1, "initializer_range", "in [0, 1]", self.initializer_range)
+
+    @property
+    def base_model_tp_plan(self) -> dict[str, str]:
+        """Tensor parallelism (``from_pretrained(tp_plan="auto")``) splits heads, as for Llama: every projection
+        with a head or channel axis (this prior's selection projections, values, the gates) and the per-channel
+        parameters (beta_max, the SSM's Delta bias, a and D) are split by output columns, the output projection
+        by input rows. Every FEM read is independent across heads (softmax, GLA) or channels (AFT, SSM), so a
+        process reads its own heads exactly. Replicated: the SSM's B / C projection (shared by all channels) and
+        the time-decay conditioner (low-rank; each process takes the modulator columns of its shards)."""
+        attention = {"softmax": ("q_proj", "k_proj"), "gla": ("q_proj", "k_proj", "decay_proj"),
+                     "aft": ("k_proj", "decay_proj") if self.aft_decay else ("k_proj",), "ssm": ("dt_proj",)}
+        columns = [*attention[self.prior], "v_proj"]
+        columns += ["temperature_proj"] if self.use_lse and self.use_temperature_gate else []
+        columns += ["outer_gate_proj"] if self.use_outer_gate else []
+        columns += ["beta_max_raw"] if self.use_lse else []
+        columns += ["dt_bias", "ssm_generator_raw", "ssm_skip_raw"] if self.prior == "ssm" else []
+        plan = {f"layers.*.self_attn.{name}": "colwise" for name in columns}
+        plan["layers.*.self_attn.o_proj"] = "rowwise"
+        plan["layers.*.self_attn"] = "local_params"  # its bare per-channel parameters, read as local shards
+        plan.update({"layers.*.mlp.gate_proj": "colwise", "layers.*.mlp.up_proj": "colwise",
+                     "layers.*.mlp.down_proj": "rowwise"})
+        return plan
 
     def validate_layer_type(self):
         """Accept the FEM cache-layer types (the base class only knows attention layer types); the one strict

@@ -106,8 +106,14 @@ class TimeDecayConditioner(nn.Module):
         features = F.silu(shortcut).to(hidden_states.dtype) * self.state_norm(states.to(hidden_states.dtype))
         return features, final_state
 
-    def modulate(self, tensors: list[torch.Tensor], features: torch.Tensor) -> list[torch.Tensor]:
+    def modulate(
+        self, tensors: list[torch.Tensor], features: torch.Tensor, columns: list[tuple[int, slice]] | None = None
+    ) -> list[torch.Tensor]:
         """x_i * (1 + c_i) for consecutive column blocks c_i of c = h W_c, one per tensor (FEM eq. 34a-d), from
-        one matmul. (FEMAttention recomputes this and the projections in backward instead of keeping them.)"""
-        modulators = (features @ self.out_proj.to(features.dtype)).split([t.shape[-1] for t in tensors], dim=-1)
-        return [torch.addcmul(x, x, modulator.to(x.dtype)) for x, modulator in zip(tensors, modulators)]
+        one matmul. ``columns`` gives, per tensor, its projection's full width and the columns of it the tensor
+        holds, when the tensors are shards (tensor parallelism: W_c stays whole on every process, being low-rank);
+        None when they are whole. (FEMAttention recomputes this and the projections in backward.)"""
+        columns = columns or [(tensor.shape[-1], slice(None)) for tensor in tensors]
+        modulators = (features @ self.out_proj.to(features.dtype)).split([width for width, _ in columns], dim=-1)
+        return [torch.addcmul(x, x, modulator[..., held].to(x.dtype))
+                for x, modulator, (_, held) in zip(tensors, modulators, columns, strict=True)]

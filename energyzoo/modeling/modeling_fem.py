@@ -67,6 +67,17 @@ SUPPORTED_CACHE_IMPLEMENTATIONS = (None, "dynamic")
 SSM_INITIAL_STEP = 0.01  # Delta at initialisation (the middle of Mamba's [0.001, 0.1])
 
 
+def held_output_columns(linear: nn.Linear) -> tuple[int, slice]:
+    """The full output width of ``linear`` and the columns of it this process computes: all of them, or under
+    tensor parallelism (a weight sharded on its rows, as a DTensor) this process's contiguous shard."""
+    mesh = getattr(linear.weight, "device_mesh", None)
+    if mesh is None or linear.weight.placements[0].is_replicate():
+        return linear.out_features, slice(None)
+    shard = -(-linear.out_features // mesh.size())  # torch's chunking: the last shard may be shorter
+    start = mesh.get_local_rank() * shard
+    return linear.out_features, slice(start, min(start + shard, linear.out_features))
+
+
 class FEMAttention(nn.Module):
     """The two-level gated Free Energy Mixer in place of attention (FEM eq. 10-11, 34-35).
 
@@ -115,8 +126,8 @@ class FEMAttention(nn.Module):
         if config.use_outer_gate:
             self.outer_gate_proj = nn.Linear(hidden, value_width, bias=bias)
         if self.prior == "gla":
-            per_head = {"head": 1, "channel": self.head_dim}[config.gla_decay]
-            self.decay_proj = nn.Linear(hidden, per_head * self.num_heads, bias=True)
+            self.decay_per_head = {"head": 1, "channel": self.head_dim}[config.gla_decay]
+            self.decay_proj = nn.Linear(hidden, self.decay_per_head * self.num_heads, bias=True)
         elif self.prior == "aft" and config.aft_decay:
             self.decay_proj = nn.Linear(hidden, value_width, bias=True)
         if config.use_lse:
@@ -137,7 +148,7 @@ class FEMAttention(nn.Module):
 
     def beta_max(self) -> torch.Tensor:
         """Per-channel maximum inverse temperature, (heads, value_head_dim) (FEM eq. 9, App. K)."""
-        return F.softplus(widened(self.beta_max_raw) + self.beta_max_offset).view(self.num_heads, self.value_head_dim)
+        return F.softplus(widened(self.beta_max_raw) + self.beta_max_offset).view(-1, self.value_head_dim)
 
     def forward(
         self,
@@ -164,7 +175,7 @@ class FEMAttention(nn.Module):
             # which would otherwise be kept beside the modulated ones the prior keeps.
             projections = self._recomputed_in_backward(self._modulated_projections, hidden_states, features)
         projected = dict(zip(self.projection_names, projections))
-        heads = (batch, length, self.num_heads, -1)
+        heads = (batch, length, -1, self.value_head_dim)  # -1: this process's heads under tensor parallelism
         beta = self.beta_max() if self.config.use_lse else None
         selection, options = getattr(self, f"_{self.prior}_selection")(projected, position_embeddings)
         if self.prior == "softmax":
@@ -172,7 +183,8 @@ class FEMAttention(nn.Module):
         else:
             options.update(valid=padding_mask, chunk_size=self.config.prior_chunk_size)
             if beta is None:  # the recurrent reads always carry the exp stream: read at beta = 1, dropped below
-                beta = torch.ones(self.num_heads, self.value_head_dim, device=hidden_states.device)
+                local_heads = projected["v_proj"].shape[-1] // self.value_head_dim
+                beta = torch.ones(local_heads, self.value_head_dim, device=hidden_states.device)
         with torch.autocast(hidden_states.device.type, enabled=False):  # reads choose their own precision
             read = READS[self.prior](
                 projected["v_proj"].view(heads),
@@ -194,7 +206,8 @@ class FEMAttention(nn.Module):
         return [getattr(self, name)(hidden_states) for name in self.projection_names]
 
     def _modulated_projections(self, hidden_states, features) -> list[torch.Tensor]:
-        return self.time_decay.modulate(self._projections(hidden_states), features)
+        columns = [held_output_columns(getattr(self, name)) for name in self.projection_names]
+        return self.time_decay.modulate(self._projections(hidden_states), features, columns)
 
     def _softmax_selection(self, projected, position_embeddings):
         """RoPE'd queries and keys of the softmax prior (FEM H.1)."""
@@ -204,7 +217,8 @@ class FEMAttention(nn.Module):
         """RoPE'd queries and keys (their ReLU features are taken by the read) and the decay g (FEM H.2)."""
         query, key = self._rotated_query_key(projected, position_embeddings)
         batch, _, length, _ = query.shape
-        log_decay = self._log_decay(projected["decay_proj"]).view(batch, length, self.num_heads, -1).transpose(1, 2)
+        log_decay = self._log_decay(projected["decay_proj"]).view(batch, length, -1, self.decay_per_head)
+        log_decay = log_decay.transpose(1, 2)
         kernel = read_kernel(self.config.kernel, query, "fla", "fla")
         return (query, key, log_decay), {"eps": self.config.feature_eps, "kernel": kernel}
 
@@ -224,7 +238,7 @@ class FEMAttention(nn.Module):
     def _rotated_query_key(self, projected, position_embeddings):
         batch, length, _ = projected["q_proj"].shape
         query, key = (
-            projected[name].view(batch, length, self.num_heads, -1).transpose(1, 2) for name in ("q_proj", "k_proj")
+            projected[name].view(batch, length, -1, self.head_dim).transpose(1, 2) for name in ("q_proj", "k_proj")
         )
         return apply_rotary_pos_emb(query, key, *position_embeddings)
 
@@ -332,6 +346,10 @@ class FEMPreTrainedModel(PreTrainedModel):
     _supports_sdpa = True
     _supports_flash_attn = True
     _can_compile_fullgraph = True
+    # Every FEM cache carries state that cannot be rewound to an earlier length (the recurrent priors' states, the
+    # time-decay conditioner's, the softmax prior's running exp shift): generate() then refuses assisted and
+    # prompt-lookup decoding up front, as for Mamba and RWKV, instead of failing when it crops the cache.
+    _is_stateful = True
     _can_record_outputs = {"hidden_states": FEMDecoderLayer, "attentions": FEMAttention}
 
     def _init_weights(self, module):
@@ -446,6 +464,7 @@ class FEMModel(FEMPreTrainedModel):
 
 class FEMForCausalLM(FEMPreTrainedModel, GenerationMixin):
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+    _tp_plan = {"lm_head": "colwise_gather_output"}
 
     def __init__(self, config: FEMConfig):
         super().__init__(config)
