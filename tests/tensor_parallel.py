@@ -3,8 +3,8 @@
 Run under ``python -m torch.distributed.run --nproc_per_node P tests/tensor_parallel.py OUT FOLDER...``: each
 process loads every FOLDER with ``from_pretrained(tp_plan="auto")`` (gloo on CPU), computes the logits of a
 left-padded batch (`BATCH`) and its greedy continuation, and rank 0 saves ``{folder: {"logits", "generated",
-"value_rows"}}`` to OUT, ``value_rows`` being the rows of layer 0's value projection this process holds (proof that
-the plan sharded it).
+"held_width"}}`` to OUT, ``held_width`` being the output columns of the first attention's value map (FEM's v_proj,
+GPT-2's packed c_attn) this process holds: proof that the plan split it.
 """
 
 import os
@@ -25,6 +25,14 @@ def batch(vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, mask
 
 
+def held_width(model) -> int:
+    """Output columns of the first attention's value map (FEM's v_proj, GPT-2's packed c_attn) on this process."""
+    weight = (model.transformer.h[0].attn.c_attn if model.config.model_type == "tel-gpt2"
+              else model.model.layers[0].self_attn.v_proj).weight
+    local = weight.to_local() if hasattr(weight, "to_local") else weight
+    return local.shape[1] if model.config.model_type == "tel-gpt2" else local.shape[0]  # Conv1D is (in, out)
+
+
 def run(model) -> dict[str, torch.Tensor]:
     ids, mask = batch(model.config.vocab_size)
     with torch.no_grad():
@@ -38,7 +46,6 @@ if __name__ == "__main__":
     results = {}
     for folder in folders:
         model = AutoModelForCausalLM.from_pretrained(folder, tp_plan="auto").eval()
-        value_weight = model.model.layers[0].self_attn.v_proj.weight
-        results[folder] = {**run(model), "value_rows": value_weight.to_local().shape[0]}
+        results[folder] = {**run(model), "held_width": held_width(model)}
     if int(os.environ["RANK"]) == 0:
         torch.save(results, output)

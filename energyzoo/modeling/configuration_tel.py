@@ -58,6 +58,13 @@ class TELGPT2Config(TELPlacementMixin, GPT2Config, TELSettings):
     default changed for a causal LM: ``tel_entropy_pooling="token"``."""
 
     model_type = "tel-gpt2"
+    # `tel_tensor_parallel`: attention heads split (GPT-2's Conv1D styles), the FFN and its TEL layer whole
+    base_model_tp_plan = {
+        "wte": "embedding_rowwise",
+        "h.*.attn.c_attn": "tel_gpt2_packed_qkv_colwise",
+        "h.*.attn.c_proj": "tel_gpt2_conv1d_rowwise",
+        "h.*.attn": "tel_gpt2_local_heads",
+    }
     tel_placement: str | list[int] = "head"
     # A causal LM: entropy statistics per position, so no later token or other sequence changes an earlier
     # output in training (D.4's batch pooling would let the future in). Vision models keep "batch".

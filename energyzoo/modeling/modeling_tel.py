@@ -42,6 +42,11 @@ from .tel_layer import FP32_PARAMETERS, ThermodynamicRefinement
 
 logger = logging.get_logger(__name__)
 
+if torch.distributed.is_available():  # the styles TELGPT2Config's tensor-parallel plan names
+    from .tel_tensor_parallel import register_tensor_parallel_styles
+
+    register_tensor_parallel_styles()
+
 
 def positions_from_attention_mask(arguments: dict) -> None:
     """Position ids of a left-padded batch from its 2-D attention mask (as `generate()` computes them), when
@@ -153,6 +158,8 @@ class TELGPT2Model(TELGPT2PreTrainedModel, GPT2Model):
 
 class TELGPT2LMHeadModel(TELGPT2PreTrainedModel, GPT2LMHeadModel):
     """GPT-2 LM (tied head, KV cache, generate) with TEL layers in the FFNs of `config.tel_blocks()`."""
+
+    _tp_plan = {"lm_head": "colwise_gather_output"}
 
     def __init__(self, config: TELGPT2Config):
         super().__init__(config)
