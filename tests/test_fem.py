@@ -410,3 +410,33 @@ def test_rope_parameters_without_queries_and_keys_are_warned_about_once():
         FEMConfig(prior="ssm")  # the default: nothing to say
     assert captured.out.count("have no effect with prior='aft'") == 1
     assert "softmax" not in captured.out and "gla" not in captured.out and "ssm" not in captured.out
+
+
+@pytest.mark.parametrize("prior", ["softmax", "gla", "aft", "ssm"])
+def test_transformers_cache_utilities_on_fem_caches(prior):
+    """What third-party code reads of a FEM cache: lengths and mask sizes count the tokens, `is_initialized` follows
+    the state, a batch edit selects rows exactly as running those rows alone, crop is refused, a reset cache
+    decodes as a fresh one, and the recurrent layers expose no keys / values (their state is `prior_state`)."""
+    model = tiny_fem(prior=prior)
+    ids = torch.randint(3, 97, (3, 7))
+    with torch.no_grad():
+        cache = model(ids[:, :5], use_cache=True).past_key_values
+        model(ids[:, 5:6], past_key_values=cache, use_cache=True)
+        assert cache.get_seq_length() == 6 and cache.get_mask_sizes(1, 0) == (7, 0)
+        layer = cache.layers[0]
+        if prior != "softmax":
+            assert layer.is_initialized and layer.keys is None and layer.values is None
+            with pytest.raises(ValueError, match=type(layer).__name__):
+                cache.has_previous_state(0)
+        with pytest.raises(NotImplementedError, match="cannot be rewound"):
+            cache.crop(1)
+        cache.batch_select_indices(torch.tensor([2, 0]))  # rows 2 and 0, as a batch of those two alone
+        expected = model(ids[[2, 0]], use_cache=False).logits[:, -1]
+        torch.testing.assert_close(model(ids[[2, 0], 6:7], past_key_values=cache).logits[:, -1], expected,
+                                   rtol=1e-5, atol=1e-5)
+        cache.reset()
+        assert prior == "softmax" or not cache.layers[0].is_initialized
+        if prior != "softmax":  # a reset recurrent cache starts over (the softmax one keeps its zeroed tensors)
+            assert cache.get_seq_length() == 0
+            torch.testing.assert_close(model(ids, past_key_values=cache).logits, model(ids).logits, rtol=1e-5,
+                                       atol=1e-5)

@@ -90,13 +90,24 @@ class _StateOnlyLayer(CacheLayerMixin):
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         pass
 
+    def reset(self) -> None:  # nothing of its own to zero; the states are dropped by `_FEMStateMixin.reset`
+        self.is_initialized = False
+
 
 class FEMRecurrentCacheLayer(_FEMStateMixin, _StateOnlyLayer):
     """Fixed-size decoding state of one FEM layer with a recurrent prior (FEM App. H.2-H.4): the prior's
     state (for GLA the decayed sums of k~ [v, exp(beta v - M), 1] and their shift M), the conditioner's
-    state and the number of tokens seen. Its size does not grow with the sequence."""
+    state and the number of tokens seen. Its size does not grow with the sequence.
+
+    What transformers' cache utilities see: ``keys`` / ``values`` stay None (``update`` refuses keys and values),
+    ``get_seq_length`` / ``get_mask_sizes`` count the tokens seen, ``is_initialized`` turns True with the first
+    tokens, beam and batch edits move the states, ``reset`` empties them, and ``crop`` is refused (a recurrent
+    state cannot be rewound). It is not one of transformers' linear-attention layers (its states are FEM's own
+    tuples), so ``Cache.has_previous_state`` and ``get_recurrent_state`` refuse it, naming its type; early
+    (static) initialisation does not apply."""
 
     is_croppable = False
+    supports_early_init = False
     state_names = ("time_decay_state", "prior_state")
 
     def __init__(self, **kwargs):
@@ -114,6 +125,7 @@ class FEMRecurrentCacheLayer(_FEMStateMixin, _StateOnlyLayer):
     def advance(self, prior_state: tuple[torch.Tensor, ...], new_tokens: int) -> None:
         self.prior_state = prior_state
         self.seen_tokens += new_tokens
+        self.is_initialized = True
 
     def get_seq_length(self) -> int:
         return self.seen_tokens
