@@ -440,3 +440,24 @@ def test_transformers_cache_utilities_on_fem_caches(prior):
             assert cache.get_seq_length() == 0
             torch.testing.assert_close(model(ids, past_key_values=cache).logits, model(ids).logits, rtol=1e-5,
                                        atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_eager_softmax_prior_in_half_precision_with_padding_matches_sdpa(dtype):
+    """transformers' half-precision masks reach the eager path as they are (fp32's minimum does not fit in them)."""
+    model = tiny_fem().to(dtype)
+    ids = torch.randint(3, 97, (2, 9))
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0
+    with torch.no_grad():
+        sdpa = model(ids, attention_mask=mask).logits
+        model.set_attn_implementation("eager")
+        eager = model(ids, attention_mask=mask).logits
+    real = mask.bool()
+    torch.testing.assert_close(eager[real].float(), sdpa[real].float(), rtol=2e-2, atol=2e-2)
+
+
+def test_an_unknown_attention_implementation_is_refused_in_transformers_words():
+    for prior in ("softmax", "gla"):
+        with pytest.raises(ValueError, match='Specified `attn_implementation="foo"` is not supported'):
+            tiny_fem(prior=prior).set_attn_implementation("foo")

@@ -263,9 +263,10 @@ class FEMAttention(nn.Module):
                     f"value_head_dim = {value.shape[-1]}, head_dim = {query.shape[-1]}): use value_ratio <= "
                     "qk_ratio / 2."
                 )
-        if implementation == "eager" and attention_mask is not None and attention_mask.is_floating_point():
+        if implementation == "eager" and attention_mask is not None and attention_mask.dtype == torch.float64:
             # transformers' eager softmax runs in fp32: a float64 mask's minimum would become -inf there, and
-            # rows with no visible key NaN (then 0 * NaN in later layers reaches real tokens).
+            # rows with no visible key NaN (then 0 * NaN in later layers reaches real tokens). (Half-precision
+            # masks fit in fp32, and cannot hold fp32's minimum.)
             attention_mask = attention_mask.clamp_min(torch.finfo(torch.float32).min)
         interface = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
         return interface(self, query, key, value, attention_mask, dropout=0.0, scaling=scale or self.scaling)
@@ -379,9 +380,9 @@ class FEMPreTrainedModel(PreTrainedModel):
                     else f"the {prior} prior is a chunkwise recurrence, not softmax attention; its read has one "
                     "implementation (the default)"
                 )
-                raise ValueError(
-                    f"FEM-LM with prior={prior!r} supports attn_implementation in {list(allowed)} (or None), got "
-                    f"{attn_implementation!r}: {reason}."
+                raise ValueError(  # opens with transformers' own words for an unsupported implementation
+                    f'Specified `attn_implementation="{attn_implementation}"` is not supported by FEM-LM with '
+                    f"prior={prior!r}: it supports attn_implementation in {list(allowed)} (or None); {reason}."
                 )
         return super()._check_and_adjust_attn_implementation(attn_implementation, is_init_check, allow_all_kernels)
 
