@@ -46,8 +46,17 @@ from transformers.utils.output_capturing import CompileableContextVar
 
 COMMON_ENERGY_KEYS = ("energy", "temperature", "step_size", "iterations", "residual")
 
+class ForwardContextVar(CompileableContextVar):
+    """transformers' compile-friendly context variable, for the zoo's per-forward settings (the energy trace, the
+    refinement steps). Its methods are bound here, so that what is done to `CompileableContextVar`, which
+    transformers' output capturing owns (its tests patch it, taking every value for a dict of captured outputs),
+    does not reach the zoo's variables."""
+
+    get, set, reset = CompileableContextVar.get, CompileableContextVar.set, CompileableContextVar.reset
+
+
 # The trace of the forward in progress (None: nothing is recorded).
-_ACTIVE_TRACE = CompileableContextVar("energyzoo_energy_trace")
+_ACTIVE_TRACE = ForwardContextVar("energyzoo_energy_trace")
 
 
 @dataclass

@@ -21,12 +21,13 @@ from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple
 
 import torch
-from transformers.utils.output_capturing import CompileableContextVar
+
+from .outputs import ForwardContextVar
 
 RECORD_MODES = (None, "detached", "graph")
 
 # The run-wide K override of the forward in progress (None: each layer's configured K).
-_STEPS_OVERRIDE = CompileableContextVar("energyzoo_refinement_steps")
+_STEPS_OVERRIDE = ForwardContextVar("energyzoo_refinement_steps")
 
 
 @dataclass(frozen=True)

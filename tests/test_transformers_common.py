@@ -1,0 +1,130 @@
+"""transformers' own common model tests (`ModelTesterMixin`, `GenerationTesterMixin` from its repository's
+``tests/``), run against zoo models the way transformers runs them for Llama and GPT-2. The test bodies are
+transformers'; this file only wires model testers to them.
+
+CI cannot download transformers' repository, so this module runs only when ``ENERGYZOO_TRANSFORMERS_TESTS`` names a
+checkout of transformers' ``tests/`` folder of the installed version (otherwise it is skipped: the one skip of its
+kind in the suite)::
+
+    git clone --depth 1 --branch v$(python -c "import transformers; print(transformers.__version__)") \\
+        https://github.com/huggingface/transformers /tmp/transformers
+    pip install parameterized
+    ENERGYZOO_TRANSFORMERS_TESTS=/tmp/transformers/tests python -m pytest -q tests/test_transformers_common.py
+
+Covered so far: FEM (each prior) and TEL-GPT2. Where a common test does not apply, `SKIPS` says why.
+"""
+
+import os
+import sys
+import unittest
+from pathlib import Path
+
+import pytest
+
+TRANSFORMERS_TESTS = os.environ.get("ENERGYZOO_TRANSFORMERS_TESTS")
+if not TRANSFORMERS_TESTS:
+    pytest.skip("set ENERGYZOO_TRANSFORMERS_TESTS to a checkout of transformers' tests/ (see this module's docstring)",
+                allow_module_level=True)
+sys.path.insert(0, str(Path(TRANSFORMERS_TESTS).resolve().parent))
+
+from tests.generation.test_utils import GenerationTesterMixin  # noqa: E402
+from tests.test_modeling_common import ModelTesterMixin, ids_tensor, random_attention_mask  # noqa: E402
+from transformers.models.auto import modeling_auto  # noqa: E402
+
+from energyzoo.modeling.configuration_fem import FEMConfig  # noqa: E402
+from energyzoo.modeling.configuration_tel import TELGPT2Config  # noqa: E402
+from energyzoo.modeling.modeling_fem import FEMForCausalLM, FEMForSequenceClassification, FEMModel  # noqa: E402
+from energyzoo.modeling.modeling_tel import TELGPT2LMHeadModel, TELGPT2Model  # noqa: E402
+
+# transformers' tests find a class's task by its name in these tables, where transformers lists its own models
+TASK_TABLES = {
+    "MODEL_MAPPING_NAMES": {"fem": "FEMModel", "tel-gpt2": "TELGPT2Model"},
+    "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES": {"fem": "FEMForCausalLM", "tel-gpt2": "TELGPT2LMHeadModel"},
+    "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES": {"fem": "FEMForSequenceClassification"},
+}
+RECURRENT_ATTENTION = ("the GLA, AFT and SSM priors are recurrences, not softmax attention: FEM accepts only "
+                       "attn_implementation='sdpa' for them and refuses 'eager' with a clear error")
+ATTENTIONS_UNDER_SDPA = ("it asks for output_attentions=True under SDPA; FEM refuses that with a clear error (the "
+                         "probabilities exist only under attn_implementation='eager') instead of returning none")
+SKIPS = {  # (family, test name or its parameterized prefix) -> why it does not apply
+    ("fem", "test_model_outputs_equivalence"): ATTENTIONS_UNDER_SDPA,
+    ("fem", "test_capture_outputs_decorator"): ATTENTIONS_UNDER_SDPA,
+    ("fem-recurrent", "test_can_set_attention_dynamically"): RECURRENT_ATTENTION,
+    ("fem-recurrent", "test_retain_grad_hidden_states_attentions"): RECURRENT_ATTENTION,
+    ("fem-without-queries", "test_model_rope_scaling_from_config"): (
+        "the AFT and SSM priors have no queries or keys for RoPE to rotate, so RoPE scaling changes nothing (a "
+        "non-default rope_parameters is warned about once)"),
+}
+
+
+@pytest.fixture(autouse=True)
+def zoo_classes_in_transformers_task_tables(monkeypatch):
+    for table, entries in TASK_TABLES.items():
+        for model_type, class_name in entries.items():
+            monkeypatch.setitem(getattr(modeling_auto, table), model_type, class_name)
+
+
+class TinyCausalLMTester:
+    """What transformers' common tests read of a model tester, for a causal LM on token ids."""
+
+    batch_size, seq_length, vocab_size = 3, 7, 99
+    hidden_size, num_hidden_layers, num_attention_heads, intermediate_size = 32, 2, 4, 37
+    is_training = True
+
+    def __init__(self, parent, make_config):
+        self.parent, self.make_config = parent, make_config
+
+    def get_config(self):
+        return self.make_config(self)
+
+    def prepare_config_and_inputs_for_common(self):
+        input_ids = ids_tensor([self.batch_size, self.seq_length], self.vocab_size)
+        return self.get_config(), {"input_ids": input_ids,
+                                   "attention_mask": random_attention_mask([self.batch_size, self.seq_length])}
+
+
+def with_skips(test_class, families):
+    """Replace each common test that `SKIPS` names for ``families`` (each parameterized variant) by a skip that says
+    why."""
+    for (family, prefix), reason in SKIPS.items():
+        if family in families:
+            for name in [name for name in dir(test_class) if name == prefix or name.startswith(f"{prefix}_")]:
+                setattr(test_class, name, unittest.skip(reason)(lambda self: None))
+    return test_class
+
+
+def fem_test_case(prior: str):
+    def make_config(tester):
+        return FEMConfig(vocab_size=tester.vocab_size, hidden_size=tester.hidden_size, prior=prior,
+                         num_hidden_layers=tester.num_hidden_layers, num_attention_heads=tester.num_attention_heads,
+                         intermediate_size=tester.intermediate_size, time_decay_rank=4, pad_token_id=0,
+                         max_position_embeddings=64)
+
+    class FEMCommonTest(ModelTesterMixin, GenerationTesterMixin, unittest.TestCase):
+        all_model_classes = (FEMModel, FEMForCausalLM, FEMForSequenceClassification)
+        has_attentions = prior == "softmax"
+
+        def setUp(self):
+            self.model_tester = TinyCausalLMTester(self, make_config)
+
+    FEMCommonTest.__name__ = FEMCommonTest.__qualname__ = f"FEM{prior.upper()}CommonTest"
+    families = {"softmax": ("fem",), "gla": ("fem", "fem-recurrent"),
+                "aft": ("fem", "fem-recurrent", "fem-without-queries"),
+                "ssm": ("fem", "fem-recurrent", "fem-without-queries")}[prior]
+    return with_skips(FEMCommonTest, families)
+
+
+FEMSOFTMAXCommonTest = fem_test_case("softmax")
+FEMGLACommonTest = fem_test_case("gla")
+FEMAFTCommonTest = fem_test_case("aft")
+FEMSSMCommonTest = fem_test_case("ssm")
+
+
+class TELGPT2CommonTest(ModelTesterMixin, GenerationTesterMixin, unittest.TestCase):
+    all_model_classes = (TELGPT2Model, TELGPT2LMHeadModel)
+
+    def setUp(self):
+        self.model_tester = TinyCausalLMTester(self, lambda tester: TELGPT2Config(
+            vocab_size=tester.vocab_size, n_embd=tester.hidden_size, n_layer=tester.num_hidden_layers,
+            n_head=tester.num_attention_heads, n_positions=64, tel_placement="full", bos_token_id=1, eos_token_id=2,
+            pad_token_id=0))
