@@ -11,9 +11,11 @@ kind in the suite)::
     pip install parameterized
     ENERGYZOO_TRANSFORMERS_TESTS=/tmp/transformers/tests python -m pytest -q tests/test_transformers_common.py
 
-Covered so far: FEM (each prior) and TEL-GPT2. Where a common test does not apply, `SKIPS` says why.
+Covered so far: FEM (each prior), TEL-GPT2, TEL-ViT and TEL-ResNet. Where a common test does not apply, `SKIPS`
+says why.
 """
 
+import functools
 import os
 import sys
 import unittest
@@ -28,19 +30,34 @@ if not TRANSFORMERS_TESTS:
 sys.path.insert(0, str(Path(TRANSFORMERS_TESTS).resolve().parent))
 
 from tests.generation.test_utils import GenerationTesterMixin  # noqa: E402
-from tests.test_modeling_common import ModelTesterMixin, ids_tensor, random_attention_mask  # noqa: E402
+from tests.test_modeling_common import (  # noqa: E402
+    ModelTesterMixin,
+    floats_tensor,
+    ids_tensor,
+    random_attention_mask,
+)
 from transformers.models.auto import modeling_auto  # noqa: E402
 
 from energyzoo.modeling.configuration_fem import FEMConfig  # noqa: E402
-from energyzoo.modeling.configuration_tel import TELGPT2Config  # noqa: E402
+from energyzoo.modeling.configuration_tel import TELGPT2Config, TELResNetConfig, TELViTConfig  # noqa: E402
 from energyzoo.modeling.modeling_fem import FEMForCausalLM, FEMForSequenceClassification, FEMModel  # noqa: E402
-from energyzoo.modeling.modeling_tel import TELGPT2LMHeadModel, TELGPT2Model  # noqa: E402
+from energyzoo.modeling.modeling_tel import (  # noqa: E402
+    TELGPT2LMHeadModel,
+    TELGPT2Model,
+    TELResNetForImageClassification,
+    TELResNetModel,
+    TELViTForImageClassification,
+    TELViTModel,
+)
 
 # transformers' tests find a class's task by its name in these tables, where transformers lists its own models
 TASK_TABLES = {
-    "MODEL_MAPPING_NAMES": {"fem": "FEMModel", "tel-gpt2": "TELGPT2Model"},
+    "MODEL_MAPPING_NAMES": {"fem": "FEMModel", "tel-gpt2": "TELGPT2Model", "tel-vit": "TELViTModel",
+                            "tel-resnet": "TELResNetModel"},
     "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES": {"fem": "FEMForCausalLM", "tel-gpt2": "TELGPT2LMHeadModel"},
     "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES": {"fem": "FEMForSequenceClassification"},
+    "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES": {"tel-vit": "TELViTForImageClassification",
+                                                     "tel-resnet": "TELResNetForImageClassification"},
 }
 RECURRENT_ATTENTION = ("the GLA, AFT and SSM priors are recurrences, not softmax attention: FEM accepts only "
                        "attn_implementation='sdpa' for them and refuses 'eager' with a clear error")
@@ -51,6 +68,12 @@ SKIPS = {  # (family, test name or its parameterized prefix) -> why it does not 
     ("fem", "test_capture_outputs_decorator"): ATTENTIONS_UNDER_SDPA,
     ("fem-recurrent", "test_can_set_attention_dynamically"): RECURRENT_ATTENTION,
     ("fem-recurrent", "test_retain_grad_hidden_states_attentions"): RECURRENT_ATTENTION,
+    ("vision", "test_model_get_set_embeddings"): (
+        "images enter through a patch or stem convolution, not a token embedding (transformers' ViT and ResNet tests "
+        "replace or skip it too)"),
+    ("convolutional", "test_hidden_states_output"): (
+        "its hidden states are feature maps (batch, channels, height, width), not the (batch, sequence, hidden) the "
+        "common test reads (transformers' ResNet test replaces it too)"),
     ("fem-without-queries", "test_model_rope_scaling_from_config"): (
         "the AFT and SSM priors have no queries or keys for RoPE to rotate, so RoPE scaling changes nothing (a "
         "non-default rope_parameters is warned about once)"),
@@ -128,3 +151,50 @@ class TELGPT2CommonTest(ModelTesterMixin, GenerationTesterMixin, unittest.TestCa
             vocab_size=tester.vocab_size, n_embd=tester.hidden_size, n_layer=tester.num_hidden_layers,
             n_head=tester.num_attention_heads, n_positions=64, tel_placement="full", bos_token_id=1, eos_token_id=2,
             pad_token_id=0))
+
+
+class TinyImageTester:
+    """What transformers' common tests read of a model tester, for an image classifier on pixel values."""
+
+    batch_size, image_size, num_channels, num_labels = 3, 8, 3, 3
+    hidden_size, num_hidden_layers, num_attention_heads = 32, 2, 4
+    is_training = True
+
+    def __init__(self, parent, make_config, seq_length=None):
+        self.parent, self.make_config, self.seq_length = parent, make_config, seq_length
+        # read by the tests' masked-image-modeling branches (bool_masked_pos covers the patches, not [CLS])
+        self.mask_length = (seq_length or 1) - 1
+        self.num_masks = self.mask_length // 2
+
+    def get_config(self):
+        return self.make_config(self)
+
+    def prepare_config_and_inputs_for_common(self):
+        pixels = floats_tensor([self.batch_size, self.num_channels, self.image_size, self.image_size])
+        return self.get_config(), {"pixel_values": pixels}
+
+
+@functools.partial(with_skips, families=("vision",))
+class TELViTCommonTest(ModelTesterMixin, unittest.TestCase):
+    all_model_classes = (TELViTModel, TELViTForImageClassification)
+    test_resize_embeddings = False  # no vocabulary
+
+    def setUp(self):
+        patch_size = 2
+        self.model_tester = TinyImageTester(self, lambda tester: TELViTConfig(
+            image_size=tester.image_size, patch_size=patch_size, num_channels=tester.num_channels,
+            hidden_size=tester.hidden_size, num_hidden_layers=tester.num_hidden_layers,
+            num_attention_heads=tester.num_attention_heads, intermediate_size=37, num_labels=tester.num_labels,
+            tel_placement="full"), seq_length=(8 // patch_size) ** 2 + 1)  # the patches and [CLS]
+
+
+@functools.partial(with_skips, families=("vision", "convolutional"))
+class TELResNetCommonTest(ModelTesterMixin, unittest.TestCase):
+    all_model_classes = (TELResNetModel, TELResNetForImageClassification)
+    has_attentions = False
+    test_resize_embeddings = False  # no vocabulary
+
+    def setUp(self):
+        self.model_tester = TinyImageTester(self, lambda tester: TELResNetConfig(
+            num_channels=tester.num_channels, embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1],
+            layer_type="basic", num_labels=tester.num_labels, tel_placement="full"))
