@@ -88,6 +88,20 @@ def test_regularisers_act_with_their_paper_weights_and_vanish_when_zero():
     torch.testing.assert_close(out.loss, next_token)
 
 
+@pytest.mark.parametrize("alignment", ["aligned", "shifted"])
+def test_supplied_shift_labels_are_the_targets_in_either_alignment(alignment):
+    """``shift_labels`` (targets aligned with the logits, what sequence-parallel trainers hand the model) are what the
+    cross-entropy reads, whatever ``labels`` and `label_alignment` say."""
+    ids, mask, labels = padded_batch("left")
+    targets = torch.randint(0, 16, labels.shape, generator=torch.Generator().manual_seed(3)).masked_fill(mask == 0,
+                                                                                                        -100)
+    model = build(label_alignment=alignment)
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=mask, labels=labels, shift_labels=targets)
+    expected = F.cross_entropy(out.logits.reshape(-1, 16), targets.reshape(-1), ignore_index=-100)
+    torch.testing.assert_close(out.task_loss, expected)
+
+
 def test_loss_parts_are_the_ones_of_the_returned_trajectory_and_maps():
     """hidden_states are Z_0 = 0, ..., Z_T and attentions the T maps; eq. 3-5 recomputed from them in float64 are the
     parts the model returns, with the entropy target eta in eq. 5's absolute value."""

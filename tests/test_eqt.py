@@ -7,6 +7,7 @@ import copy
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from energyzoo.modeling.configuration_eqt import EqTLlamaConfig
 from energyzoo.modeling.eqt_energy import position_mask
@@ -256,3 +257,26 @@ def test_every_layer_sites_refine_each_with_its_own_memory():
     assert moved.tolist() == [True, True]
     outputs.loss.backward()
     assert model.model.layers[0].mlp.down_proj.weight.grad.abs().max() > 0
+
+
+def test_eager_attention_reaches_the_reverse_encoder_and_gives_the_sdpa_logits(monkeypatch):
+    """After set_attn_implementation("eager") no layer, the reverse encoder's included, calls SDPA, and the logits
+    (padded batch, every energy on) are SDPA's; back on SDPA, every decoder and reverse-encoder layer calls it."""
+    model = build()
+    ids, mask = ids_and_mask(model.config.vocab_size, left_pad=3)
+    with torch.no_grad():
+        expected = model(input_ids=ids, attention_mask=mask).logits
+    calls = []
+    sdpa = ALL_ATTENTION_FUNCTIONS["sdpa"]
+    monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS._global_mapping, "sdpa",
+                        lambda *args, **kwargs: calls.append(1) or sdpa(*args, **kwargs))
+    model.set_attn_implementation("eager")
+    with torch.no_grad():
+        eager = model(input_ids=ids, attention_mask=mask).logits
+    assert calls == []
+    real = mask.bool()
+    torch.testing.assert_close(eager[real], expected[real], rtol=1e-5, atol=1e-5)
+    model.set_attn_implementation("sdpa")
+    with torch.no_grad():
+        model(input_ids=ids, attention_mask=mask)
+    assert len(calls) == model.config.num_hidden_layers + model.config.erm_rev_num_layers

@@ -11,8 +11,9 @@ kind in the suite)::
     pip install parameterized
     ENERGYZOO_TRANSFORMERS_TESTS=/tmp/transformers/tests python -m pytest -q tests/test_transformers_common.py
 
-Covered so far: FEM (each prior), TEL-GPT2, TEL-ViT and TEL-ResNet. Where a common test does not apply, `SKIPS`
-says why.
+Covered: FEM (each prior), TEL-GPT2, TEL-ViT, TEL-ResNet, EqT-LLaMA, EER, and Hyper-SET's three heads (image
+classification, Sudoku token classification, MaskGIT masked image modelling). Where a common test does not apply,
+`SKIPS` says why.
 """
 
 import functools
@@ -38,9 +39,20 @@ from tests.test_modeling_common import (  # noqa: E402
 )
 from transformers.models.auto import modeling_auto  # noqa: E402
 
+from energyzoo.modeling.configuration_eer import EERConfig  # noqa: E402
+from energyzoo.modeling.configuration_eqt import EqTLlamaConfig  # noqa: E402
 from energyzoo.modeling.configuration_fem import FEMConfig  # noqa: E402
+from energyzoo.modeling.configuration_hyperset import HyperSETConfig  # noqa: E402
 from energyzoo.modeling.configuration_tel import TELGPT2Config, TELResNetConfig, TELViTConfig  # noqa: E402
+from energyzoo.modeling.modeling_eer import EERForCausalLM, EERModel  # noqa: E402
+from energyzoo.modeling.modeling_eqt import EqTLlamaForCausalLM, EqTLlamaModel  # noqa: E402
 from energyzoo.modeling.modeling_fem import FEMForCausalLM, FEMForSequenceClassification, FEMModel  # noqa: E402
+from energyzoo.modeling.modeling_hyperset import (  # noqa: E402
+    HyperSETForImageClassification,
+    HyperSETForMaskedImageModeling,
+    HyperSETForTokenClassification,
+    HyperSETModel,
+)
 from energyzoo.modeling.modeling_tel import (  # noqa: E402
     TELGPT2LMHeadModel,
     TELGPT2Model,
@@ -53,11 +65,16 @@ from energyzoo.modeling.modeling_tel import (  # noqa: E402
 # transformers' tests find a class's task by its name in these tables, where transformers lists its own models
 TASK_TABLES = {
     "MODEL_MAPPING_NAMES": {"fem": "FEMModel", "tel-gpt2": "TELGPT2Model", "tel-vit": "TELViTModel",
-                            "tel-resnet": "TELResNetModel"},
-    "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES": {"fem": "FEMForCausalLM", "tel-gpt2": "TELGPT2LMHeadModel"},
+                            "tel-resnet": "TELResNetModel", "eqt-llama": "EqTLlamaModel", "eer-looped": "EERModel",
+                            "hyperset": "HyperSETModel"},
+    "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES": {"fem": "FEMForCausalLM", "tel-gpt2": "TELGPT2LMHeadModel",
+                                          "eqt-llama": "EqTLlamaForCausalLM", "eer-looped": "EERForCausalLM"},
     "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES": {"fem": "FEMForSequenceClassification"},
     "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES": {"tel-vit": "TELViTForImageClassification",
-                                                     "tel-resnet": "TELResNetForImageClassification"},
+                                                     "tel-resnet": "TELResNetForImageClassification",
+                                                     "hyperset": "HyperSETForImageClassification"},
+    "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES": {"hyperset": "HyperSETForTokenClassification"},
+    "MODEL_FOR_MASKED_IMAGE_MODELING_MAPPING_NAMES": {"hyperset": "HyperSETForMaskedImageModeling"},
 }
 RECURRENT_ATTENTION = ("the GLA, AFT and SSM priors are recurrences, not softmax attention: FEM accepts only "
                        "attn_implementation='sdpa' for them and refuses 'eager' with a clear error")
@@ -74,6 +91,20 @@ SKIPS = {  # (family, test name or its parameterized prefix) -> why it does not 
     ("convolutional", "test_hidden_states_output"): (
         "its hidden states are feature maps (batch, channels, height, width), not the (batch, sequence, hidden) the "
         "common test reads (transformers' ResNet test replaces it too)"),
+    ("vision", "test_inputs_embeds"): (
+        "the common test builds inputs_embeds from input_ids, which an image model does not take (transformers' ViT "
+        "test skips it too)"),
+    ("eqt", "test_inputs_embeds"): (
+        "the reverse and masked energies (eqt.txt eq. 12-13) read the token ids: EqT-LLaMA refuses inputs_embeds "
+        "alone with a clear error unless lambda_rev = lambda_mask = 0"),
+    ("eqt", "test_init_weights_can_init_buffers"): (
+        "the memory banks (eq. 15-16) are N(0, 1) prototypes by design, so two initialisations differ; "
+        "`_init_weights` draws them (the test expects deterministic buffers)"),
+    ("eer", "test_retain_grad_hidden_states_attentions"): (
+        "the first hidden state is Z_0 = 0 (eer.txt §5.1), a constant with no gradient to retain"),
+    ("eer", "test_sdpa_can_dispatch_non_composite_models"): (
+        "EER loads with eager attention unless asked otherwise: every training forward reads the attention "
+        "probabilities (eq. 3-5), which eager computes with the output; SDPA is available on request"),
     ("fem-without-queries", "test_model_rope_scaling_from_config"): (
         "the AFT and SSM priors have no queries or keys for RoPE to rotate, so RoPE scaling changes nothing (a "
         "non-default rope_parameters is warned about once)"),
@@ -94,8 +125,9 @@ class TinyCausalLMTester:
     hidden_size, num_hidden_layers, num_attention_heads, intermediate_size = 32, 2, 4, 37
     is_training = True
 
-    def __init__(self, parent, make_config):
+    def __init__(self, parent, make_config, **sizes):
         self.parent, self.make_config = parent, make_config
+        self.__dict__.update(sizes)  # a model's own sizes in place of the class defaults
 
     def get_config(self):
         return self.make_config(self)
@@ -104,6 +136,14 @@ class TinyCausalLMTester:
         input_ids = ids_tensor([self.batch_size, self.seq_length], self.vocab_size)
         return self.get_config(), {"input_ids": input_ids,
                                    "attention_mask": random_attention_mask([self.batch_size, self.seq_length])}
+
+
+class TinyTokenGridTester(TinyCausalLMTester):
+    """Token ids on a fixed grid without padding (Sudoku cells, MaskGIT codes): no attention mask. ``image_size``
+    and ``patch_size`` are the code grid's side and 1, which the masked-image-modelling tests read."""
+
+    def prepare_config_and_inputs_for_common(self):
+        return self.get_config(), {"input_ids": ids_tensor([self.batch_size, self.seq_length], self.vocab_size)}
 
 
 def with_skips(test_class, families):
@@ -198,3 +238,81 @@ class TELResNetCommonTest(ModelTesterMixin, unittest.TestCase):
         self.model_tester = TinyImageTester(self, lambda tester: TELResNetConfig(
             num_channels=tester.num_channels, embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1],
             layer_type="basic", num_labels=tester.num_labels, tel_placement="full"))
+
+
+@functools.partial(with_skips, families=("eqt",))
+class EqTLlamaCommonTest(ModelTesterMixin, GenerationTesterMixin, unittest.TestCase):
+    all_model_classes = (EqTLlamaModel, EqTLlamaForCausalLM)
+
+    def setUp(self):
+        self.model_tester = TinyCausalLMTester(self, lambda tester: EqTLlamaConfig(
+            vocab_size=tester.vocab_size, hidden_size=tester.hidden_size, num_hidden_layers=tester.num_hidden_layers,
+            num_attention_heads=tester.num_attention_heads, num_key_value_heads=2,
+            intermediate_size=tester.intermediate_size, max_position_embeddings=64, pad_token_id=0, bos_token_id=1,
+            eos_token_id=2, erm_num_steps=2, erm_num_steps_train=1, erm_rev_window=4, erm_rev_num_layers=1,
+            erm_rev_num_heads=2, erm_memory_size=16, erm_memory_topk=2))
+
+
+@functools.partial(with_skips, families=("eer",))
+class EERCommonTest(ModelTesterMixin, GenerationTesterMixin, unittest.TestCase):
+    all_model_classes = (EERModel, EERForCausalLM)
+
+    def setUp(self):  # EER's single head (eer.txt §5.1); num_hidden_layers is the loop count T
+        self.model_tester = TinyCausalLMTester(
+            self, lambda tester: EERConfig(
+                vocab_size=tester.vocab_size, hidden_size=tester.hidden_size, num_attention_heads=1,
+                intermediate_size=tester.intermediate_size, num_loops=tester.num_hidden_layers, pad_token_id=0,
+                bos_token_id=1, eos_token_id=2),
+            hidden_size=16, num_attention_heads=1, intermediate_size=32)
+
+
+def hyperset_config(tester, **inputs):
+    """A two-layer Hyper-SET of two iterations per layer with the tester's sizes."""
+    return HyperSETConfig(hidden_size=tester.hidden_size, num_attention_heads=tester.num_attention_heads,
+                          intermediate_size=tester.hidden_size, num_hidden_layers=tester.num_hidden_layers,
+                          num_iterations=HYPERSET_ITERATIONS, time_embed_dim=16, **inputs)
+
+
+HYPERSET_ITERATIONS = 2
+# its hidden states are the embedding and the state after every iteration of every layer
+HYPERSET_HIDDEN_STATES = TinyImageTester.num_hidden_layers * HYPERSET_ITERATIONS + 1
+
+
+@functools.partial(with_skips, families=("vision",))
+class HyperSETImageClassificationCommonTest(ModelTesterMixin, unittest.TestCase):
+    all_model_classes = (HyperSETModel, HyperSETForImageClassification)
+    has_attentions = False
+    test_resize_embeddings = False  # no vocabulary
+
+    def setUp(self):
+        patch_size = 2
+        self.model_tester = TinyImageTester(self, lambda tester: hyperset_config(
+            tester, image_size=tester.image_size, patch_size=patch_size, num_channels=tester.num_channels,
+            num_labels=tester.num_labels), seq_length=(8 // patch_size) ** 2 + 1)  # the patches and CLS
+        self.model_tester.expected_num_hidden_layers = HYPERSET_HIDDEN_STATES
+
+
+class HyperSETSudokuCommonTest(ModelTesterMixin, unittest.TestCase):
+    all_model_classes = (HyperSETModel, HyperSETForTokenClassification)
+    has_attentions = False
+
+    def setUp(self):
+        self.model_tester = TinyTokenGridTester(
+            self, lambda tester: hyperset_config(
+                tester, input_type="tokens", vocab_size=tester.vocab_size, num_labels=9, use_cls_token=False,
+                position_embedding_type="learned", max_position_embeddings=tester.seq_length),
+            seq_length=16, expected_num_hidden_layers=HYPERSET_HIDDEN_STATES)  # a vocabulary the resize test can shrink
+
+
+class HyperSETMaskGITCommonTest(ModelTesterMixin, unittest.TestCase):
+    all_model_classes = (HyperSETModel, HyperSETForMaskedImageModeling)
+    has_attentions = False
+
+    def setUp(self):
+        codebook = 16
+        self.model_tester = TinyTokenGridTester(
+            self, lambda tester: hyperset_config(
+                tester, input_type="tokens", vocab_size=codebook + 1, codebook_size=codebook, mask_token_id=codebook,
+                use_cls_token=False, position_embedding_type="sincos2d", max_position_embeddings=tester.seq_length),
+            vocab_size=codebook, seq_length=16, image_size=4, patch_size=1,
+            expected_num_hidden_layers=HYPERSET_HIDDEN_STATES)

@@ -154,3 +154,8 @@ class HyperSETConfig(PreTrainedConfig):
     @property
     def num_patches(self) -> int:
         return (self.image_size // self.patch_size) ** 2
+
+    @property
+    def num_layer_iterations(self) -> int:
+        """L * R: the hidden states a forward records after the embedding's (one per iteration of each layer)."""
+        return self.num_hidden_layers * self.num_iterations

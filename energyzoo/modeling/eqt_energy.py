@@ -116,7 +116,8 @@ class EqTEnergyNetwork(nn.Module):
             hidden_size=width, intermediate_size=2 * width, num_attention_heads=config.erm_rev_num_heads,
             num_hidden_layers=max(config.erm_rev_num_layers, 1), rms_norm_eps=config.rms_norm_eps,
             max_position_embeddings=config.max_position_embeddings, rope_parameters=config.rope_parameters)
-        encoder_config._attn_implementation = "sdpa"  # its own: output_attentions reports the decoder's layers
+        self.encoder_config = encoder_config
+        self.follow_attention(config._attn_implementation)
         self.rev_layers = nn.ModuleList(LlamaDecoderLayer(encoder_config, index)
                                         for index in range(config.erm_rev_num_layers))
         self.rev_rotary = LlamaRotaryEmbedding(encoder_config)
@@ -130,6 +131,11 @@ class EqTEnergyNetwork(nn.Module):
         self.mask_out = nn.Linear(width, width, bias=False)
         self.register_buffer("memory_banks", torch.randn(len(config.erm_sites), config.erm_memory_size,
                                                          config.hidden_size))
+
+    def follow_attention(self, implementation: str | None) -> None:
+        """The reverse encoder runs the model's attention implementation where its additive sliding-window mask
+        fits (eager, SDPA) and SDPA otherwise (flex and flash kernels take no additive mask)."""
+        self.encoder_config._attn_implementation = implementation if implementation in ("eager", "sdpa") else "sdpa"
 
     # once per forward ------------------------------------------------------------------------------------------
     def context(self, embeddings: torch.Tensor, ids: torch.Tensor, valid: torch.Tensor, keys: torch.Tensor,

@@ -209,6 +209,7 @@ class EERPreTrainedModel(PreTrainedModel):
         "hidden_states": [OutputRecorder(EERBlock, index=0), OutputRecorder(EERHamiltonianBlock, index=0)],
         "attentions": OutputRecorder(EERAttention, index=1),
     }
+    _hidden_states_per_step = True  # Z_0..Z_T: num_hidden_layers is the loop count T
 
     def get_correct_attn_implementation(self, requested_attention: str | None, is_init_check: bool = False) -> str:
         """Eager unless asked otherwise: every training forward needs the loops' attention probabilities (the loss
@@ -390,7 +391,8 @@ class EERForCausalLM(EERPreTrainedModel, GenerationMixin):
     """EER with its LM head (with bias). With ``labels`` the loss is eq. 2, CE + lambda_P L_pot + lambda_K L_kin +
     lambda_S |S_q - eta|, computed here so that plain `Trainer` and peft train it; the parts come back in the output.
     Labels are aligned with the inputs (label i answers input i, the induction task's format) unless
-    ``label_alignment="shifted"`` (the usual next-token loss). ``generate(max_new_tokens=1)`` gives the last-token
+    ``label_alignment="shifted"`` (the usual next-token loss); ``shift_labels`` (targets already aligned with the
+    logits, what sequence-parallel trainers pass) override both. ``generate(max_new_tokens=1)`` gives the last-token
     answer of §4.2; longer generation would feed answers back as inputs, which the induction task never does."""
 
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
@@ -438,9 +440,10 @@ class EERForCausalLM(EERPreTrainedModel, GenerationMixin):
         loss = task_loss = None
         regularisers = {}
         if labels is not None:
-            aligned = {"shift_labels": labels} if self.config.label_alignment == "aligned" else {}
+            # targets the caller already aligned (``shift_labels``, as sequence-parallel trainers pass) come first
+            loss_kwargs = {"shift_labels": labels, **kwargs} if self.config.label_alignment == "aligned" else kwargs
             task_loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size,
-                                           **aligned, **kwargs)
+                                           **loss_kwargs)
             regularisers = {name: outputs[name] for name in REGULARISERS}
             loss = regularised_loss(task_loss, regularisers, self.config)
         return EERCausalLMOutput(

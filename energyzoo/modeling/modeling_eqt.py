@@ -186,6 +186,13 @@ class EqTLlamaPreTrainedModel(LlamaPreTrainedModel):
     }
     _supports_flash_attn = False  # the reverse encoder's sliding-window mask is an SDPA / eager mask
 
+    def set_attn_implementation(self, attn_implementation) -> None:
+        """Llama's, and the reverse encoder follows (`EqTEnergyNetwork.follow_attention`)."""
+        super().set_attn_implementation(attn_implementation)
+        for module in self.modules():
+            if isinstance(module, EqTEnergyNetwork):
+                module.follow_attention(self.config._attn_implementation)
+
     def _init_weights(self, module):
         super()._init_weights(module)
         if isinstance(module, EqTEnergyNetwork):
@@ -339,6 +346,7 @@ class EqTLlamaForCausalLM(EqTLlamaPreTrainedModel, GenerationMixin):
     from a model in memory."""
 
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+    _tp_plan = {"lm_head": "colwise_gather_output"}  # Llama's: a tied checkpoint shards the weight the head reads
 
     def __init__(self, config: EqTLlamaConfig):
         super().__init__(config)

@@ -19,7 +19,7 @@ from torch import nn
 from transformers import initialization as init
 from transformers.modeling_utils import PreTrainedModel
 from transformers.utils import can_return_tuple
-from transformers.utils.output_capturing import capture_outputs
+from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_hyperset import HyperSETConfig
 from .hyperset_layer import (
@@ -121,7 +121,9 @@ class HyperSETPreTrainedModel(PreTrainedModel):
     supports_gradient_checkpointing = True
     _no_split_modules = ["HyperSETLayer"]
     _can_compile_fullgraph = True
-    _can_record_outputs = {"hidden_states": HyperSETLayer}
+    # a state per iteration of each layer, so indices (negative ones too) count layer iterations
+    _can_record_outputs = {"hidden_states": OutputRecorder(HyperSETLayer, num_hidden_layers_key="num_layer_iterations")}
+    _hidden_states_per_step = True
 
     def _init_weights(self, module):
         """N(0, initializer_range) Linear and Embedding weights, zero biases, unit norm gains (spec §1.8); CLS
@@ -152,9 +154,14 @@ class HyperSETModel(HyperSETPreTrainedModel):
         self.depthwise_lora = DepthwiseLoRA(config) if config.lora_rank else None
         self.post_init()
 
+    def _input_embedding_name(self) -> str:
+        return "token_embeddings" if self.config.input_type == "tokens" else "patch_embeddings"
+
     def get_input_embeddings(self) -> nn.Module:
-        embeddings = self.embeddings
-        return embeddings.token_embeddings if hasattr(embeddings, "token_embeddings") else embeddings.patch_embeddings
+        return getattr(self.embeddings, self._input_embedding_name())
+
+    def set_input_embeddings(self, value: nn.Module) -> None:
+        setattr(self.embeddings, self._input_embedding_name(), value)
 
     @records_energies
     @takes_refinement_steps
@@ -199,16 +206,21 @@ class HyperSETHead(HyperSETPreTrainedModel):
         return self.model(output_energies=output_energies, refinement_steps=refinement_steps, **inputs)
 
     def per_cell(self, outputs, labels):
-        """Logits of every token (the CLS token left out) through ``norm`` and ``classifier``, and the
-        cross-entropy over labelled cells (-100 ignored)."""
+        """Logits of every token (the CLS token left out) through ``norm`` and ``classifier``, and the mean
+        cross-entropy over labelled cells (-100 ignored; 0, not NaN, when no cell is labelled)."""
         hidden = outputs.last_hidden_state[:, int(self.config.use_cls_token):]
         logits = self.classifier(self.norm(hidden))
-        loss = None if labels is None else F.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
+        loss = None
+        if labels is not None:
+            total = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), reduction="sum")
+            loss = total / (labels != -100).sum().clamp_min(1)
         return logits, loss
 
 
 class HyperSETForImageClassification(HyperSETHead):
-    """Image classification (§5.2): LayerNorm -> Linear on the CLS token (the mean token without one)."""
+    """Image classification (§5.2): LayerNorm -> Linear on the CLS token (the mean token without one). The loss is
+    transformers' for classifiers: cross-entropy, or by `config.problem_type` / the labels' dtype, regression (MSE)
+    or multi-label (BCE)."""
 
     def __init__(self, config: HyperSETConfig):
         super().__init__(config)
@@ -223,7 +235,7 @@ class HyperSETForImageClassification(HyperSETHead):
         outputs = self.encode(output_energies, refinement_steps, pixel_values=pixel_values, **kwargs)
         pooled = outputs.pooler_output if outputs.pooler_output is not None else outputs.last_hidden_state.mean(1)
         logits = self.classifier(self.norm(pooled))
-        loss = None if labels is None else F.cross_entropy(logits.float(), labels)
+        loss = None if labels is None else self.loss_function(labels, logits.float(), self.config)
         return ImageClassifierOutputAndEnergies(loss=loss, logits=logits, hidden_states=outputs.hidden_states,
                                                 energies=outputs.energies)
 
@@ -253,7 +265,9 @@ class HyperSETForTokenClassification(HyperSETHead):
 class HyperSETForMaskedImageModeling(HyperSETHead):
     """MaskGIT masked image modelling (§5.3): input_ids are visual-token codes, with ``mask_token_id`` at masked
     cells (or codes plus ``bool_masked_pos``, which puts the mask token there); RMSNorm -> Linear(d, codebook_size)
-    per cell; labels the codes at masked cells and -100 elsewhere."""
+    per cell; labels the codes at masked cells and -100 elsewhere. With ``bool_masked_pos`` and no labels, the
+    labels are the masked cells' codes in ``input_ids`` (MaskGIT's objective, as `ViTForMaskedImageModeling`
+    reconstructs the masked patches)."""
 
     main_input_name = "input_ids"
 
@@ -271,7 +285,10 @@ class HyperSETForMaskedImageModeling(HyperSETHead):
     def forward(self, input_ids=None, bool_masked_pos=None, labels=None, output_energies: bool = False,
                 refinement_steps: int | None = None, **kwargs) -> MaskedLMOutputWithEnergies:
         if bool_masked_pos is not None:
-            input_ids = input_ids.masked_fill(bool_masked_pos.bool(), self.config.mask_token_id)
+            masked = bool_masked_pos.bool()
+            if labels is None:
+                labels = input_ids.masked_fill(~masked, -100)
+            input_ids = input_ids.masked_fill(masked, self.config.mask_token_id)
         outputs = self.encode(output_energies, refinement_steps, input_ids=input_ids, **kwargs)
         logits, loss = self.per_cell(outputs, labels)
         return MaskedLMOutputWithEnergies(loss=loss, logits=logits, hidden_states=outputs.hidden_states,

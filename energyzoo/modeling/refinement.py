@@ -116,12 +116,20 @@ def refinement_steps(default: int) -> int:
 
 def takes_refinement_steps(forward):
     """Wrap an iterative model's ``forward`` so that ``refinement_steps=K`` (None: each layer's configured K)
-    sets K for every iterative layer while it runs; `generate` passes it on to every step."""
+    sets K for every iterative layer while it runs; `generate` passes it on to every step. A model whose hidden
+    states are one per step (``_hidden_states_per_step``) refuses hidden-state indices with a changed K."""
 
     @functools.wraps(forward)
     def wrapper(self, *args, refinement_steps: int | None = None, **kwargs):
         if refinement_steps is not None and (not isinstance(refinement_steps, int) or refinement_steps < 0):
             raise ValueError(f"refinement_steps must be None or an integer >= 0, got {refinement_steps!r}")
+        selection = kwargs.get("output_hidden_states")
+        if (refinement_steps is not None and getattr(self, "_hidden_states_per_step", False)
+                and not isinstance(selection, (bool, type(None)))):
+            # transformers resolves the indices against the configured step count, which this call changes
+            raise ValueError(f"{type(self).__name__} records a hidden state per refinement step: with "
+                             f"refinement_steps={refinement_steps}, pass output_hidden_states=True rather than the "
+                             f"indices {selection!r}")
         token = _STEPS_OVERRIDE.set(refinement_steps)
         try:
             return forward(self, *args, **kwargs)
