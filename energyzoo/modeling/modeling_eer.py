@@ -396,6 +396,8 @@ class EERForCausalLM(EERPreTrainedModel, GenerationMixin):
     answer of §4.2; longer generation would feed answers back as inputs, which the induction task never does."""
 
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+    # eq. 2's regularisers are per-batch means: `Trainer` must average the micro-batches of an accumulated step itself
+    accepts_loss_kwargs = False
 
     def __init__(self, config: EERConfig):
         super().__init__(config)

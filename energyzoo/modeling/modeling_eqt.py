@@ -347,6 +347,8 @@ class EqTLlamaForCausalLM(EqTLlamaPreTrainedModel, GenerationMixin):
 
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
     _tp_plan = {"lm_head": "colwise_gather_output"}  # Llama's: a tied checkpoint shards the weight the head reads
+    # eq. 18's energy term is a per-batch mean: `Trainer` must average the micro-batches of an accumulated step itself
+    accepts_loss_kwargs = False
 
     def __init__(self, config: EqTLlamaConfig):
         super().__init__(config)
