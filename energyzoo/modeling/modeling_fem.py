@@ -571,7 +571,8 @@ class FEMForSequenceClassification(FEMPreTrainedModel):
     wrong position. Here the ``attention_mask`` decides (its last 1 per row); without a mask, the pad-id rule
     applies (and with no pad id, the last position)."""
 
-    accepts_loss_kwargs = False  # a per-batch mean loss: `Trainer` must average the micro-batches of an accumulated step itself
+    # a per-batch mean loss: `Trainer` must average the micro-batches of an accumulated step itself
+    accepts_loss_kwargs = False
 
     def __init__(self, config: FEMConfig):
         super().__init__(config)

@@ -202,7 +202,8 @@ class HyperSETHead(HyperSETPreTrainedModel):
     """A head on `HyperSETModel`: ``model`` runs the encoder, passing on ``output_energies`` and
     ``refinement_steps``."""
 
-    accepts_loss_kwargs = False  # a per-batch mean loss: `Trainer` must average the micro-batches of an accumulated step itself
+    # a per-batch mean loss: `Trainer` must average the micro-batches of an accumulated step itself
+    accepts_loss_kwargs = False
 
     def encode(self, output_energies, refinement_steps, **inputs):
         return self.model(output_energies=output_energies, refinement_steps=refinement_steps, **inputs)
