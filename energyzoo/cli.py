@@ -9,7 +9,8 @@ import argparse
 import json
 import sys
 
-USER_ERRORS = (ValueError, OSError)  # bad values, missing files and folders (the library's own errors name the field)
+# bad values and types, missing files and folders (the library's own errors name the field or input)
+USER_ERRORS = (ValueError, TypeError, OSError)
 
 
 def _quickstart(args) -> int:
@@ -36,7 +37,7 @@ def _train(args) -> int:
     from .training.run import run_training
 
     recipe = load_recipe(args.recipe, args.overrides)
-    result = run_training(recipe, resume=args.resume, stop_after=args.stop_after)
+    result = run_training(recipe, resume=args.resume, overwrite=args.overwrite, stop_after=args.stop_after)
     if result.model_dir is None:
         print(f"stopped after step {result.last_step}; continue with --resume")
     else:
@@ -49,6 +50,7 @@ def _eval(args) -> int:
     from .training.run import model_folder
 
     folder = model_folder(args.model_dir, args.checkpoint)
+    _available_device(args.device)
     for name, results in evaluate_folder(folder, suites=args.suite, tasks=args.tasks, output_dir=args.output_dir,
                                          batch_size=args.batch_size, device=args.device, dtype=args.dtype,
                                          limit=args.limit, num_fewshot=args.num_fewshot).items():
@@ -92,6 +94,20 @@ def _print_and_save(table: str, result: dict, output: str) -> None:
         print(f"saved {output}")
 
 
+def _available_device(name: str) -> str:
+    """``name`` if this torch can run on that device, else a one-line `ValueError`."""
+    import torch
+
+    try:
+        device = torch.device(name)
+    except RuntimeError as error:
+        raise ValueError(f"--device {name!r} is no torch device ({str(error).split(':')[0]})") from None
+    accelerator = getattr(torch, device.type, None)
+    if device.type != "cpu" and not (accelerator is not None and accelerator.is_available()):
+        raise ValueError(f"--device {name}: this torch ({torch.__version__}) has no {device.type} device")
+    return name
+
+
 def _bench(args) -> int:
     from .eval.speed import (
         BenchSettings,
@@ -105,6 +121,7 @@ def _bench(args) -> int:
         run_tel_vs_vanilla,
     )
 
+    _available_device(args.device)
     if args.tel:
         result = run_tel_vs_vanilla(batch_size=args.batch_size, seq_len=args.seq_len, repeats=args.repeats,
                                     device=args.device)
@@ -191,7 +208,12 @@ def build_parser() -> argparse.ArgumentParser:
     train = commands.add_parser("train", help="train a zoo model from a recipe with accelerate")
     train.add_argument("recipe", help="a recipe YAML file, or the name of one in energyzoo/configs (e.g. fem-lm-tiny)")
     train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. training.steps=20 output_dir=runs/x")
-    train.add_argument("--resume", action="store_true", help="continue from the latest checkpoint of output_dir")
+    start = train.add_mutually_exclusive_group()
+    start.add_argument("--resume", action="store_true",
+                       help="continue the run in output_dir from its newest complete checkpoint (the recipe's "
+                            "settings must be the run's)")
+    start.add_argument("--overwrite", action="store_true",
+                       help="start over in an output_dir that holds a run, removing that run's files")
     train.add_argument("--stop-after", type=int, default=None,
                        help="stop this session after N steps without a final save (resume later with --resume)")
     train.set_defaults(run=_train)

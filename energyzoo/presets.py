@@ -6,11 +6,13 @@
     >>> model = model_from_preset("tel-vit-tiny")                  # a TELViTForImageClassification
 """
 
+import dataclasses
+import difflib
 import json
 from functools import cache
 from importlib import resources
 
-from transformers import AutoConfig, PretrainedConfig
+from transformers import CONFIG_MAPPING, AutoConfig, PretrainedConfig
 
 from .registry import TASKS
 
@@ -41,10 +43,44 @@ def _entry(name: str) -> dict:
     return catalogue[name]
 
 
+# Keyword arguments transformers' configs take that are no attribute of theirs.
+CONFIG_KEYWORDS = ("attn_implementation", "experts_implementation")
+
+
+def config_fields(config_class: type) -> list[str]:
+    """The names a config class takes: its fields, their aliases (``attribute_map``) and its public properties that
+    can be set (``num_labels``). Not its other class attributes (ResNet's list of ``layer_types``, say), which an
+    override would only overwrite."""
+    settable = {name for klass in config_class.__mro__ for name, value in vars(klass).items()
+                if isinstance(value, property) and value.fset is not None and not name.startswith("_")}
+    fields = {field.name for field in dataclasses.fields(config_class)}
+    return sorted(fields | set(config_class.attribute_map) | settable | set(CONFIG_KEYWORDS))
+
+
+def config_with_overrides(fields: dict, overrides: dict) -> PretrainedConfig:
+    """``AutoConfig.for_model(**fields)`` with ``overrides`` applied, each of them a name the config class takes
+    (`config_fields`): transformers' configs keep any unknown keyword as an attribute, so a misspelt override would
+    otherwise build the default model without a word."""
+    model_type = fields.get("model_type")
+    if model_type in CONFIG_MAPPING:
+        config_class = CONFIG_MAPPING[model_type]
+        names = config_fields(config_class)
+        for key in overrides:
+            if key not in names:
+                close = difflib.get_close_matches(key, names, n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise ValueError(f"{config_class.__name__} has no field {key!r}{hint}")
+    return AutoConfig.for_model(**{**fields, **overrides})
+
+
+def preset_config_fields(name: str) -> dict:
+    """The config fields of a named preset, as its JSON gives them."""
+    return dict(_entry(name)["config"])
+
+
 def config_from_preset(name: str, **overrides) -> PretrainedConfig:
-    """The config of a named preset, with field overrides."""
-    fields = {**_entry(name)["config"], **overrides}
-    return AutoConfig.for_model(**fields)
+    """The config of a named preset, with field overrides (names the config does not have are refused)."""
+    return config_with_overrides(preset_config_fields(name), overrides)
 
 
 def model_from_preset(name: str, auto_class=None, **overrides):

@@ -49,7 +49,7 @@ def run_quickstart(output_dir: str | Path = "runs/quickstart", steps: int = 500,
                                          f"training.save_every={steps}", f"training.eval_every={steps}",
                                          f"training.warmup_steps={min(30, steps // 10)}",
                                          f"output_dir={output_dir / 'train'}"])
-    trained = run_training(recipe, progress=progress)
+    trained = run_training(recipe, overwrite=True, progress=progress)  # its own folder, redone each call
     results = evaluate_folder(trained.model_dir)["local"]
     local = {task: {key.split(",")[0]: value for key, value in metrics.items()
                     if "," in key and "_stderr" not in key}

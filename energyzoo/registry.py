@@ -48,21 +48,26 @@ from .modeling.modeling_tel import (
 
 @dataclass(frozen=True)
 class Task:
-    """A task head as transformers and the Hub know it."""
+    """A task head as transformers and the Hub know it: its Auto class, and the transformers pipeline that runs it
+    (``pipeline_tag``) given the preprocessor it reads (``preprocessor``: "tokenizer" or "image_processor"); None
+    where transformers has no pipeline for the head."""
 
     auto_class: type
-    pipeline_tag: str
     description: str
+    pipeline_tag: str | None = None
+    preprocessor: str | None = None
 
 
 TASKS = {
-    "causal-lm": Task(AutoModelForCausalLM, "text-generation", "language modelling"),
-    "sequence-classification": Task(AutoModelForSequenceClassification, "text-classification",
-                                    "sequence classification"),
-    "token-classification": Task(AutoModelForTokenClassification, "token-classification", "token classification"),
-    "image-classification": Task(AutoModelForImageClassification, "image-classification", "image classification"),
-    "masked-image-modeling": Task(AutoModelForMaskedImageModeling, "unconditional-image-generation",
-                                  "masked image modelling"),
+    "causal-lm": Task(AutoModelForCausalLM, "language modelling", "text-generation", "tokenizer"),
+    "sequence-classification": Task(AutoModelForSequenceClassification, "sequence classification",
+                                    "text-classification", "tokenizer"),
+    "token-classification": Task(AutoModelForTokenClassification, "token classification", "token-classification",
+                                 "tokenizer"),
+    "image-classification": Task(AutoModelForImageClassification, "image classification", "image-classification",
+                                 "image_processor"),
+    # visual-token codes in, codes out: no transformers pipeline takes them
+    "masked-image-modeling": Task(AutoModelForMaskedImageModeling, "masked image modelling"),
 }
 
 

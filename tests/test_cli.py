@@ -49,7 +49,7 @@ def test_help_answers_in_under_a_second():
     (["train", "fem-lm-tiny", "training.steps"], "override 'training.steps' must look like section.key=value"),
     (["train", "fem-lm-tiny", "training.learning_rte=0.1"], "recipe section 'training' has unknown keys"),
     (["train", "fem-lm-tiny", "model.overrides.hidden_sise=32"],
-     "recipe model.overrides must be fields of FEMConfig (did you mean 'hidden_size'?), got 'hidden_sise'"),
+     "recipe model: FEMConfig has no field 'hidden_sise'; did you mean 'hidden_size'?"),
     (["train", "fem-lm-tiny", "model.init_from=runs/gpt2/model"],
      "recipe model.init_from must be an existing folder or a Hub id (user/name), got 'runs/gpt2/model'"),
     (["train", "fem-lm-tiny", "tokenizer.name=./my-tokenizer"], "recipe tokenizer.name must be an existing folder"),
@@ -64,6 +64,28 @@ def test_bad_input_is_answered_in_one_line_with_exit_code_2(args, message, tmp_p
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"energyzoo {args[0]}: error: ") and message in lines[0], done.stderr
     assert not (tmp_path / "runs").exists() and not (tmp_path / "out").exists()  # nothing created on the way
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["train", "fem-lm-tiny", "model.overrides.rms_norm_eps=-1e-5"],  # YAML reads -1e-5 as a string; the field a float
+     "recipe model: FEMConfig.rms_norm_eps must be > 0, got -1e-05"),
+    (["train", "fem-lm-tiny", "model.overrides.hidden_size=abc"],
+     "recipe model: FEMConfig.hidden_size: Field 'hidden_size' expected int, got str (value: 'abc')"),
+    (["train", "tel-vit-digits", "model.overrides.layer_norm_eps=.nan"],
+     "recipe model: TELViTConfig.layer_norm_eps must be a finite number float32 holds"),
+    (["train", "fem-lm-tiny", "training.mixed_precision=fp16"],  # accelerate would train in fp32 on a CPU
+     "recipe training.mixed_precision must be a precision the cpu device trains in ('no', or 'bf16' on a CPU), "
+     "got 'fp16'"),
+    (["bench", "--device", "cuda"], "--device cuda: this torch"),
+    (["bench", "--device", "gpu"], "--device 'gpu' is no torch device"),
+])
+def test_bad_values_types_precisions_and_devices_are_answered_in_one_line(args, message, tmp_path, capsys,
+                                                                           monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(args) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"energyzoo {args[0]}: error: ") and message in lines[0], lines
+    assert not list(tmp_path.iterdir())  # refused before anything is written
 
 
 def test_debug_shows_the_traceback(tmp_path):
@@ -102,21 +124,21 @@ def test_eval_passes_its_settings_to_lm_eval_and_reads_checkpoints(run_folder, c
     assert written["n-shot"] == {"energyzoo_pydoc_mc": 1}
     assert written["n-samples"]["energyzoo_pydoc_mc"]["effective"] == 5
     assert written["config"]["batch_size"] == "4"
-    # the checkpoint's model is the one accelerate saved at step 2, not the final one
-    saved = load_file(run_folder / "checkpoints" / "step-0000002" / "model.safetensors")
-    exported = load_file(checkpoint_model / "model.safetensors")
-    final = load_file(run_folder / "model" / "model.safetensors")
-    name = "model.layers.0.mlp.up_proj.weight"
-    assert torch.equal(exported[name], saved[name]) and not torch.equal(exported[name], final[name])
+    assert json.loads((checkpoint_model / "training_metrics.json").read_text())["steps"] == 2
 
 
 def test_export_takes_an_intermediate_checkpoint(run_folder, tmp_path):
+    """The export holds the step-2 checkpoint's weights (the checkpoint's one copy of them, in its model/ folder:
+    accelerate's own file of the weights is left out), which the final model has moved on from."""
     assert main(["export", str(run_folder / "model"), str(tmp_path / "export"), "--checkpoint", "step-2"]) == 0
+    checkpoint = run_folder / "checkpoints" / "step-0000002"
+    assert not list(checkpoint.glob("*.safetensors")) and not list(checkpoint.glob("pytorch_model*"))
     exported = load_file(tmp_path / "export" / "model.safetensors")
-    saved = load_file(run_folder / "checkpoints" / "step-0000002" / "model.safetensors")  # accelerate's own save
-    assert exported.keys() <= saved.keys()
+    saved, final = load_file(checkpoint / "model" / "model.safetensors"), load_file(run_folder / "model" / "model.safetensors")
+    assert exported.keys() == saved.keys()
     for name in exported:
         assert torch.equal(exported[name], saved[name]), name
+    assert not torch.equal(exported["model.layers.0.mlp.up_proj.weight"], final["model.layers.0.mlp.up_proj.weight"])
     assert json.loads((tmp_path / "export" / "training_metrics.json").read_text())["steps"] == 2
 
 

@@ -226,11 +226,28 @@ def test_checkpoint_of_another_shape_fails_loudly(tmp_path):
         AutoModelForCausalLM.from_pretrained(tmp_path, hidden_size=64)
 
 
-def test_cache_from_a_plain_dynamic_cache_is_refused_with_advice():
+@pytest.mark.parametrize("prior", ["softmax", "gla"])
+def test_empty_caches_of_other_classes_take_fem_layers_and_filled_ones_are_refused(prior):
+    """A plain `DynamicCache()`, or one built from transformers' process-wide table of layer types (which holds the
+    cache-layer classes of whichever copy of this code registered last), gets FEM's own layers while empty: prefill and
+    steps give the logits of one forward. A filled layer of another class is refused, with advice."""
     from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
 
-    with pytest.raises(TypeError, match="DynamicCache\\(config=model.config\\)"):
-        tiny_fem()(torch.randint(3, 97, (1, 4)), past_key_values=DynamicCache(), use_cache=True)
+    model = tiny_fem(prior=prior)
+    ids = torch.randint(3, 97, (2, 9))
+    with torch.no_grad():
+        full = model(ids, use_cache=False).logits
+        for cache in (DynamicCache(), DynamicCache(config=model.config)):
+            cache.layers[:] = [DynamicLayer() for _ in cache.layers]  # another copy's (here: no FEM) layer classes
+            first = model(ids[:, :5], past_key_values=cache, use_cache=True)
+            steps = [model(ids[:, t : t + 1], past_key_values=first.past_key_values, use_cache=True).logits
+                     for t in range(5, 9)]
+            torch.testing.assert_close(torch.cat([first.logits, *steps], 1), full, rtol=1e-4, atol=1e-4)
+        filled = DynamicCache()
+        filled.update(torch.zeros(2, 4, 3, 8), torch.zeros(2, 4, 3, 8), 0)
+        with pytest.raises(TypeError, match="found a filled transformers.cache_utils.DynamicLayer.*DynamicCache"):
+            model(ids, past_key_values=filled, use_cache=True)
 
 
 def test_cached_exp_shift_moves_only_past_its_headroom_and_rescales_exactly():

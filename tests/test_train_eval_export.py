@@ -397,17 +397,32 @@ def test_exported_code_refuses_old_transformers_and_the_tokenizer_needs_no_remot
     assert lines["MODEL"].startswith("The repository") and "custom code" in lines["MODEL"]  # transformers' advice
 
 
-def test_fem_sequence_classifier_exports_as_text_classification(tmp_path):
-    from energyzoo import FEMConfig, FEMForSequenceClassification
+def test_fem_sequence_classifier_exports_as_text_classification_where_the_pipeline_runs(tmp_path):
+    """The card declares the text-classification pipeline only for a folder with a tokenizer, and that pipeline then
+    runs on it and answers what the model computes."""
+    from transformers import pipeline
 
-    config = FEMConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+    from energyzoo import FEMConfig, FEMForSequenceClassification
+    from energyzoo.training.data import python_docs_corpus, train_bpe_tokenizer
+
+    tokenizer = train_bpe_tokenizer(python_docs_corpus()[0][:50], 300)
+    config = FEMConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                        num_attention_heads=4, num_labels=3, pad_token_id=0)
-    FEMForSequenceClassification(config).save_pretrained(tmp_path / "classifier")
+    classifier = FEMForSequenceClassification(config).eval()
+    classifier.save_pretrained(tmp_path / "classifier")
+    assert main(["export", str(tmp_path / "classifier"), str(tmp_path / "bare")]) == 0
+    assert ModelCard.load(tmp_path / "bare" / "README.md").data.pipeline_tag is None  # no tokenizer: no pipeline
+    tokenizer.save_pretrained(tmp_path / "classifier")
     assert main(["export", str(tmp_path / "classifier"), str(tmp_path / "export")]) == 0
     card = ModelCard.load(tmp_path / "export" / "README.md")
     assert card.data.pipeline_tag == "text-classification" and "AutoModelForSequenceClassification" in card.text
     config_json = json.loads((tmp_path / "export" / "config.json").read_text())
     assert config_json["architectures"] == ["FEMForSequenceClassification"]
+    text = "def f(x): return x"
+    with torch.no_grad():
+        expected = classifier(**tokenizer(text, return_tensors="pt")).logits.argmax(-1).item()
+    predicted = pipeline(card.data.pipeline_tag, model=str(tmp_path / "export"), trust_remote_code=True)(text)
+    assert predicted[0]["label"] == f"LABEL_{expected}"
 
 
 # Trainer example and quickstart ----------------------------------------------------------------------

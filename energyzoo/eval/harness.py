@@ -20,7 +20,9 @@ import re
 from pathlib import Path
 
 import yaml
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
+from ..registry import ARCHITECTURES
 from ..training.data import python_docs_corpus
 
 SUITES = {
@@ -109,6 +111,20 @@ def format_results_table(results: dict) -> str:
     return "\n".join(lines)
 
 
+def require_causal_lm(model_dir: Path) -> None:
+    """Refuse, in one line, a folder that holds no causal language model: lm-evaluation-harness scores text with the
+    logits of a causal LM (its HFLM), which a classifier or an image model does not give."""
+    if not (model_dir / "config.json").is_file():
+        raise FileNotFoundError(f"{model_dir} is not a model folder (no config.json)")
+    saved = json.loads((model_dir / "config.json").read_text()).get("architectures") or []
+    causal = set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()) | {
+        head.__name__ for entry in ARCHITECTURES.values() for task, head in entry.heads.items() if task == "causal-lm"}
+    if not causal & set(saved):
+        raise ValueError(f"energyzoo eval runs lm-evaluation-harness, which scores causal language models; {model_dir} "
+                         f"holds {', '.join(saved) or 'a model of no saved architecture'} (evaluate it with its own "
+                         "task's metrics, which energyzoo train reports)")
+
+
 def evaluate_folder(model_dir: str | Path, suites: list[str] = ("local",), tasks: list[str] | None = None,
                     output_dir: str | Path | None = None, batch_size: int | str = 8, device: str = "cpu",
                     dtype: str = "auto", limit: int | None = None, num_fewshot: int | None = None) -> dict[str, dict]:
@@ -125,8 +141,7 @@ def evaluate_folder(model_dir: str | Path, suites: list[str] = ("local",), tasks
     from lm_eval.tasks import TaskManager
 
     model_dir = Path(model_dir)
-    if not (model_dir / "config.json").is_file():
-        raise FileNotFoundError(f"{model_dir} is not a model folder (no config.json)")
+    require_causal_lm(model_dir)
     output_dir = Path(output_dir) if output_dir is not None else model_dir / "eval"
     runs = {"tasks": {"tasks": list(tasks), "num_fewshot": None}} if tasks else {suite: SUITES[suite] for suite in suites}
     language_model = HFLM(pretrained=str(model_dir), device=device, dtype=dtype, batch_size=batch_size,

@@ -4,8 +4,12 @@ The folder loads with `trust_remote_code=True` on a machine without energyzoo: s
 config whose `auto_map` names every Auto class the architecture supports, the modeling files (copied by
 transformers through `register_for_auto_class`), the tokenizer, the generation config, and a model card
 rendered from this folder's per-paper templates (`fem.md`, `tel.md`) with the evaluation results that
-`energyzoo eval` left in ``MODEL_DIR/eval`` as `model-index` metadata. Nothing touches the network unless
-``push_to`` names a repository.
+`energyzoo eval` left in ``MODEL_DIR/eval`` as `model-index` metadata. The card declares a ``pipeline_tag`` only
+where that transformers pipeline runs on the folder (it holds the tokenizer or image processor the pipeline reads).
+Nothing touches the network unless ``push_to`` names a repository.
+
+The output folder is new, empty or an earlier export (which is replaced as a whole), never the model folder or a
+folder holding other files; it is written beside its final place and renamed into it when complete.
 """
 
 import json
@@ -20,10 +24,13 @@ from transformers import AutoConfig, AutoTokenizer
 from ..modeling.checks import MINIMUM_TRANSFORMERS
 from ..registry import ARCHITECTURES, TASKS, architecture, auto_map_for
 from ..training.data import image_processor_for
+from ..training.checkpoints import write_folder_whole
 from ..training.recipe import DataSection
 from ..training.tasks import training_task
 
 SKIPPED_CONFIG_KEYS = {"auto_map", "architectures", "transformers_version", "id2label", "label2id", "dtype"}
+# The file each preprocessor saves, which a pipeline reads from the folder.
+PREPROCESSOR_FILES = {"tokenizer": "tokenizer_config.json", "image_processor": "preprocessor_config.json"}
 
 
 def export_model(model, output_dir: str | Path, tokenizer=None) -> Path:
@@ -146,19 +153,30 @@ def _eval_table(model_dir: Path) -> str:
     return "\n\n".join(tables) if tables else "No evaluation results in the folder (run `energyzoo eval` before exporting)."
 
 
-def render_card(model, model_dir: Path, task: str, repo_id: str | None = None) -> ModelCard:
-    """The model card from the architecture's template (registry: template name and its own facts)."""
+def runnable_pipeline(task: str, folder: Path) -> str | None:
+    """The ``pipeline_tag`` of ``task`` if its transformers pipeline runs on ``folder``: the folder holds the
+    tokenizer or image processor that pipeline reads (a model trained on token ids, such as a Sudoku or parity
+    model, has no tokenizer). None otherwise, so the Hub offers no widget that would fail."""
+    needs = TASKS[task].preprocessor
+    return TASKS[task].pipeline_tag if needs and (Path(folder) / PREPROCESSOR_FILES[needs]).is_file() else None
+
+
+def render_card(model, model_dir: Path, task: str, repo_id: str | None = None,
+                exported: Path | None = None) -> ModelCard:
+    """The model card from the architecture's template (registry: template name and its own facts), for the folder
+    ``exported`` (default ``model_dir``) of the model in ``model_dir``."""
     config = model.config
     model_type = config.model_type
     entry = architecture(model_type)
     folder = Path(model_dir).resolve()
     # `energyzoo train` writes runs/<name>/model: name the card after the run
     name = repo_id.split("/")[-1] if repo_id else (folder.parent.name if folder.name == "model" else folder.name)
+    pipeline_tag = runnable_pipeline(task, exported or model_dir)
     results = eval_results(model_dir, TASKS[task].pipeline_tag)
     recipe = _recipe(model_dir)
     language = recipe["data"].get("language") if recipe else None
     base_model = hub_repository_id(recipe["model"].get("init_from")) if recipe else None
-    card_data = ModelCardData(library_name="transformers", pipeline_tag=TASKS[task].pipeline_tag, license="apache-2.0",
+    card_data = ModelCardData(library_name="transformers", pipeline_tag=pipeline_tag, license="apache-2.0",
                               tags=["energyzoo", model_type, "custom_code"], model_name=name, base_model=base_model,
                               datasets=card_datasets(model_dir) or None, language=language,
                               eval_results=results or None)
@@ -174,22 +192,51 @@ def render_card(model, model_dir: Path, task: str, repo_id: str | None = None) -
     return ModelCard.from_template(card_data, template_str=template.read_text(), **variables)
 
 
+def _is_export(folder: Path) -> bool:
+    """Whether ``folder`` holds an energyzoo export: a config.json and a model card tagged energyzoo."""
+    card = folder / "README.md"
+    if not ((folder / "config.json").is_file() and card.is_file()):
+        return False
+    return "energyzoo" in (ModelCard.load(card).data.tags or [])
+
+
+def check_export_folder(model_dir: Path, output_dir: Path) -> None:
+    """Refuse an output folder that is, holds or lies in the model folder, or that holds files other than an earlier
+    energyzoo export (README.md with the energyzoo tag beside a config.json), which the export would replace, and
+    push to the Hub with the model."""
+    source, target = model_dir.resolve(), output_dir.resolve()
+    if target == source or source in target.parents or target in source.parents:
+        raise ValueError(f"export writes a folder of its own: {output_dir} is, lies in or holds the model folder "
+                         f"{model_dir}; choose another output folder")
+    if not target.exists():
+        return
+    present = sorted(path.name for path in target.iterdir()) if target.is_dir() else [target.name]
+    if present and not _is_export(target):
+        shown = ", ".join(present[:5]) + (", ..." if len(present) > 5 else "")
+        raise ValueError(f"{output_dir} holds files that are not an energyzoo export ({shown}); export into a new or "
+                         "empty folder")
+
+
 def export_folder(model_dir: str | Path, output_dir: str | Path, push_to: str | None = None, api: HfApi | None = None,
                   private: bool = False) -> Path:
     """Write the Hub-ready folder of a trained zoo model; with ``push_to``, upload it (card included)."""
     model_dir, output_dir = Path(model_dir), Path(output_dir)
+    check_export_folder(model_dir, output_dir)
     model, tokenizer, task = load_for_export(model_dir)
-    export_model(model, output_dir, tokenizer)
-    if task == "image-classification":
-        recipe = _recipe(model_dir)
-        image_processor_for(DataSection(**recipe["data"]) if recipe else None, model.config).save_pretrained(output_dir)
-    render_card(model, model_dir, task, push_to).save(output_dir / "README.md")
-    for extra in ("recipe.yaml", "training_metrics.json"):
-        if (model_dir / extra).exists():
-            shutil.copy(model_dir / extra, output_dir / extra)
-    if (model_dir / "eval").exists():
-        shutil.copytree(model_dir / "eval", output_dir / "eval", dirs_exist_ok=True,
-                        ignore=shutil.ignore_patterns("local_tasks"))
+
+    def write(folder: Path) -> None:
+        export_model(model, folder, tokenizer)
+        if task == "image-classification":
+            recipe = _recipe(model_dir)
+            image_processor_for(DataSection(**recipe["data"]) if recipe else None, model.config).save_pretrained(folder)
+        render_card(model, model_dir, task, push_to, exported=folder).save(folder / "README.md")
+        for extra in ("recipe.yaml", "training_metrics.json"):
+            if (model_dir / extra).exists():
+                shutil.copy(model_dir / extra, folder / extra)
+        if (model_dir / "eval").exists():
+            shutil.copytree(model_dir / "eval", folder / "eval", ignore=shutil.ignore_patterns("local_tasks"))
+
+    write_folder_whole(output_dir, write)
     if push_to is not None:
         api = api or HfApi()
         api.create_repo(push_to, repo_type="model", exist_ok=True, private=private)

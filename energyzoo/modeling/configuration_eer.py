@@ -2,17 +2,15 @@
 (eer.txt, W.-L. Lam, "Energy-Entropy Regularization: The True Power of Minimal Looped Transformers"; spec:
 shared/specs/eer.md)."""
 
-from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
-from transformers.activations import ACT2FN
 
-from .checks import require
+from .checks import check_derived_fields, check_transformers_fields, require, require_divisible, strict_config
 
 OWNER = "EERConfig"
 CHOICES = {"loop_dynamics": ("residual", "hamiltonian"), "label_alignment": ("aligned", "shifted")}
 
 
-@strict
+@strict_config
 class EERConfig(PreTrainedConfig):
     r"""One transformer block applied ``num_loops`` times to a latent Z (eer.txt §5.1, Table 1), and the loss of
     eq. 2-5.
@@ -77,21 +75,18 @@ class EERConfig(PreTrainedConfig):
     tie_word_embeddings: bool = False
 
     def __post_init__(self, **kwargs):
+        check_transformers_fields(self)
         self._check_eer_fields()
         super().__post_init__(**kwargs)
+        check_derived_fields(self)
 
     def _check_eer_fields(self) -> None:
         """Every field against its range, once (`checks.require`)."""
-        for field in ("vocab_size", "hidden_size", "num_attention_heads", "intermediate_size"):
-            value = getattr(self, field)
-            require(OWNER, isinstance(value, int) and value > 0, field, "a positive integer", value)
-        require(OWNER, isinstance(self.num_loops, int) and self.num_loops >= 0, "num_loops", "an integer >= 0",
-                self.num_loops)
+        require(OWNER, self.num_loops >= 0, "num_loops", "an integer >= 0", self.num_loops)
         span = self.num_loops_range
         require(OWNER, span is None or (len(span) == 2 and 1 <= span[0] <= span[1]), "num_loops_range",
                 "None or [min, max] with 1 <= min <= max", span)
-        require(OWNER, self.hidden_size % self.num_attention_heads == 0, "num_attention_heads",
-                f"a divisor of hidden_size ({self.hidden_size})", self.num_attention_heads)
+        require_divisible(OWNER, self, "hidden_size", "num_attention_heads")
         require(OWNER, 1 < self.tsallis_q <= 2, "tsallis_q", "in (1, 2] (Lemma B.1 and Theorem 3.2.1)", self.tsallis_q)
         require(OWNER, self.attention_temperature > 0, "attention_temperature", "> 0", self.attention_temperature)
         for field in ("lambda_potential", "lambda_kinetic", "lambda_entropy", "entropy_target",
@@ -99,15 +94,6 @@ class EERConfig(PreTrainedConfig):
             require(OWNER, getattr(self, field) >= 0, field, ">= 0", getattr(self, field))
         require(OWNER, 0 <= self.hamiltonian_momentum < 1, "hamiltonian_momentum", "in [0, 1) (dissipative)",
                 self.hamiltonian_momentum)
-        require(OWNER, self.layer_norm_eps > 0, "layer_norm_eps", "> 0", self.layer_norm_eps)
-        require(OWNER, self.initializer_range is None or self.initializer_range > 0, "initializer_range",
-                "None (PyTorch's initialisation) or > 0", self.initializer_range)
-        for field in ("pad_token_id", "bos_token_id", "eos_token_id"):
-            value = getattr(self, field)
-            require(OWNER, value is None or 0 <= value < self.vocab_size, field,
-                    f"None or in [0, vocab_size={self.vocab_size})", value)
-        require(OWNER, self.hidden_act in ACT2FN, "hidden_act", "an activation of transformers' ACT2FN",
-                self.hidden_act)
         for field, allowed in CHOICES.items():
             require(OWNER, getattr(self, field) in allowed, field, f"one of {list(allowed)}", getattr(self, field))
 

@@ -1,15 +1,14 @@
 """Configuration of EqT-LLaMA, Llama with the Equilibrium Refinement Module (eqt.txt; spec: shared/specs/eqt.md)."""
 
-from huggingface_hub.dataclasses import strict
 from transformers import LlamaConfig
 
-from .checks import require
+from .checks import check_derived_fields, check_transformers_fields, require, require_divisible, strict_config
 
 OWNER = "EqTLlamaConfig"
 CHOICES = {"erm_backprop": ("unrolled", "implicit"), "erm_head_vocabulary": ("full", "window")}
 
 
-@strict
+@strict_config
 class EqTLlamaConfig(LlamaConfig):
     r"""A `LlamaConfig` plus the Equilibrium Refinement Module (ERM, eqt.txt §3, Algorithm 1). Every Llama field
     keeps its meaning, so a Llama checkpoint's config loads as it is (`EqTLlamaForCausalLM.from_pretrained(llama_dir,
@@ -72,10 +71,21 @@ class EqTLlamaConfig(LlamaConfig):
     energy_loss_weight: float = 0.3
 
     def __post_init__(self, **kwargs):
+        check_transformers_fields(self)
         super().__post_init__(**kwargs)
+        check_derived_fields(self)
+        self._check_llama_fields()
         if self.erm_rev_hidden_size == 0:
             self.erm_rev_hidden_size = self.hidden_size // 4
         self._check_erm_fields()
+
+    def _check_llama_fields(self) -> None:
+        """What Llama's attention needs of its fields (`LlamaConfig` checks none): heads split the width, key-value
+        heads the heads, and RoPE an even head width."""
+        require_divisible(OWNER, self, "hidden_size", "num_attention_heads")
+        require_divisible(OWNER, self, "num_attention_heads", "num_key_value_heads")
+        require(OWNER, self.head_dim % 2 == 0, "head_dim", "even (RoPE rotates pairs of channels; unset, it is "
+                "hidden_size / num_attention_heads)", self.head_dim)
 
     def _check_erm_fields(self) -> None:
         """Every ERM field against its range, once (`checks.require`)."""
@@ -106,9 +116,10 @@ class EqTLlamaConfig(LlamaConfig):
         topk = self.erm_confidence_topk
         require(OWNER, topk is None or 1 <= topk <= self.vocab_size, "erm_confidence_topk",
                 f"None or in [1, vocab_size={self.vocab_size}]", topk)
-        require(OWNER, self.erm_rev_hidden_size > 0 and self.erm_rev_hidden_size % self.erm_rev_num_heads == 0,
-                "erm_rev_hidden_size", f"a positive multiple of erm_rev_num_heads ({self.erm_rev_num_heads})",
-                self.erm_rev_hidden_size)
+        heads = self.erm_rev_num_heads
+        require(OWNER, self.erm_rev_hidden_size > 0 and self.erm_rev_hidden_size % (2 * heads) == 0,
+                "erm_rev_hidden_size", f"a positive multiple of 2 x erm_rev_num_heads ({2 * heads}): the reverse "
+                "encoder's heads are RoPE'd, which needs an even head width", self.erm_rev_hidden_size)
         for field, allowed in CHOICES.items():
             require(OWNER, getattr(self, field) in allowed, field, f"one of {list(allowed)}", getattr(self, field))
 

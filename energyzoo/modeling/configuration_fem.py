@@ -2,12 +2,10 @@
 
 import math
 
-from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
-from transformers.activations import ACT2FN
 from transformers.utils import logging
 
-from .checks import require
+from .checks import check_derived_fields, check_transformers_fields, require, strict_config
 
 logger = logging.get_logger(__name__)
 
@@ -22,11 +20,11 @@ GLA_DECAY_KINDS = ("head", "channel")
 
 
 def fem_layer_type(prior: str) -> str:
-    """Cache-layer type name of a FEM layer with this prior (registered by modeling_fem)."""
+    """Cache-layer type name of a FEM layer with this prior (registered by fem_cache)."""
     return f"fem_{prior}"
 
 
-@strict
+@strict_config
 class FEMConfig(PreTrainedConfig):
     r"""Configuration of a FEM-LM: a Llama-style pre-norm decoder (RMSNorm, SwiGLU, RoPE) whose attention is
     the two-level gated Free Energy Mixer (FEM eq. 11) on a selection prior.
@@ -67,6 +65,8 @@ class FEMConfig(PreTrainedConfig):
             with p initialised at 0 (App. K: softplus(x + 1.8), x = 0, i.e. ~1.953).
         time_decay_rank: H_c of the conditioner; None means d / 16 (FEM §2.3.3 default), at least 1.
         time_decay_chunk_size: chunk length of the parallel decayed scan (speed/memory only).
+        layer_types: set from ``prior``: every layer's cache-layer type, which `DynamicCache(config=...)` reads. Not
+            saved; a given list (an older saved config's) must be the prior's.
     Switching modules off removes their parameters; widths stay as the ratios say (re-budget with them).
     With all four switches off and ``value_ratio=1`` the model computes exactly a Llama model.
     """
@@ -111,6 +111,7 @@ class FEMConfig(PreTrainedConfig):
     layer_types: list[str] | None = None
 
     def __post_init__(self, **kwargs):
+        check_transformers_fields(self)
         self._check_fem_fields()
         if self.rope_parameters is None:
             self.rope_parameters = dict(DEFAULT_ROPE)
@@ -121,40 +122,40 @@ class FEMConfig(PreTrainedConfig):
             )
         if self.time_decay_rank is None:
             self.time_decay_rank = max(1, self.value_width // 16)
-        if self.layer_types is None:
-            self.layer_types = [fem_layer_type(self.prior)] * self.num_hidden_layers
+        own_layer_types = [fem_layer_type(self.prior)] * self.num_hidden_layers
+        require(OWNER, self.layer_types in (None, own_layer_types), "layer_types",
+                f"None or {fem_layer_type(self.prior)!r} for each of the {self.num_hidden_layers} layers (every FEM "
+                f"layer reads with prior {self.prior!r})", self.layer_types)
+        self.layer_types = own_layer_types
         super().__post_init__(**kwargs)
+        check_derived_fields(self)
 
     def _check_fem_fields(self) -> None:
         """Every FEM field against its allowed range (run once, from ``__post_init__``, before derived values
         such as the default conditioner rank are computed from them)."""
-        for field in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"):
-            value = getattr(self, field)
-            require(OWNER, isinstance(value, int) and value > 0, field, "a positive integer", value)
-        require(OWNER, self.hidden_act in ACT2FN, "hidden_act", f"one of {sorted(ACT2FN)}", self.hidden_act)
         require(OWNER, self.prior in FEM_PRIORS, "prior", f"one of {FEM_PRIORS}", self.prior)
         kernels = PRIOR_KERNELS[self.prior]
         require(OWNER, self.kernel in kernels, "kernel", f"one of {kernels} for prior {self.prior!r}", self.kernel)
         for field in ("qk_ratio", "value_ratio"):
             value = getattr(self, field)
-            require(OWNER, math.isfinite(value) and value > 0, field, "a positive finite number", value)
+            require(OWNER, value > 0, field, "a positive finite number", value)
         heads = self.num_attention_heads
         for field, width in (("qk_ratio", self.hidden_size * self.qk_ratio), ("value_ratio", self.value_width_exact)):
             multiple = f"such that hidden_size * {field} is an integer multiple of num_attention_heads ({heads})"
             require(OWNER, float(width).is_integer() and int(width) % heads == 0, field, multiple, getattr(self, field))
         even = "such that the per-head Q/K width is even (RoPE)"
         require(OWNER, self.head_dim % 2 == 0, "qk_ratio", even, self.qk_ratio)
-        finite = math.isfinite(self.beta_max_init) and self.beta_max_init > 0
-        require(OWNER, finite, "beta_max_init", "a positive finite number", self.beta_max_init)
+        require(OWNER, self.beta_max_init > 0, "beta_max_init", "> 0", self.beta_max_init)
         if self.time_decay_rank is not None:
             rank = self.time_decay_rank
             require(OWNER, rank > 0, "time_decay_rank", "a positive integer or None", rank)
-        for field in ("time_decay_chunk_size", "ssm_state_size", "prior_chunk_size", "max_position_embeddings"):
+        for field in ("ssm_state_size", "prior_chunk_size"):
             require(OWNER, getattr(self, field) > 0, field, "a positive integer", getattr(self, field))
+        require(OWNER, self.time_decay_chunk_size >= 2, "time_decay_chunk_size",
+                "an integer >= 2 (the decayed scan carries chunk ends a level up, chunks of 2 or more at a time)",
+                self.time_decay_chunk_size)
         require(OWNER, self.gla_decay in GLA_DECAY_KINDS, "gla_decay", f"one of {GLA_DECAY_KINDS}", self.gla_decay)
-        for field in ("decay_normalizer", "feature_eps", "rms_norm_eps"):
-            require(OWNER, getattr(self, field) > 0, field, "> 0", getattr(self, field))
-        require(OWNER, 0 <= self.initializer_range <= 1, "initializer_range", "in [0, 1]", self.initializer_range)
+        require(OWNER, self.decay_normalizer > 0, "decay_normalizer", "> 0", self.decay_normalizer)
 
     @property
     def base_model_tp_plan(self) -> dict[str, str]:
@@ -179,23 +180,15 @@ class FEMConfig(PreTrainedConfig):
         return plan
 
     def validate_layer_type(self):
-        """Accept the FEM cache-layer types (the base class only knows attention layer types); the one strict
-        class validator of FEMConfig."""
-        if self.layer_types is None:
-            return
-        allowed = [fem_layer_type(prior) for prior in FEM_PRIORS]
-        known = all(t in allowed for t in self.layer_types)
-        require(OWNER, known, "layer_types", f"entries of {allowed}", self.layer_types)
-        count = f"a list of num_hidden_layers ({self.num_hidden_layers}) entries"
-        require(OWNER, len(self.layer_types) == self.num_hidden_layers, "layer_types", count, self.layer_types)
+        """``layer_types`` are FEM cache-layer types, set from the prior in ``__post_init__`` (the base class's
+        validator only knows attention layer types); the one strict class validator of FEMConfig."""
 
     def to_dict(self) -> dict:
-        """The config as saved; ``layer_types`` is left out when it is the prior's own (rebuilt on load): transformers'
-        generic config, which `AutoTokenizer` reads when it may not run this file (no ``trust_remote_code``),
-        rejects cache-layer types it does not know."""
+        """The config as saved, without ``layer_types``: they follow from the prior (rebuilt on load), and
+        transformers' generic config, which `AutoTokenizer` reads when it may not run this file (no
+        ``trust_remote_code``), rejects cache-layer types it does not know."""
         output = super().to_dict()
-        if output.get("layer_types") == [fem_layer_type(self.prior)] * self.num_hidden_layers:
-            del output["layer_types"]
+        output.pop("layer_types", None)
         return output
 
     @property

@@ -2,10 +2,9 @@
 
 import math
 
-from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
 
-from .checks import require
+from .checks import check_derived_fields, check_transformers_fields, require, require_divisible, strict_config
 
 OWNER = "HyperSETConfig"
 CHOICES = {
@@ -21,7 +20,7 @@ CHOICES = {
 }
 
 
-@strict
+@strict_config
 class HyperSETConfig(PreTrainedConfig):
     r"""Configuration of a Hyper-SET model: L distinct layers, each applied R times, each iteration one step of
     alternating descent on E = E_ATTN + E_FF on the hypersphere (hyperset.txt eq. 6, 9, 11).
@@ -104,40 +103,32 @@ class HyperSETConfig(PreTrainedConfig):
     mask_token_id: int | None = None
 
     def __post_init__(self, **kwargs):
+        check_transformers_fields(self)
         self._check_hyperset_fields()
         super().__post_init__(**kwargs)
+        check_derived_fields(self)
 
     def _check_hyperset_fields(self) -> None:
         """Every field against its range, once, from ``__post_init__`` (`checks.require`)."""
-        for field in ("hidden_size", "num_attention_heads", "intermediate_size", "num_hidden_layers",
-                      "num_iterations", "image_size", "patch_size", "num_channels", "max_position_embeddings",
-                      "vocab_size", "codebook_size"):
+        for field in ("num_iterations", "codebook_size"):
             value = getattr(self, field)
-            require(OWNER, isinstance(value, int) and value > 0, field, "a positive integer", value)
+            require(OWNER, value > 0, field, "a positive integer", value)
         for field, allowed in CHOICES.items():
             require(OWNER, getattr(self, field) in allowed, field, f"one of {list(allowed)}", getattr(self, field))
-        heads = self.num_attention_heads
-        require(OWNER, self.hidden_size % heads == 0, "num_attention_heads", f"a divisor of hidden_size "
-                f"({self.hidden_size})", heads)
+        require_divisible(OWNER, self, "hidden_size", "num_attention_heads")
         require(OWNER, self.time_embed_dim >= 0 and self.time_embed_dim % 2 == 0, "time_embed_dim",
                 "an even integer >= 0", self.time_embed_dim)
         require(OWNER, self.time_embed_dim > 0 or self.hidden_size % 2 == 0, "hidden_size",
                 "even when time_embed_dim = 0 (the raw sinusoid has width hidden_size)", self.hidden_size)
-        require(OWNER, math.isfinite(self.fixed_step_size), "fixed_step_size", "a finite number",
-                self.fixed_step_size)
         require(OWNER, self.lora_rank >= 0, "lora_rank", "an integer >= 0", self.lora_rank)
         require(OWNER, self.lora_alpha is None or self.lora_alpha > 0, "lora_alpha", "None or > 0", self.lora_alpha)
-        require(OWNER, self.rms_norm_eps is None or self.rms_norm_eps > 0, "rms_norm_eps", "None or > 0",
-                self.rms_norm_eps)
-        require(OWNER, 0 <= self.embedding_dropout < 1, "embedding_dropout", "in [0, 1)", self.embedding_dropout)
-        require(OWNER, 0 <= self.initializer_range <= 1, "initializer_range", "in [0, 1]", self.initializer_range)
         require(OWNER, self.image_size % self.patch_size == 0, "patch_size",
                 f"a divisor of image_size ({self.image_size})", self.patch_size)
         if self.position_embedding_type == "sincos2d":
             side = math.isqrt(self.max_position_embeddings)
             require(OWNER, side * side == self.max_position_embeddings and side % 2 == 0 and self.hidden_size % 4 == 0,
-                    "max_position_embeddings", "an even square grid (sincos2d) with hidden_size divisible by 4",
-                    self.max_position_embeddings)
+                    "max_position_embeddings", "an even square grid, with hidden_size divisible by 4, for "
+                    "position_embedding_type='sincos2d'", self.max_position_embeddings)
         mask = self.mask_token_id
         require(OWNER, mask is None or 0 <= mask < self.vocab_size, "mask_token_id",
                 f"None or in [0, vocab_size={self.vocab_size})", mask)

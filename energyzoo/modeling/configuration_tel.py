@@ -7,13 +7,13 @@ Blocks are GPT-2/ViT transformer layers (TEL replaces the FFN's first linear map
 residual units counted across stages (TEL replaces the unit's first conv + norm + activation).
 """
 
-from huggingface_hub.dataclasses import strict
 from transformers import GPT2Config, ResNetConfig, ViTConfig
 
-from .checks import require
+from .checks import check_derived_fields, check_transformers_fields, require, require_divisible, strict_config
 from .tel_layer import TELSettings
 
 PLACEMENTS = ("head", "full")
+RESNET_LAYER_TYPES = ("basic", "bottleneck")
 
 
 class TELPlacementMixin:
@@ -23,8 +23,16 @@ class TELPlacementMixin:
 
     def __post_init__(self, **kwargs):
         kwargs.pop("model_type", None)  # a vanilla checkpoint's "gpt2" / "vit" / "resnet" must not stick
+        check_transformers_fields(self)
+        self.check_backbone_fields()
         self.check_tel_config()
         super().__post_init__(**kwargs)
+        check_derived_fields(self)
+
+    def check_backbone_fields(self) -> None:
+        """What the transformers backbone needs of its fields beyond `checks.check_transformers_fields` (its own
+        config checks neither)."""
+        raise NotImplementedError
 
     @property
     def tel_block_count(self) -> int:
@@ -51,7 +59,7 @@ class TELPlacementMixin:
         require(type(self).__name__, valid, "tel_placement", allowed, placement)
 
 
-@strict
+@strict_config
 class TELGPT2Config(TELPlacementMixin, GPT2Config, TELSettings):
     r"""GPT-2 with TEL layers in place of the FFN's c_fc + activation (tel.txt G.4.3), `model_type` "tel-gpt2".
     Every GPT-2 field keeps its meaning and default; the TEL fields are documented in `TELSettings`, with one
@@ -74,8 +82,12 @@ class TELGPT2Config(TELPlacementMixin, GPT2Config, TELSettings):
     def tel_block_count(self) -> int:
         return self.n_layer
 
+    def check_backbone_fields(self) -> None:
+        """GPT-2 splits n_embd over its heads."""
+        require_divisible(type(self).__name__, self, "n_embd", "n_head")
 
-@strict
+
+@strict_config
 class TELViTConfig(TELPlacementMixin, ViTConfig, TELSettings):
     r"""ViT with TEL layers in place of the MLP's fc1 + activation (tel.txt G.4.3), `model_type` "tel-vit"."""
 
@@ -86,8 +98,18 @@ class TELViTConfig(TELPlacementMixin, ViTConfig, TELSettings):
     def tel_block_count(self) -> int:
         return self.num_hidden_layers
 
+    def check_backbone_fields(self) -> None:
+        """ViT splits hidden_size over its heads and the image into whole patches."""
+        owner = type(self).__name__
+        require_divisible(owner, self, "hidden_size", "num_attention_heads")
+        sizes = [self.image_size] * 2 if isinstance(self.image_size, int) else list(self.image_size)
+        patches = [self.patch_size] * 2 if isinstance(self.patch_size, int) else list(self.patch_size)
+        whole = len(sizes) == len(patches) == 2 and all(size % patch == 0 for size, patch in zip(sizes, patches))
+        require(owner, whole, "patch_size", f"a divisor of image_size ({self.image_size}) on each side",
+                self.patch_size)
 
-@strict
+
+@strict_config
 class TELResNetConfig(TELPlacementMixin, ResNetConfig, TELSettings):
     r"""ResNet whose residual units' first conv + norm + activation become TEL layers (the anchor Wx is the
     conv followed by its norm), `model_type` "tel-resnet"."""
@@ -98,3 +120,15 @@ class TELResNetConfig(TELPlacementMixin, ResNetConfig, TELSettings):
     @property
     def tel_block_count(self) -> int:
         return sum(self.depths)
+
+    def check_backbone_fields(self) -> None:
+        """ResNet's stages: one depth and one width each, and a known residual unit."""
+        owner = type(self).__name__
+        for field in ("depths", "hidden_sizes"):
+            value = getattr(self, field)
+            positive = value is not None and len(value) > 0 and all(isinstance(n, int) and n > 0 for n in value)
+            require(owner, positive, field, "a non-empty list of positive integers (one per stage)", value)
+        require(owner, len(self.depths) == len(self.hidden_sizes), "depths",
+                f"one entry per stage of hidden_sizes ({len(self.hidden_sizes)} stages)", self.depths)
+        require(owner, self.layer_type in RESNET_LAYER_TYPES, "layer_type", f"one of {list(RESNET_LAYER_TYPES)}",
+                self.layer_type)

@@ -260,12 +260,13 @@ class EqTEnergyNetwork(nn.Module):
         grad_logits = -probs * (log_probs + entropy.unsqueeze(-1)) + probs - F.one_hot(top.indices, logits.shape[-1])
         grad_logits = grad_logits.to(hidden.dtype)
         grad_features = grad_logits @ readout if shared else (grad_logits.unsqueeze(-2) @ readout).squeeze(-2)
-        return energy, rms_norm_backward(normalised, inverse, grad_features * norm_weight).to(hidden.dtype)
+        return energy, rms_norm_backward(normalised, inverse, grad_features * norm_weight)
 
     def memory_energy(self, hidden, memories: torch.Tensor, with_gradient: bool):
         """Eq. 15: -log sum_{relevant i} exp(cos(h, z_i) / tau) and its h-gradient, -sum_i softmax_i (z^_i -
         cos_i h^) / (tau ||h||)."""
         temperature = self.config.erm_memory_temperature
+        hidden, memories = widened(hidden), widened(memories)  # the gradient grows as 1 / ||h||: float32 at least
         norm = hidden.norm(dim=-1, keepdim=True).clamp_min(1e-6)
         unit = hidden / norm
         cosine = (memories @ unit.unsqueeze(-1)).squeeze(-1)

@@ -43,7 +43,7 @@ def decayed_cumsum(
     if length == 1 and initial_state is not None:  # one decoding step: the recurrence itself
         state = torch.exp(log_decay[:, 0]) * initial_state.to(work_dtype) + inputs[:, 0]
         return state[:, None], state
-    chunk = max(1, min(chunk_size, length))
+    chunk = max(2, min(chunk_size, length))  # chunks of one would carry their ends up forever
     num_chunks = -(-length // chunk)
     padding = num_chunks * chunk - length
     if padding:  # zero decay and zero input leave the state unchanged

@@ -48,6 +48,7 @@ from .eer_energy import (
     regularised_loss,
     widened,
 )
+from .inputs import CausalLMLossMixin, check_labels, check_token_inputs
 from .outputs import EnergyTrace, record_energies, recording_energies, records_energies
 from .positions import sinusoidal_positions
 from .refinement import refine, refinement_steps, takes_refinement_steps
@@ -269,9 +270,9 @@ class EERModel(EERPreTrainedModel):
         """Runs the T loops. ``position_ids`` default to each token's index among the real tokens (from
         ``attention_mask``), so a left-padded sequence gets the encoding it has alone. ``return_regularisers`` adds
         the loop means of eq. 3-5 over the real positions (what `EERForCausalLM`'s loss reads)."""
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("Pass exactly one of input_ids or inputs_embeds.")
         config = self.config
+        check_token_inputs(type(self).__name__, input_ids, inputs_embeds, attention_mask,
+                           self.embed_tokens.num_embeddings, config.hidden_size, past_key_values)
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
         batch, length, _ = inputs_embeds.shape
@@ -387,7 +388,7 @@ class EERModel(EERPreTrainedModel):
         return residual_step, (torch.zeros_like(inputs),)
 
 
-class EERForCausalLM(EERPreTrainedModel, GenerationMixin):
+class EERForCausalLM(CausalLMLossMixin, EERPreTrainedModel, GenerationMixin):
     """EER with its LM head (with bias). With ``labels`` the loss is eq. 2, CE + lambda_P L_pot + lambda_K L_kin +
     lambda_S |S_q - eta|, computed here so that plain `Trainer` and peft train it; the parts come back in the output.
     Labels are aligned with the inputs (label i answers input i, the induction task's format) unless
@@ -442,6 +443,7 @@ class EERForCausalLM(EERPreTrainedModel, GenerationMixin):
         loss = task_loss = None
         regularisers = {}
         if labels is not None:
+            check_labels(type(self).__name__, labels, self.config.vocab_size, outputs.last_hidden_state.shape[:2])
             # targets the caller already aligned (``shift_labels``, as sequence-parallel trainers pass) come first
             loss_kwargs = {"shift_labels": labels, **kwargs} if self.config.label_alignment == "aligned" else kwargs
             task_loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size,

@@ -33,7 +33,8 @@ from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_eqt import EqTLlamaConfig
 from .eqt_cache import EqTContextLayer
-from .eqt_energy import TERMS, EnergyContext, EqTEnergyNetwork
+from .eqt_energy import TERMS, EnergyContext, EqTEnergyNetwork, widened
+from .inputs import CausalLMLossMixin, check_labels, check_token_inputs
 from .outputs import BaseModelOutputWithEnergies, CausalLMOutputWithEnergies, record_energies, recording_energies
 from .outputs import records_energies
 from .refinement import EarlyExit, refine, refinement_steps, takes_refinement_steps
@@ -111,16 +112,23 @@ class EquilibriumRefinement(nn.Module):
                 value, grad = energy.memory_energy(hidden, inputs.memories, with_gradient)
             terms[name] = value
             total = total + weight * value
-            if with_gradient:
-                gradient = weight * grad if gradient is None else gradient + weight * grad
+            if with_gradient:  # summed in float32 at least, like the energies
+                grad = weight * widened(grad)
+                gradient = grad if gradient is None else gradient + grad
         if gradient is None and with_gradient:
-            gradient = torch.zeros_like(hidden)
+            gradient = torch.zeros_like(widened(hidden))
         return total, terms, gradient
 
     def proximal_step(self, hidden: torch.Tensor, gradient: torch.Tensor, proposal: torch.Tensor) -> torch.Tensor:
-        """T(h) = h - alpha [grad L(h) + (h - f) / gamma] (eq. 8)."""
+        """T(h) = h - alpha [grad L(h) + (h - f) / gamma] (eq. 8), in float32 at least and returned in h's dtype,
+        saturated at its largest finite value: near a zero state (a zero embedding, the pad id's, as the first token)
+        the RMS-normalised and cosine energies have gradients of order 1/sqrt(rms_norm_eps) and 1/||h||, past float16's
+        range, and the state a step lands on can be too (transformers clamps float16 hidden states the same way)."""
         config = self.config
-        return hidden - config.erm_step_size * (gradient + (hidden - proposal) / config.erm_gamma)
+        state = widened(hidden)
+        following = state - config.erm_step_size * (gradient + (state - widened(proposal)) / config.erm_gamma)
+        bound = torch.finfo(hidden.dtype).max
+        return following.clamp(-bound, bound).to(hidden.dtype)
 
     def forward(self, inputs: SiteInputs, valid: torch.Tensor) -> torch.Tensor:
         config = self.config
@@ -237,9 +245,9 @@ class EqTLlamaModel(EqTLlamaPreTrainedModel):
         confidence energy (eq. 14; `EqTLlamaForCausalLM` passes its LM head, the bare model its token embedding);
         ``return_refined_energy`` adds L(h*) for eq. 18's loss. ``hidden_states`` are the decoder layers' outputs
         (the proposals f at refined layers)."""
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("Pass exactly one of input_ids or inputs_embeds.")
         config = self.config
+        check_token_inputs(type(self).__name__, input_ids, inputs_embeds, attention_mask,
+                           self.embed_tokens.num_embeddings, config.hidden_size, past_key_values)
         if input_ids is None and (config.lambda_rev or config.lambda_mask):
             raise ValueError("EqT-LLaMA's reverse and masked energies (eq. 12-13) read the token ids: pass input_ids, "
                              "or set lambda_rev = lambda_mask = 0 to refine from inputs_embeds.")
@@ -296,6 +304,7 @@ class EqTLlamaModel(EqTLlamaPreTrainedModel):
             valid = attention_mask[:, -length:].bool()
         if input_ids is None:
             return valid, None
+        input_ids = input_ids.long()  # the window's ids index gathers and one-hot targets, whatever int type came in
         layer = self._context_layer(past_key_values)
         if layer is not None and layer.ids is not None:
             previous_ids, previous_valid, previous_keys, real_seen = layer.states()
@@ -337,7 +346,7 @@ class EqTLlamaModel(EqTLlamaPreTrainedModel):
         return SiteInputs(proposal, context, memories, readout, self.norm.weight, self.norm.variance_epsilon)
 
 
-class EqTLlamaForCausalLM(EqTLlamaPreTrainedModel, GenerationMixin):
+class EqTLlamaForCausalLM(CausalLMLossMixin, EqTLlamaPreTrainedModel, GenerationMixin):
     """EqT-LLaMA with Llama's LM head. Loss (eq. 18): mean next-token cross-entropy + ``energy_loss_weight`` *
     mean L(h*) over the refined sites and real positions, so plain `Trainer` and peft train it.
 
@@ -392,6 +401,7 @@ class EqTLlamaForCausalLM(EqTLlamaPreTrainedModel, GenerationMixin):
         logits = self.lm_head(hidden_states[:, kept, :])
         loss = None
         if labels is not None:
+            check_labels(type(self).__name__, labels, self.config.vocab_size, hidden_states.shape[:2])
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
             loss = loss + self.config.energy_loss_weight * outputs.refined_energy
         return CausalLMOutputWithEnergies(

@@ -40,6 +40,7 @@ from .fem_free_energy import (
 from .fem_prior_aft import aft_free_energy_read
 from .fem_prior_gla import gla_free_energy_read
 from .fem_prior_ssm import ssm_free_energy_read
+from .inputs import CausalLMLossMixin, check_classifier_labels, check_labels, check_token_inputs
 from .outputs import (
     BaseModelOutputWithEnergies,
     CausalLMOutputWithEnergies,
@@ -65,6 +66,11 @@ READS = {
 ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2")
 SUPPORTED_CACHE_IMPLEMENTATIONS = (None, "dynamic")
 SSM_INITIAL_STEP = 0.01  # Delta at initialisation (the middle of Mamba's [0.001, 0.1])
+
+
+def inverse_softplus(value: float) -> float:
+    """softplus^-1(y) = y + log(1 - e^-y), without the overflow of log(e^y - 1) for large y."""
+    return value + math.log(-math.expm1(-value))
 
 
 def held_output_columns(linear: nn.Linear) -> tuple[int, slice]:
@@ -113,7 +119,7 @@ class FEMAttention(nn.Module):
         elif self.prior == "ssm":  # Delta, B, C from the token; a, D per channel (FEM H.4)
             self.dt_proj = nn.Linear(hidden, value_width, bias=False)
             self.bc_proj = nn.Linear(hidden, 2 * config.ssm_state_size, bias=False)
-            self.dt_bias = nn.Parameter(torch.full((value_width,), math.log(math.expm1(SSM_INITIAL_STEP))))
+            self.dt_bias = nn.Parameter(torch.full((value_width,), inverse_softplus(SSM_INITIAL_STEP)))
             self.ssm_generator_raw = nn.Parameter(torch.zeros(value_width))
             self.ssm_skip_raw = nn.Parameter(torch.zeros(value_width))
         else:
@@ -131,7 +137,7 @@ class FEMAttention(nn.Module):
         elif self.prior == "aft" and config.aft_decay:
             self.decay_proj = nn.Linear(hidden, value_width, bias=True)
         if config.use_lse:
-            self.beta_max_offset = math.log(math.expm1(config.beta_max_init))  # softplus^-1
+            self.beta_max_offset = inverse_softplus(config.beta_max_init)
             self.beta_max_raw = nn.Parameter(torch.zeros(value_width))
         self.projection_names = [name for name in PROJECTIONS if hasattr(self, name)]
         self.time_decay = (
@@ -294,16 +300,28 @@ class FEMAttention(nn.Module):
         return gated_free_energy(mu, f_max, temperature_gate, outer_gate), temperature_gate
 
     def _cache_layer(self, past_key_values: Cache | None):
+        """This layer's FEM cache layer in ``past_key_values``. An empty layer of another class takes this code's
+        place: transformers builds `DynamicCache(config=...)` from one process-wide table of layer types, which holds
+        the classes of the copy of this code loaded last (another exported folder's, or the installed package's), and
+        a plain `DynamicCache()` holds none yet. A filled one of another class is refused."""
         if past_key_values is None:
             return None
-        layers = past_key_values.layers
+        layers, expected = past_key_values.layers, CACHE_LAYERS[self.prior]
         layer = layers[self.layer_idx] if self.layer_idx < len(layers) else None
-        expected = CACHE_LAYERS[self.prior]
-        if not isinstance(layer, expected):
+        if isinstance(layer, expected):
+            return layer
+        if layer is not None and layer.is_initialized or self.layer_idx > len(layers):
+            found = "none" if layer is None else f"a filled {type(layer).__module__}.{type(layer).__qualname__}"
             raise TypeError(
-                f"FEM layer {self.layer_idx} needs a {expected.__name__} cache layer (it keeps the FEM states); "
-                f"got {type(layer).__name__}. Build caches with DynamicCache(config=model.config)."
+                f"FEM layer {self.layer_idx} needs an empty or its own {expected.__module__}.{expected.__qualname__} "
+                f"cache layer (it keeps the FEM states); found {found}. Build caches with "
+                "DynamicCache(config=model.config)."
             )
+        layer = expected()
+        if self.layer_idx < len(layers):
+            layers[self.layer_idx] = layer
+        else:
+            layers.append(layer)
         return layer
 
     @torch.no_grad()
@@ -363,7 +381,7 @@ class FEMPreTrainedModel(PreTrainedModel):
                 if hasattr(module, name):
                     init.zeros_(getattr(module, name))
             if hasattr(module, "dt_bias"):
-                init.constant_(module.dt_bias, math.log(math.expm1(SSM_INITIAL_STEP)))
+                init.constant_(module.dt_bias, inverse_softplus(SSM_INITIAL_STEP))
         elif isinstance(module, TimeDecayConditioner):
             init.zeros_(module.out_proj)
 
@@ -412,8 +430,8 @@ class FEMModel(FEMPreTrainedModel):
         ``energy`` the free-energy gain per token, ``temperature`` / ``inverse_temperature``, ``temperature_gate``).
         ``output_attentions=True`` returns the softmax prior's probabilities; it needs
         ``attn_implementation="eager"`` (the other attention functions never form them)."""
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("Pass exactly one of input_ids or inputs_embeds.")
+        check_token_inputs(type(self).__name__, input_ids, inputs_embeds, attention_mask,
+                           self.embed_tokens.num_embeddings, self.config.hidden_size, past_key_values)
         if kwargs.get("refinement_steps") is not None:
             raise TypeError("FEM-LM has no iterative refinement: refinement_steps does not apply to it")
         if kwargs.get("output_attentions", self.config.output_attentions) and (
@@ -463,7 +481,7 @@ class FEMModel(FEMPreTrainedModel):
         return BaseModelOutputWithEnergies(last_hidden_state=self.norm(hidden_states), past_key_values=past_key_values)
 
 
-class FEMForCausalLM(FEMPreTrainedModel, GenerationMixin):
+class FEMForCausalLM(CausalLMLossMixin, FEMPreTrainedModel, GenerationMixin):
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
     _tp_plan = {"lm_head": "colwise_gather_output"}
 
@@ -502,6 +520,7 @@ class FEMForCausalLM(FEMPreTrainedModel, GenerationMixin):
         logits = self.lm_head(hidden_states[:, kept, :])
         loss = None
         if labels is not None:
+            check_labels(type(self).__name__, labels, self.config.vocab_size, hidden_states.shape[:2])
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
         return CausalLMOutputWithEnergies(
             loss=loss,
@@ -606,6 +625,7 @@ class FEMForSequenceClassification(FEMPreTrainedModel):
         pooled_logits = logits[torch.arange(batch, device=logits.device), last]
         loss = None
         if labels is not None:
+            check_classifier_labels(type(self).__name__, labels, self.config, batch)
             loss = self.loss_function(logits=logits, labels=labels, pooled_logits=pooled_logits, config=self.config)
         return SequenceClassifierOutputWithEnergies(
             loss=loss,

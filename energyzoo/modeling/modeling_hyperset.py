@@ -27,6 +27,13 @@ from .hyperset_layer import (
     HyperSETLayer,
     HyperSETStepSizes,
 )
+from .inputs import (
+    check_classifier_labels,
+    check_labels,
+    check_pixel_values,
+    check_token_inputs,
+    check_unpadded,
+)
 from .outputs import (
     BaseModelOutputWithPoolingAndEnergies,
     ImageClassifierOutputAndEnergies,
@@ -77,24 +84,25 @@ class HyperSETEmbeddings(nn.Module):
 
     def patches(self, pixel_values: torch.Tensor) -> torch.Tensor:
         batch, channels, height, width = pixel_values.shape
-        size, expected = self.config.patch_size, (self.config.num_channels, self.config.image_size)
-        if (channels, height) != expected or height != width:
-            raise ValueError(f"HyperSET expects pixel_values of shape (batch, {expected[0]}, {expected[1]}, "
-                             f"{expected[1]}) (config num_channels, image_size), got {tuple(pixel_values.shape)}")
+        size = self.config.patch_size
         grid = pixel_values.reshape(batch, channels, height // size, size, width // size, size)
         return grid.permute(0, 2, 4, 3, 5, 1).reshape(batch, -1, size * size * channels)
 
     def forward(self, pixel_values=None, input_ids=None, inputs_embeds=None) -> torch.Tensor:
-        if sum(value is not None for value in (pixel_values, input_ids, inputs_embeds)) != 1:
-            raise ValueError("Pass exactly one of pixel_values, input_ids or inputs_embeds.")
-        if inputs_embeds is None:
-            if self.config.input_type == "patches":
-                if pixel_values is None:
-                    raise ValueError("This Hyper-SET model embeds image patches (input_type='patches'): pass pixel_values.")
-                inputs_embeds = self.patch_embeddings(self.patches(pixel_values))
-            else:
-                if input_ids is None:
-                    raise ValueError("This Hyper-SET model embeds token ids (input_type='tokens'): pass input_ids.")
+        config, owner = self.config, "HyperSETModel"
+        own = "pixel_values" if config.input_type == "patches" else "input_ids"
+        given = [name for name, value in (("pixel_values", pixel_values), ("input_ids", input_ids),
+                                          ("inputs_embeds", inputs_embeds)) if value is not None]
+        if given not in ([own], ["inputs_embeds"]):
+            raise ValueError(f"{owner}: this Hyper-SET model (input_type={config.input_type!r}) takes exactly one of "
+                             f"{own} or inputs_embeds, got {given or 'none'}")
+        if pixel_values is not None:
+            check_pixel_values(owner, pixel_values, config.num_channels, config.image_size)
+            inputs_embeds = self.patch_embeddings(self.patches(pixel_values))
+        else:
+            vocab_size = self.token_embeddings.num_embeddings if input_ids is not None else config.vocab_size
+            check_token_inputs(owner, input_ids, inputs_embeds, None, vocab_size, config.hidden_size)
+            if input_ids is not None:
                 inputs_embeds = self.token_embeddings(input_ids)
         if self.cls_token is not None:
             inputs_embeds = torch.cat([self.cls_token.expand(len(inputs_embeds), -1, -1).to(inputs_embeds.dtype),
@@ -166,10 +174,13 @@ class HyperSETModel(HyperSETPreTrainedModel):
     @records_energies
     @takes_refinement_steps
     @capture_outputs
-    def forward(self, pixel_values=None, input_ids=None, inputs_embeds=None, **kwargs) -> BaseModelOutputWithPoolingAndEnergies:
+    def forward(self, pixel_values=None, input_ids=None, inputs_embeds=None, attention_mask=None,
+                **kwargs) -> BaseModelOutputWithPoolingAndEnergies:
         """``refinement_steps=R'`` runs every layer R' times (None: ``num_iterations``); ``output_energies=True``
         adds the per-iteration `EnergyTrace` (module docstring); ``output_hidden_states=True`` returns the state
-        after every iteration."""
+        after every iteration. An ``attention_mask`` must mask nothing: Hyper-SET has no padding mask."""
+        check_unpadded(type(self).__name__, attention_mask, "Hyper-SET has no padding mask: every token attends to "
+                       "every token, hyperset.txt eq. 9; pass inputs without padding")
         x0 = self.embeddings(pixel_values=pixel_values, input_ids=input_ids, inputs_embeds=inputs_embeds)
         iterations = refinement_steps(self.config.num_iterations)
         records = "detached" if recording_energies() else None
@@ -215,6 +226,7 @@ class HyperSETHead(HyperSETPreTrainedModel):
         logits = self.classifier(self.norm(hidden))
         loss = None
         if labels is not None:
+            check_labels(type(self).__name__, labels, logits.shape[-1], logits.shape[:2])
             total = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), reduction="sum")
             loss = total / (labels != -100).sum().clamp_min(1)
         return logits, loss
@@ -238,6 +250,7 @@ class HyperSETForImageClassification(HyperSETHead):
         outputs = self.encode(output_energies, refinement_steps, pixel_values=pixel_values, **kwargs)
         pooled = outputs.pooler_output if outputs.pooler_output is not None else outputs.last_hidden_state.mean(1)
         logits = self.classifier(self.norm(pooled))
+        check_classifier_labels(type(self).__name__, labels, self.config, len(logits))
         loss = None if labels is None else self.loss_function(labels, logits.float(), self.config)
         return ImageClassifierOutputAndEnergies(loss=loss, logits=logits, hidden_states=outputs.hidden_states,
                                                 energies=outputs.energies)

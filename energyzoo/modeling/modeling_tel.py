@@ -36,6 +36,14 @@ from transformers.models.vit.modeling_vit import ViTForImageClassification, ViTM
 from transformers.utils import logging
 
 from .configuration_tel import TELGPT2Config, TELResNetConfig, TELViTConfig
+from .inputs import (
+    CausalLMLossMixin,
+    check_classifier_labels,
+    check_labels,
+    check_pixel_values,
+    check_token_inputs,
+    refuse_input,
+)
 from .outputs import records_energies
 from .refinement import takes_refinement_steps
 from .tel_layer import FP32_PARAMETERS, ThermodynamicRefinement
@@ -48,32 +56,65 @@ if torch.distributed.is_available():  # the styles TELGPT2Config's tensor-parall
     register_tensor_parallel_styles()
 
 
-def positions_from_attention_mask(arguments: dict) -> None:
-    """Position ids of a left-padded batch from its 2-D attention mask (as `generate()` computes them), when
-    the caller gave none: GPT-2 alone would count the pads, so a padded sequence would read shifted positions.
-    The mask covers cached and new tokens, so this also holds for cached steps."""
-    mask = arguments.get("attention_mask")
+def gpt2_inputs(arguments: dict) -> None:
+    """The zoo's checks of GPT-2's inputs (`inputs.check_token_inputs`, the LM head's labels), then the position ids
+    of a left-padded batch from its 2-D attention mask (as `generate()` computes them), when the caller gave none:
+    GPT-2 alone would count the pads, so a padded sequence would read shifted positions. The mask covers cached and
+    new tokens, so this also holds for cached steps."""
+    model, mask = arguments["self"], arguments.get("attention_mask")
+    owner, config = type(model).__name__, model.config
+    cache = arguments.get("past_key_values")
+    check_token_inputs(owner, arguments.get("input_ids"), arguments.get("inputs_embeds"), mask,
+                       model.get_input_embeddings().num_embeddings, config.n_embd, cache)
+    tokens = arguments.get("input_ids")
+    name, tokens = ("input_ids", tokens) if tokens is not None else ("inputs_embeds", arguments["inputs_embeds"])
+    total = tokens.shape[1] + (cache.get_seq_length() if cache is not None else 0)
+    refuse_input(owner, total <= config.n_positions, name, f"at most n_positions={config.n_positions} tokens, the "
+                 "cached ones included (GPT-2's learned positions)", f"{total} tokens")
+    check_labels(owner, arguments.get("labels"), config.vocab_size, tokens.shape[:2])
     if arguments.get("position_ids") is not None or mask is None or mask.dim() != 2:
         return
-    tokens = arguments.get("input_ids")
-    length = (tokens if tokens is not None else arguments["inputs_embeds"]).shape[1]
-    arguments["position_ids"] = (mask.long().cumsum(-1) - 1).clamp_min(0)[:, -length:]
+    arguments["position_ids"] = (mask.long().cumsum(-1) - 1).clamp_min(0)[:, -tokens.shape[1]:]
 
 
-def forward_with_energies(vanilla_forward, prepare=None):
+def vit_inputs(arguments: dict) -> None:
+    """The zoo's checks of ViT's inputs: images of the configured channels and size (any size of at least a patch
+    with ``interpolate_pos_encoding``), class labels."""
+    model = arguments["self"]
+    owner, config, pixel_values = type(model).__name__, model.config, arguments.get("pixel_values")
+    size = None if arguments.get("interpolate_pos_encoding") else config.image_size
+    check_pixel_values(owner, pixel_values, config.num_channels, size, smallest=config.patch_size)
+    check_classifier_labels(owner, arguments.get("labels"), config, len(pixel_values))
+
+
+def resnet_inputs(arguments: dict) -> None:
+    """The zoo's checks of ResNet's inputs: images of the configured channels (any size; in training, enough pixels
+    or images that the last stage's BatchNorm sees more than one value per channel), class labels."""
+    model = arguments["self"]
+    owner, config, pixel_values = type(model).__name__, model.config, arguments.get("pixel_values")
+    check_pixel_values(owner, pixel_values, config.num_channels)
+    # the stem halves the image twice, every later stage (the first too, with downsample_in_first_stage) once
+    stride = 2 ** (1 + len(config.depths) + int(config.downsample_in_first_stage))
+    batch, _, height, width = pixel_values.shape
+    values = batch * -(-height // stride) * -(-width // stride)
+    refuse_input(owner, not model.training or values > 1, "pixel_values", "in training, 2+ images or images of "
+                 f"more than {stride} pixels a side (BatchNorm's statistics need 2+ values per channel)",
+                 f"shape {tuple(pixel_values.shape)}")
+    check_classifier_labels(owner, arguments.get("labels"), config, batch)
+
+
+def forward_with_energies(vanilla_forward, prepare):
     """The vanilla model's forward plus the zoo's keywords: ``output_energies`` (default False; the output then
     carries the `EnergyTrace` its TEL layers record, `outputs.records_energies`) and ``refinement_steps`` (K of
     every TEL layer for this call, `refinement.takes_refinement_steps`). The signature is the vanilla one plus
-    those keywords, so `generate()` and `Trainer` see the arguments they expect. `prepare(arguments)` may edit
-    the bound arguments first."""
+    those keywords, so `generate()` and `Trainer` see the arguments they expect. `prepare(arguments)` checks (and
+    may edit) the bound arguments, ``self`` among them, first."""
     signature = inspect.signature(vanilla_forward)
 
     def prepared(self, *args, **kwargs):
-        if prepare is not None:
-            bound = signature.bind(self, *args, **kwargs)
-            prepare(bound.arguments)
-            args, kwargs = bound.args[1:], bound.kwargs
-        return vanilla_forward(self, *args, **kwargs)
+        bound = signature.bind(self, *args, **kwargs)
+        prepare(bound.arguments)
+        return vanilla_forward(self, *bound.args[1:], **bound.kwargs)
 
     forward = records_energies(takes_refinement_steps(prepared))
     parameters = list(signature.parameters.values())
@@ -153,10 +194,10 @@ class TELGPT2Model(TELGPT2PreTrainedModel, GPT2Model):
         super().__init__(config)
         install_tel(self.h, _gpt2_slot, config)
 
-    forward = forward_with_energies(GPT2Model.forward, prepare=positions_from_attention_mask)
+    forward = forward_with_energies(GPT2Model.forward, prepare=gpt2_inputs)
 
 
-class TELGPT2LMHeadModel(TELGPT2PreTrainedModel, GPT2LMHeadModel):
+class TELGPT2LMHeadModel(CausalLMLossMixin, TELGPT2PreTrainedModel, GPT2LMHeadModel):
     """GPT-2 LM (tied head, KV cache, generate) with TEL layers in the FFNs of `config.tel_blocks()`."""
 
     _tp_plan = {"lm_head": "colwise_gather_output"}
@@ -167,7 +208,7 @@ class TELGPT2LMHeadModel(TELGPT2PreTrainedModel, GPT2LMHeadModel):
         # The class name names no loss, and transformers would warn (breaking torch.compile graphs) per call.
         self.loss_type = "ForCausalLM"
 
-    forward = forward_with_energies(GPT2LMHeadModel.forward, prepare=positions_from_attention_mask)
+    forward = forward_with_energies(GPT2LMHeadModel.forward, prepare=gpt2_inputs)
 
 
 class TELViTPreTrainedModel(TELModelMixin, ViTPreTrainedModel):
@@ -181,7 +222,7 @@ class TELViTModel(TELViTPreTrainedModel, ViTModel):
         super().__init__(config, add_pooling_layer=add_pooling_layer, use_mask_token=use_mask_token)
         install_tel(self.layers, _vit_slot, config)
 
-    forward = forward_with_energies(ViTModel.forward)
+    forward = forward_with_energies(ViTModel.forward, prepare=vit_inputs)
 
 
 class TELViTForImageClassification(TELViTPreTrainedModel, ViTForImageClassification):
@@ -191,7 +232,7 @@ class TELViTForImageClassification(TELViTPreTrainedModel, ViTForImageClassificat
         super().__init__(config)
         install_tel(self.vit.layers, _vit_slot, config)
 
-    forward = forward_with_energies(ViTForImageClassification.forward)
+    forward = forward_with_energies(ViTForImageClassification.forward, prepare=vit_inputs)
 
 
 class TELResNetPreTrainedModel(TELModelMixin, ResNetPreTrainedModel):
@@ -205,7 +246,7 @@ class TELResNetModel(TELResNetPreTrainedModel, ResNetModel):
         super().__init__(config)
         install_tel(_resnet_units(self), _resnet_slot, config)
 
-    forward = forward_with_energies(ResNetModel.forward)
+    forward = forward_with_energies(ResNetModel.forward, prepare=resnet_inputs)
 
 
 class TELResNetForImageClassification(TELResNetPreTrainedModel, ResNetForImageClassification):
@@ -215,4 +256,4 @@ class TELResNetForImageClassification(TELResNetPreTrainedModel, ResNetForImageCl
         super().__init__(config)
         install_tel(_resnet_units(self.resnet), _resnet_slot, config)
 
-    forward = forward_with_energies(ResNetForImageClassification.forward)
+    forward = forward_with_energies(ResNetForImageClassification.forward, prepare=resnet_inputs)

@@ -147,13 +147,15 @@ class TELSettings:
         bound = 1.0 / self.tel_lipschitz
         check(self.tel_temperature_max is None
               or self.tel_temperature_min < self.tel_temperature_max <= bound + 1e-12,
-              "tel_temperature_max", f"None or in (tel_temperature_min, 1/L_phi = {bound:.4g}] (eq. 32)")
+              "tel_temperature_max", f"None or in (tel_temperature_min, 1/L_phi of tel_activation = {bound:.4g}] "
+              "(eq. 32)")
+        t_max = f"T_max = {self.tel_resolved_temperature_max:.4g} (tel_temperature_max, or 1/L_phi of tel_activation)"
         check(self.tel_temperature_min <= self.tel_initial_temperature <= self.tel_resolved_temperature_max,
-              "tel_initial_temperature", f"in [tel_temperature_min, T_max = {self.tel_resolved_temperature_max:.4g}]")
-        check(0 < self.tel_step_size_min < self.tel_step_size_max, "tel_step_size_min",
-              f"in (0, {self.tel_step_size_max:.4g})")
+              "tel_initial_temperature", f"in [tel_temperature_min, {t_max}]")
+        eta_max = f"eta_max = {self.tel_step_size_max:.4g} (min(1, 2 / (1 + T_max L_phi)), eq. 13; {t_max})"
+        check(0 < self.tel_step_size_min < self.tel_step_size_max, "tel_step_size_min", f"in (0, {eta_max})")
         check(self.tel_step_size_min <= self.tel_initial_step_size <= self.tel_step_size_max,
-              "tel_initial_step_size", f"in [tel_step_size_min, {self.tel_step_size_max:.4g}] (eq. 13)")
+              "tel_initial_step_size", f"in [tel_step_size_min, {eta_max}]")
         check(self.tel_estimator in ENTROPY_ESTIMATORS, "tel_estimator", f"one of {list(ENTROPY_ESTIMATORS)}")
         check(self.tel_estimator_hidden >= 1, "tel_estimator_hidden", ">= 1")
         check(self.tel_entropy_pooling in ENTROPY_POOLINGS, "tel_entropy_pooling", f"one of {list(ENTROPY_POOLINGS)}")
@@ -162,7 +164,7 @@ class TELSettings:
               "tel_entropy_ema_half_life", "None or > 0")
         check(self.tel_entropy_clip > 0, "tel_entropy_clip", "> 0")
         check(0 <= self.tel_dual_step < self.tel_step_size_max, "tel_dual_step",
-              "in [0, eta_max): the dual step must be slower than the primal one (§2.3)")
+              f"in [0, {eta_max}): the dual step must be slower than the primal one (§2.3)")
         check(math.isfinite(self.tel_entropy_scale) and self.tel_entropy_scale >= 0, "tel_entropy_scale",
               "a finite number >= 0 (g_beta must be monotone)")
         check(math.isfinite(self.tel_entropy_shift), "tel_entropy_shift", "finite")

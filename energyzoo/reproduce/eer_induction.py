@@ -92,7 +92,7 @@ def run_induction(settings: InductionSettings, output_dir: str | Path, progress=
                                           f"training.steps={settings.steps}",
                                           f"training.eval_every={settings.eval_every}",
                                           f"training.save_every={settings.steps}", f"output_dir={run_dir}"])
-            run_training(recipe, progress=False,
+            run_training(recipe, overwrite=True, progress=False,
                          evaluation_hook=length_evaluator(settings.eval_lengths, settings.eval_sequences))
             runs.append({"method": method, "seed": seed,
                          "curve": curve(run_dir / "metrics.jsonl", settings.eval_every)})

@@ -51,7 +51,7 @@ def _train(preset: str, length: int, seed: int, steps: int, output_dir: Path):
                                   f"training.steps={steps}", f"training.warmup_steps={warmup}",
                                   f"training.eval_every={steps}",
                                   f"training.save_every={steps}", f"output_dir={output_dir}"])
-    return AutoModelForCausalLM.from_pretrained(run_training(recipe, progress=False).model_dir).eval()
+    return AutoModelForCausalLM.from_pretrained(run_training(recipe, overwrite=True, progress=False).model_dir).eval()
 
 
 def run_parity(settings: ParitySettings, output_dir: str | Path, progress=print) -> dict:

@@ -52,7 +52,7 @@ def _train(recipe: str, output_dir: Path, steps: int, *overrides: str):
     recipe = load_recipe(recipe, [f"training.steps={steps}", f"training.eval_every={steps}",
                                   f"training.save_every={steps}", f"training.warmup_steps={warmup}",
                                   f"output_dir={output_dir}", *overrides])
-    return run_training(recipe, progress=False)
+    return run_training(recipe, overwrite=True, progress=False)
 
 
 def sudoku_scaling(model, settings: HypersetSettings) -> tuple[list[dict], object]:

@@ -9,26 +9,33 @@ A recipe is YAML with four sections and an output folder::
     training:  {steps: 500, batch_size: 16, learning_rate: 3.0e-3, ...}
     output_dir: runs/fem-lm-tiny
 
-Command-line overrides are dotted ``key=value`` pairs parsed as YAML values (``training.steps=20``).
+Command-line overrides are dotted ``key=value`` pairs parsed as YAML values (``training.steps=20``). A value is
+then read as the type its field is annotated with (the recipe section's, or for ``model.overrides`` the model
+config's), so ``1e-5``, which YAML 1.1 reads as a string, is the float a float field takes.
 Token budgets (``total_tokens``, ``batch_tokens``, ``warmup_tokens``) may replace steps, batch size and
 warmup steps for language models: they are converted with the block size.
 """
 
-import difflib
+import dataclasses
 import importlib.util
+import logging
+import math
+import types
+import typing
 from dataclasses import asdict, dataclass, field, fields
 from importlib import resources
 from pathlib import Path
 
 import yaml
 from accelerate.utils import LoggerType
-from transformers import AutoConfig
+from transformers import CONFIG_MAPPING, PretrainedConfig
 
 from ..modeling.checks import require
-from ..presets import config_from_preset, preset_card
+from ..presets import config_with_overrides, preset_card, preset_config_fields
 from .data import MASK_SCHEDULES
 from .tasks import TRAINING_TASKS, training_task
 
+logger = logging.getLogger(__name__)
 DATA_SOURCES = tuple(dict.fromkeys(source for task in TRAINING_TASKS.values() for source in task.sources))
 MIXED_PRECISION = ("no", "bf16", "fp16")
 LR_SCHEDULES = ("cosine", "linear", "constant_with_warmup")  # transformers' `get_scheduler` names
@@ -58,11 +65,26 @@ class ModelSection:
             self.task = card_task
         require(owner, self.task in TRAINING_TASKS, "task", f"one of {sorted(TRAINING_TASKS)}", self.task)
         require_folder_or_hub_id(owner, "init_from", self.init_from)
-        base = config_from_preset(self.preset) if self.preset is not None else AutoConfig.for_model(**self.config)
-        for key in self.overrides:
-            close = difflib.get_close_matches(key, base.to_dict().keys(), n=1)
-            require(owner, hasattr(base, key), "overrides",
-                    f"fields of {type(base).__name__}" + (f" (did you mean {close[0]!r}?)" if close else ""), key)
+        require(owner, isinstance(self.overrides, dict), "overrides", "a mapping of config fields to values",
+                self.overrides)
+        model_type = self.base_fields().get("model_type")
+        config_class = CONFIG_MAPPING[model_type] if model_type in CONFIG_MAPPING else None
+        if dataclasses.is_dataclass(config_class):
+            annotations = {f.name: f.type for f in dataclasses.fields(config_class)}
+            self.overrides = {key: typed(annotations.get(key), value) for key, value in self.overrides.items()}
+        try:
+            self.build_config()
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"recipe model: {error}") from error
+
+    def base_fields(self) -> dict:
+        """The config fields before overrides: the preset's, or ``config``."""
+        return preset_config_fields(self.preset) if self.preset is not None else dict(self.config)
+
+    def build_config(self, **fields) -> PretrainedConfig:
+        """The model's config: the preset's (or ``config``) with the overrides and then ``fields`` (the tokenizer's
+        vocabulary and special ids) applied, each name checked against the config class, every value by it."""
+        return config_with_overrides(self.base_fields(), {**self.overrides, **fields})
 
 
 @dataclass
@@ -155,6 +177,7 @@ class TrainingSection:
     adam_betas: tuple[float, float] = (0.9, 0.95)
     mixed_precision: str = "no"
     save_every: int = 100
+    save_total_limit: int | None = 3  # the newest checkpoints kept (None: all)
     eval_every: int = 100
     log_every: int = 10
     seed: int = 42
@@ -197,14 +220,21 @@ class TrainingSection:
         for name in ("steps", "batch_size", "gradient_accumulation", "save_every", "eval_every", "log_every"):
             value = getattr(self, name)
             require(owner, isinstance(value, int) and value >= 1, name, "an integer >= 1", value)
+        limit = self.save_total_limit
+        require(owner, limit is None or (isinstance(limit, int) and limit >= 1), "save_total_limit",
+                "None (keep every checkpoint) or an integer >= 1", limit)
         require(owner, self.batch_size % self.gradient_accumulation == 0, "gradient_accumulation",
                 f"a divisor of batch_size {self.batch_size}", self.gradient_accumulation)
-        for name in ("learning_rate", "weight_decay", "max_grad_norm"):  # YAML reads 3e-3 (no dot) as a string
+        for name in ("learning_rate", "weight_decay", "max_grad_norm"):
             value = getattr(self, name)
-            require(owner, isinstance(value, (int, float)), name, "a number (write 3.0e-3, not 3e-3, in YAML)", value)
+            require(owner, isinstance(value, (int, float)) and math.isfinite(value), name, "a finite number", value)
         require(owner, self.learning_rate > 0, "learning_rate", "> 0", self.learning_rate)
-        require(owner, self.warmup_steps is not None and 0 <= self.warmup_steps < self.steps, "warmup_steps",
-                f"in [0, steps={self.steps})", self.warmup_steps)
+        require(owner, isinstance(self.warmup_steps, int) and self.warmup_steps >= 0, "warmup_steps",
+                "an integer >= 0", self.warmup_steps)
+        if self.warmup_steps >= self.steps:  # as transformers' Trainer does: the warmup ends with the run
+            logger.warning(f"recipe training.warmup_steps {self.warmup_steps} >= steps {self.steps}: warming up over "
+                           f"the whole run ({self.steps - 1} steps)")
+            self.warmup_steps = self.steps - 1
         require(owner, self.num_threads is None or (isinstance(self.num_threads, int) and self.num_threads >= 1),
                 "num_threads", "None or an integer >= 1", self.num_threads)
         require(owner, self.lr_schedule in LR_SCHEDULES, "lr_schedule", f"one of {list(LR_SCHEDULES)}", self.lr_schedule)
@@ -239,15 +269,47 @@ class Recipe:
         return asdict(self)
 
 
+def flat_settings(recipe: dict) -> dict[str, object]:
+    """A recipe's dict as ``{"section.key": value}`` (``output_dir`` as itself)."""
+    flat = {}
+    for section, values in recipe.items():
+        for key, value in (values.items() if isinstance(values, dict) else [(None, values)]):
+            flat[section if key is None else f"{section}.{key}"] = value
+    return flat
+
+
 SECTIONS = {"model": ModelSection, "data": DataSection, "tokenizer": TokenizerSection, "training": TrainingSection}
 
 
+def _admits(annotation, kind: type) -> bool:
+    """Whether a field annotated ``annotation`` (a type, a union, or its string) takes values of ``kind``."""
+    if isinstance(annotation, str):
+        return kind.__name__ in annotation
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        return any(_admits(member, kind) for member in typing.get_args(annotation))
+    return annotation is kind
+
+
+def typed(annotation, value):
+    """A YAML value as the number its field is annotated with, where YAML gave a string: YAML 1.1 reads ``1e-5`` (no
+    dot) as one. Other values are left for the field's own check."""
+    if not isinstance(value, str) or annotation is None or _admits(annotation, str):
+        return value
+    for kind in (int, float):
+        if _admits(annotation, kind):
+            try:
+                return kind(value)
+            except ValueError:
+                continue
+    return value
+
+
 def _section(cls, values: dict, name: str):
-    known = {f.name for f in fields(cls)}
-    unknown = set(values) - known
+    known = {f.name: f.type for f in fields(cls)}
+    unknown = set(values) - set(known)
     if unknown:
         raise ValueError(f"recipe section {name!r} has unknown keys {sorted(unknown)}; known: {sorted(known)}")
-    return cls(**values)
+    return cls(**{key: typed(known[key], value) for key, value in values.items()})
 
 
 def recipe_from_dict(raw: dict) -> Recipe:

@@ -13,17 +13,22 @@ batches as one process (same global batch size, same loss curve up to float roun
 sources are read by each process from its own share of the documents (`data.PackedStream`) and resume from the
 per-process stream positions saved in the checkpoint.
 
-Outputs in ``output_dir``: ``metrics.jsonl`` (step, loss, learning rate, evaluation rows), ``loss_curve.png``,
-``trackers/`` (accelerate's trackers named in ``training.report_to``: TensorBoard when installed),
-``checkpoints/step-NNNNNNN/`` every ``save_every`` steps (model, optimiser, scheduler, RNG states and the
-step, via `Accelerator.save_state`, plus a loadable ``model/`` folder that `energyzoo eval` and `energyzoo export`
-take with ``--checkpoint step-N``), ``tokenizer/`` and the final ``model/`` folder (``save_pretrained`` of the
-state dict accelerate gathers from every process; tokenizer and recipe included), which `energyzoo eval` and
-`energyzoo export` take.
+Outputs in ``output_dir``, which belongs to this run alone (`checkpoints.claim_run_folder`: another run's folder is
+refused unless ``--resume`` or ``--overwrite``): ``recipe.yaml``, ``metrics.jsonl`` (step, loss, learning rate,
+evaluation rows), ``loss_curve.png``, ``trackers/`` (accelerate's trackers named in ``training.report_to``: TensorBoard
+when installed), ``checkpoints/step-NNNNNNN/`` every ``save_every`` steps, the newest ``save_total_limit`` kept
+(optimiser, scheduler, RNG states and the step, via `Accelerator.save_state`, and a loadable ``model/`` folder, which
+holds the checkpoint's only copy of the weights and which `energyzoo eval` and `energyzoo export` take with
+``--checkpoint step-N``), ``tokenizer/`` and the final ``model/`` folder (``save_pretrained`` of the state dict
+accelerate gathers from every process; tokenizer and recipe included), which `energyzoo eval` and `energyzoo export`
+take. Every folder is written whole or not at all (`checkpoints.publish`), so a run killed at any moment resumes from
+its newest complete checkpoint with the weights an uninterrupted run would have.
 """
 
 import json
+import logging
 import math
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,22 +38,37 @@ import torch
 import yaml
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState, GradientState
-from accelerate.utils import ProjectConfiguration, set_seed
+from accelerate.utils import ProjectConfiguration, load_checkpoint_in_model, set_seed
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
-from transformers import AutoConfig, AutoTokenizer, get_scheduler
+from transformers import AutoTokenizer, get_scheduler
 
 from ..modeling.checks import require
-from ..presets import config_from_preset
 from ..registry import ARCHITECTURES, TASKS, auto_map_for
+from .checkpoints import (
+    CHECKPOINTS,
+    LOSS_CURVE,
+    METRICS,
+    MODEL,
+    RECIPE,
+    STATE_FILE,
+    TOKENIZER,
+    TRACKERS,
+    checkpoint_path,
+    claim_run_folder,
+    latest_checkpoint,
+    partial_path,
+    publish,
+    remove_run_files,
+    rotate_checkpoints,
+    write_folder_whole,
+    write_text_whole,
+)
 from .data import tokenizer_training_texts, train_bpe_tokenizer
-from .recipe import Recipe
+from .recipe import Recipe, flat_settings
 from .tasks import TrainingData, TrainingTask, training_task
 
-CHECKPOINTS = "checkpoints"
-MODEL = "model"  # the saved model folder, in the run folder and in every checkpoint
-STATE_FILE = "trainer_state.json"
-TRACKERS = "trackers"  # accelerate's trackers (tensorboard, ...) log under output_dir/trackers/
+logger = logging.getLogger(__name__)
 
 
 def prepare_data(recipe: Recipe, output_dir: Path, is_main: bool, accelerator: Accelerator):
@@ -57,27 +77,23 @@ def prepare_data(recipe: Recipe, output_dir: Path, is_main: bool, accelerator: A
     task = training_task(recipe.task)
     tokenizer = None
     if task.tokenized and recipe.data.source not in task.token_sources:
-        tokenizer_dir = output_dir / "tokenizer"
+        tokenizer_dir = output_dir / TOKENIZER
         if not tokenizer_dir.exists():
             if is_main:
                 named = recipe.tokenizer.name or recipe.model.init_from
                 trained = (AutoTokenizer.from_pretrained(named) if named else
                            train_bpe_tokenizer(tokenizer_training_texts(recipe.data), recipe.tokenizer.train_vocab_size))
-                trained.save_pretrained(tokenizer_dir)
+                write_folder_whole(tokenizer_dir, trained.save_pretrained)
             accelerator.wait_for_everyone()
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     return task.load(recipe.data, tokenizer, recipe.training.seed), tokenizer
 
 
 def build_model(recipe: Recipe, tokenizer):
-    if recipe.model.preset is not None:
-        config = config_from_preset(recipe.model.preset, **recipe.model.overrides)
-    else:
-        config = AutoConfig.for_model(**{**recipe.model.config, **recipe.model.overrides})
-    if tokenizer is not None:
-        for name, value in dict(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
-                                bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id).items():
-            setattr(config, name, value)
+    vocabulary = {} if tokenizer is None else dict(
+        vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id)
+    config = recipe.model.build_config(**vocabulary)
     auto_class = TASKS[recipe.task].auto_class
     if recipe.model.init_from is not None:  # a warm start: the checkpoint's weights where the names match
         return auto_class.from_pretrained(recipe.model.init_from, config=config)
@@ -165,21 +181,24 @@ def evaluate(model, data: TrainingData, task: TrainingTask, accelerator: Acceler
     return {f"validation_{name}": float(pair[0] / pair[1]) for name, pair in zip(names, reduced)}
 
 
-def latest_checkpoint(output_dir: Path) -> Path | None:
-    checkpoints = sorted((output_dir / CHECKPOINTS).glob("step-*"))
-    return checkpoints[-1] if checkpoints else None
-
-
 def _append_metrics(path: Path, row: dict) -> None:
     with path.open("a") as handle:
         handle.write(json.dumps(row) + "\n")
 
 
 def _truncate_metrics(path: Path, last_step: int) -> None:
-    """Drop rows a killed run logged after its last checkpoint (they are recomputed on resume)."""
+    """Drop rows a killed run logged after its last checkpoint (they are recomputed on resume), and a last row that a
+    kill cut short."""
     if path.exists():
-        rows = [line for line in path.read_text().splitlines() if json.loads(line)["step"] <= last_step]
-        path.write_text("".join(row + "\n" for row in rows))
+        rows = []
+        for line in path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                break
+            if row["step"] <= last_step:
+                rows.append(line)
+        write_text_whole(path, "".join(row + "\n" for row in rows))
 
 
 def plot_loss_curve(metrics_path: Path, png_path: Path) -> None:
@@ -218,17 +237,18 @@ def scalar_outputs(outputs) -> dict[str, torch.Tensor]:
             if name != "loss" and isinstance(value, torch.Tensor) and value.dim() == 0}
 
 
-def run_training(recipe: Recipe, resume: bool = False, stop_after: int | None = None, progress: bool = True,
-                 evaluation_hook: Callable | None = None) -> TrainingResult:
-    """Train `recipe`; with `resume`, continue from the latest checkpoint in its output folder. `stop_after`
-    ends this session after that many steps without a final save (as if the job were killed).
+def run_training(recipe: Recipe, resume: bool = False, overwrite: bool = False, stop_after: int | None = None,
+                 progress: bool = True, evaluation_hook: Callable | None = None) -> TrainingResult:
+    """Train `recipe` into its output folder, which must hold no other run: with `resume`, continue the run there
+    from its newest complete checkpoint (step 0 if it has none); with `overwrite`, remove that run's files first.
+    `stop_after` ends this session after that many steps without a final save (as if the job were killed).
     `evaluation_hook(model, step) -> dict` adds its metrics to every evaluation row, and to a row of step 0 before
     training (e.g. a reproduction's own evaluation sets); it runs on every process, with the model in eval mode."""
     threads = torch.get_num_threads()
     if recipe.training.num_threads is not None:
         torch.set_num_threads(recipe.training.num_threads)
     try:
-        return _train(recipe, resume, stop_after, progress, evaluation_hook)
+        return _train(recipe, resume, overwrite, stop_after, progress, evaluation_hook)
     finally:
         torch.set_num_threads(threads)
 
@@ -239,28 +259,96 @@ def _accelerator(recipe: Recipe) -> Accelerator:
     # last DataLoader); the distributed state itself is kept.
     AcceleratorState._reset_state()
     GradientState._reset_state()
-    return Accelerator(mixed_precision=settings.mixed_precision, cpu=not torch.cuda.is_available(),
-                       gradient_accumulation_steps=settings.gradient_accumulation,
-                       # the scheduler counts global steps: it steps once per optimiser step, not once per process
-                       step_scheduler_with_optimizer=False,
-                       log_with=settings.trackers() or None,
-                       project_config=ProjectConfiguration(recipe.output_dir, str(Path(recipe.output_dir) / TRACKERS)))
+    accelerator = Accelerator(
+        mixed_precision=settings.mixed_precision, cpu=not torch.cuda.is_available(),
+        gradient_accumulation_steps=settings.gradient_accumulation,
+        # the scheduler counts global steps: it steps once per optimiser step, not once per process
+        step_scheduler_with_optimizer=False,
+        log_with=settings.trackers() or None,
+        project_config=ProjectConfiguration(recipe.output_dir, str(Path(recipe.output_dir) / TRACKERS)))
+    # accelerate falls back to fp32 where the device has no autocast of that precision (fp16 on a CPU), while
+    # recipe.yaml would record the precision asked for. DeepSpeed runs its own precision.
+    honoured = accelerator.native_amp or accelerator.state.deepspeed_plugin is not None
+    require("recipe training", settings.mixed_precision == "no" or honoured, "mixed_precision",
+            f"a precision the {accelerator.device.type} device trains in ('no', or 'bf16' on a CPU)",
+            settings.mixed_precision)
+    _keep_weights_in_model_folders(accelerator)
+    return accelerator
+
+
+def _keep_weights_in_model_folders(accelerator: Accelerator) -> None:
+    """A checkpoint stores the weights once, in its ``model/`` folder (which `energyzoo eval` and `export` read):
+    accelerate's `save_state` leaves its own copy out and `load_state` reads them from that folder, through the
+    hooks accelerate has for this. Sharded states (FSDP, DeepSpeed) keep accelerate's sharded format, which resuming
+    them needs, beside the gathered ``model/`` folder."""
+
+    def leave_out(models, weights, output_dir) -> None:
+        weights.clear()
+
+    def read_model_folder(models, input_dir) -> None:
+        for model in models:
+            load_checkpoint_in_model(accelerator.unwrap_model(model), str(Path(input_dir) / MODEL), strict=True)
+        models.clear()
+
+    accelerator.register_save_state_pre_hook(leave_out)
+    accelerator.register_load_state_pre_hook(read_model_folder)
 
 
 def tracker_config(recipe: Recipe) -> dict:
     """The recipe flattened to ``section.key: scalar`` (trackers take scalars as hyperparameters)."""
-    flat = {}
-    for section, values in recipe.to_dict().items():
-        for key, value in (values.items() if isinstance(values, dict) else [(None, values)]):
-            name = section if key is None else f"{section}.{key}"
-            flat[name] = value if value is None or isinstance(value, (bool, int, float, str)) else str(value)
-    return flat
+    return {name: value if value is None or isinstance(value, (bool, int, float, str)) else str(value)
+            for name, value in flat_settings(recipe.to_dict()).items()}
 
 
-def _train(recipe: Recipe, resume: bool, stop_after: int | None, progress: bool,
+def _saved_whole(accelerator: Accelerator, path: Path, write: Callable[[Path], None]) -> None:
+    """``write(folder)`` on every process into a partial folder, published as ``path`` once every process is done:
+    the folder is whole or absent whenever the run is killed."""
+    written = partial_path(path)
+    if accelerator.is_main_process:
+        shutil.rmtree(written, ignore_errors=True)  # a save a kill interrupted
+    accelerator.wait_for_everyone()
+    write(written)
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        publish(written, path)
+
+
+def _claim_output_dir(accelerator: Accelerator, recipe: Recipe, resume: bool, overwrite: bool) -> Path:
+    """The run folder, checked by every process (`claim_run_folder`), cleared by the main process under ``overwrite``,
+    with this run's recipe.yaml."""
+    output_dir = Path(recipe.output_dir)
+    remove = claim_run_folder(output_dir, recipe.to_dict(), resume, overwrite)
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        if remove:
+            remove_run_files(output_dir)
+        output_dir.mkdir(parents=True, exist_ok=True)
+        write_text_whole(output_dir / RECIPE, yaml.safe_dump(recipe.to_dict(), sort_keys=False))
+    accelerator.wait_for_everyone()
+    return output_dir
+
+
+def _resumed_step(accelerator: Accelerator, output_dir: Path, resume: bool) -> tuple[int, Path | None]:
+    """(step, checkpoint) the run continues from: the newest complete checkpoint's state loaded under ``resume``
+    (step 0 without one), metrics logged after it dropped."""
+    is_main = accelerator.is_main_process
+    checkpoint = latest_checkpoint(output_dir, main=is_main) if resume else None
+    start_step = 0
+    if checkpoint is not None:
+        accelerator.load_state(str(checkpoint))
+        start_step = json.loads((checkpoint / STATE_FILE).read_text())["step"]
+    elif resume and is_main:
+        logger.warning(f"--resume: no complete checkpoint in {output_dir / CHECKPOINTS}: starting at step 0")
+    if is_main and start_step:
+        _truncate_metrics(output_dir / METRICS, start_step)
+    elif is_main:
+        (output_dir / METRICS).unlink(missing_ok=True)
+    return start_step, checkpoint
+
+
+def _train(recipe: Recipe, resume: bool, overwrite: bool, stop_after: int | None, progress: bool,
            evaluation_hook: Callable | None) -> TrainingResult:
     settings = recipe.training
-    output_dir = Path(recipe.output_dir)
     accelerator = _accelerator(recipe)
     processes, rank, accumulation = accelerator.num_processes, accelerator.process_index, settings.gradient_accumulation
     if settings.batch_size % (processes * accumulation):
@@ -268,9 +356,7 @@ def _train(recipe: Recipe, resume: bool, stop_after: int | None, progress: bool,
                          f"processes x {accumulation} accumulation steps")
     micro = settings.batch_size // (processes * accumulation)  # examples per forward pass of one process
     is_main = accelerator.is_main_process
-    if is_main:
-        output_dir.mkdir(parents=True, exist_ok=True)
-        (output_dir / "recipe.yaml").write_text(yaml.safe_dump(recipe.to_dict(), sort_keys=False))
+    output_dir = _claim_output_dir(accelerator, recipe, resume, overwrite)
     set_seed(settings.seed)
     task = training_task(recipe.task)
     data, tokenizer = prepare_data(recipe, output_dir, is_main, accelerator)
@@ -298,18 +384,8 @@ def _train(recipe: Recipe, resume: bool, stop_after: int | None, progress: bool,
             accelerator.state.deepspeed_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = micro
         model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
 
-    metrics_path = output_dir / "metrics.jsonl"
-    start_step = 0
-    checkpoint = latest_checkpoint(output_dir) if resume else None
-    if resume and checkpoint is None:
-        raise FileNotFoundError(f"--resume: no checkpoint in {output_dir / CHECKPOINTS}")
-    if checkpoint is not None:
-        accelerator.load_state(str(checkpoint))
-        start_step = json.loads((checkpoint / STATE_FILE).read_text())["step"]
-        if is_main:
-            _truncate_metrics(metrics_path, start_step)
-    elif is_main and metrics_path.exists():
-        metrics_path.unlink()
+    start_step, checkpoint = _resumed_step(accelerator, output_dir, resume)
+    stream = None
     if data.train_stream is None:
         batches = iter(accelerator.skip_first_batches(loader, start_step * accumulation) if start_step else loader)
     else:
@@ -317,11 +393,21 @@ def _train(recipe: Recipe, resume: bool, stop_after: int | None, progress: bool,
         stream = data.train_stream(rank, processes, state)
         batches = ((blocks, blocks) for blocks in iter(lambda: stream.next_blocks(micro), None))
     accelerator.init_trackers(output_dir.name, config=tracker_config(recipe))
+    metrics_path = output_dir / METRICS
 
     def log(row: dict) -> None:
         if is_main:
             _append_metrics(metrics_path, row)
         accelerator.log({key: value for key, value in row.items() if key != "step"}, step=row["step"])
+
+    def save_checkpoint(folder: Path, step: int, metrics: dict) -> None:
+        accelerator.save_state(str(folder))  # optimiser, scheduler, RNG states; the weights go to model/
+        save_model_folder(accelerator, model, folder / MODEL, tokenizer, output_dir,
+                          {"steps": step, "processes": processes, **metrics})
+        if stream is not None:
+            (folder / _stream_state_file(rank)).write_text(json.dumps(stream.state_dict()))
+        if is_main:
+            (folder / STATE_FILE).write_text(json.dumps({"step": step}))
 
     end_step = settings.steps if stop_after is None else min(settings.steps, start_step + stop_after)
     losses, final_metrics = [], {}
@@ -367,16 +453,10 @@ def _train(recipe: Recipe, resume: bool, stop_after: int | None, progress: bool,
                 model.train()
             log({"step": done, **final_metrics})
         if done % settings.save_every == 0 and done < settings.steps:
-            path = output_dir / CHECKPOINTS / f"step-{done:07d}"
-            accelerator.save_state(str(path))
-            save_model_folder(accelerator, model, path / MODEL, tokenizer, output_dir,
-                              {"steps": done, "processes": processes, **final_metrics})
-            if data.train_stream is not None:
-                path.mkdir(parents=True, exist_ok=True)
-                (path / _stream_state_file(rank)).write_text(json.dumps(stream.state_dict()))
+            _saved_whole(accelerator, checkpoint_path(output_dir, done),
+                         lambda folder: save_checkpoint(folder, done, final_metrics))
             if is_main:
-                (path / STATE_FILE).write_text(json.dumps({"step": done}))
-            accelerator.wait_for_everyone()
+                rotate_checkpoints(output_dir, settings.save_total_limit)
     bar.close()
     for tracker in accelerator.trackers:  # not `end_training`, which also ends the distributed state
         tracker.finish()
@@ -385,10 +465,11 @@ def _train(recipe: Recipe, resume: bool, stop_after: int | None, progress: bool,
         return TrainingResult(output_dir, None, last_step, losses, final_metrics)
 
     model_dir = output_dir / MODEL
-    save_model_folder(accelerator, model, model_dir, tokenizer, output_dir,
-                      {"steps": settings.steps, "processes": processes, **final_metrics})
+    metrics = {"steps": settings.steps, "processes": processes, **final_metrics}
+    _saved_whole(accelerator, model_dir,
+                 lambda folder: save_model_folder(accelerator, model, folder, tokenizer, output_dir, metrics))
     if is_main:
-        plot_loss_curve(metrics_path, output_dir / "loss_curve.png")
+        plot_loss_curve(metrics_path, output_dir / LOSS_CURVE)
     accelerator.wait_for_everyone()
     return TrainingResult(output_dir, model_dir, last_step, losses, final_metrics)
 
@@ -411,7 +492,7 @@ def save_model_folder(accelerator: Accelerator, model, model_dir: Path, tokenize
     if accelerator.is_main_process:
         if tokenizer is not None:
             tokenizer.save_pretrained(model_dir)
-        (model_dir / "recipe.yaml").write_text((output_dir / "recipe.yaml").read_text())
+        (model_dir / RECIPE).write_text((output_dir / RECIPE).read_text())
         (model_dir / "training_metrics.json").write_text(json.dumps(metrics))
 
 

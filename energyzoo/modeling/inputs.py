@@ -1,0 +1,145 @@
+"""What every zoo model checks of its inputs before any kernel runs: a batch of at least one sequence of at least one
+token (or one image), ids inside the vocabulary, a 2-D attention mask of 0s and 1s covering the cached and new tokens,
+pixel values of the configured channels and size, labels of the task's classes; and the causal-LM loss, which is 0
+rather than NaN where no token is labelled. A bad input gets a `ValueError` that
+names it and says what is allowed, instead of an index error inside torch (or a device-side assert on a GPU), an
+empty output or a silently wrong one. An attention mask may zero a whole row: that row's outputs are finite and
+meaningless, as in transformers' models.
+
+The value checks (ids, mask entries, labels) read the tensors, which on an accelerator waits for them once per check;
+while torch.compile traces they are skipped (the shapes are still checked).
+"""
+
+import torch
+from transformers.loss.loss_utils import ForCausalLMLoss
+
+IGNORE_INDEX = -100  # transformers' loss functions skip this label
+ID_DTYPES = (torch.long, torch.int)  # what nn.Embedding takes
+
+
+def refuse_input(owner: str, condition: bool, name: str, allowed: str, got) -> None:
+    """Raise ``ValueError("<owner>: <name> must be <allowed>, got <got>")`` unless ``condition`` holds."""
+    if not condition:
+        raise ValueError(f"{owner}: {name} must be {allowed}, got {got}")
+
+
+def _described(tensor: torch.Tensor) -> str:
+    return f"{tuple(tensor.shape)} {tensor.dtype}"
+
+
+def _values_checked() -> bool:
+    return not torch.compiler.is_compiling()
+
+
+def _bounds(tensor: torch.Tensor) -> tuple[int, int]:
+    low, high = torch.stack(torch.aminmax(tensor.long())).tolist()  # one synchronisation for both
+    return low, high
+
+
+def check_token_inputs(owner: str, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None,
+                       attention_mask: torch.Tensor | None, vocab_size: int, hidden_size: int, cache=None) -> None:
+    """Exactly one of ``input_ids`` (batch, length) with ids in [0, vocab_size) and ``inputs_embeds``
+    (batch, length, hidden_size) floats, batch and length >= 1; an ``attention_mask`` of 0s and 1s, 2-D over the tokens
+    of the ``cache`` and the new ones, or 4-D (a custom mask, taken as it is)."""
+    if (input_ids is None) == (inputs_embeds is None):
+        raise ValueError(f"{owner}: pass exactly one of input_ids or inputs_embeds")
+    if input_ids is not None:
+        name, tokens = "input_ids", input_ids
+        refuse_input(owner, input_ids.dim() == 2 and input_ids.dtype in ID_DTYPES, name,
+                     "a (batch, sequence) tensor of torch.long or torch.int ids", _described(input_ids))
+    else:
+        name, tokens = "inputs_embeds", inputs_embeds
+        refuse_input(owner, inputs_embeds.dim() == 3 and inputs_embeds.is_floating_point()
+                     and inputs_embeds.shape[-1] == hidden_size, name,
+                     f"a (batch, sequence, {hidden_size}) float tensor", _described(inputs_embeds))
+    batch, length = tokens.shape[:2]
+    refuse_input(owner, batch >= 1 and length >= 1, name, "at least one sequence of at least one token",
+                 f"shape {tuple(tokens.shape)}")
+    if attention_mask is not None:
+        refuse_input(owner, attention_mask.dim() in (2, 4), "attention_mask",
+                     "2-D (batch, cached + new tokens) or a 4-D custom mask", _described(attention_mask))
+        if attention_mask.dim() == 2:
+            covered = (cache.get_seq_length() if cache is not None else 0) + length
+            refuse_input(owner, tuple(attention_mask.shape) == (batch, covered), "attention_mask",
+                         f"of shape ({batch}, {covered}): the cached and the {length} new tokens",
+                         tuple(attention_mask.shape))
+            if _values_checked():
+                binary = bool(((attention_mask == 0) | (attention_mask == 1)).all())
+                refuse_input(owner, binary, "attention_mask", "0s and 1s (1: a real token)", "other values")
+    if input_ids is not None and _values_checked():
+        low, high = _bounds(input_ids)
+        refuse_input(owner, 0 <= low and high < vocab_size, "input_ids", f"ids in [0, vocab_size={vocab_size})",
+                     f"ids in [{low}, {high}]")
+
+
+def check_unpadded(owner: str, attention_mask: torch.Tensor | None, reason: str) -> None:
+    """A model without a padding mask takes an ``attention_mask`` only if it masks nothing (all ones), so that padded
+    inputs are refused instead of read as real tokens."""
+    if attention_mask is not None and _values_checked():
+        refuse_input(owner, bool((attention_mask == 1).all()), "attention_mask", f"None or all ones ({reason})",
+                     "a mask with zeros")
+
+
+def check_pixel_values(owner: str, pixel_values: torch.Tensor | None, num_channels: int,
+                       image_size: int | tuple[int, int] | None = None, smallest: int = 1) -> None:
+    """``pixel_values`` (batch >= 1, num_channels, height, width) floats: ``image_size`` square (or (height, width))
+    if the model needs that size, else at least ``smallest`` pixels a side."""
+    if pixel_values is None:
+        raise ValueError(f"{owner}: pass pixel_values")
+    if image_size is None:
+        sides, allowed_sides = None, f"height >= {smallest}, width >= {smallest}" if smallest > 1 else "height, width"
+    else:
+        sides = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+        allowed_sides = f"{sides[0]}, {sides[1]}"
+    allowed = f"a float tensor of shape (batch >= 1, {num_channels}, {allowed_sides})"
+    refuse_input(owner, pixel_values.dim() == 4 and pixel_values.is_floating_point(), "pixel_values", allowed,
+                 _described(pixel_values))
+    batch, channels, height, width = pixel_values.shape
+    fits = (height, width) == sides if sides is not None else min(height, width) >= smallest
+    refuse_input(owner, batch >= 1 and channels == num_channels and fits, "pixel_values", allowed,
+                 _described(pixel_values))
+
+
+def check_labels(owner: str, labels: torch.Tensor | None, classes: int, shape: tuple[int, ...],
+                 ignorable: bool = True) -> None:
+    """Integer ``labels`` of ``shape`` in [0, classes), or (if ``ignorable``) -100 where nothing is to be predicted.
+    (Float labels, of regression and multi-label classification, are the loss's to check.)"""
+    if labels is None or labels.is_floating_point():
+        return
+    refuse_input(owner, tuple(labels.shape) == tuple(shape), "labels", f"of shape {tuple(shape)}",
+                 f"shape {tuple(labels.shape)}")
+    if _values_checked() and labels.numel():
+        low, high = _bounds(torch.where(labels == IGNORE_INDEX, 0, labels) if ignorable else labels)
+        allowed = f"in [0, {classes})" + (f" or {IGNORE_INDEX} (ignored)" if ignorable else "")
+        refuse_input(owner, 0 <= low and high < classes, "labels", allowed, f"labels in [{low}, {high}]")
+
+
+def check_classifier_labels(owner: str, labels: torch.Tensor | None, config, batch: int) -> None:
+    """Labels of a sequence or image classifier, where transformers' loss reads them as class ids (``num_labels``
+    > 1, ``problem_type`` unset or single-label classification): one per example, in [0, num_labels); no -100, which
+    would leave a batch's mean loss over no example (NaN)."""
+    if config.num_labels > 1 and config.problem_type in (None, "single_label_classification"):
+        check_labels(owner, labels, config.num_labels, (batch,), ignorable=False)
+
+
+class CausalLMLossMixin:
+    """A causal LM whose `loss_function` is `causal_lm_loss` (transformers', 0 where no token is labelled) unless one
+    is set, as for any transformers model."""
+
+    @property
+    def loss_function(self):
+        return getattr(self, "_loss_function", causal_lm_loss)
+
+    @loss_function.setter
+    def loss_function(self, value):
+        self._loss_function = value
+
+
+def causal_lm_loss(logits, labels, vocab_size: int, **kwargs):
+    """transformers' causal-LM loss (`ForCausalLMLoss`), 0 (not NaN) where no token is labelled after the shift (a
+    single token, or every label -100): the mean over no token is NaN, which backward would spread into every weight.
+    Labelled tokens are ``shift_labels`` where the caller aligned them itself, else ``labels[:, 1:]``."""
+    targets = kwargs.get("shift_labels")
+    targets = labels[..., 1:] if targets is None else targets
+    value = ForCausalLMLoss(logits, labels, vocab_size, **kwargs)
+    return torch.where((targets != IGNORE_INDEX).any(), value, torch.zeros_like(value))

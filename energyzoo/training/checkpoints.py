@@ -1,0 +1,165 @@
+"""Run folders and their checkpoints: what `energyzoo train` writes, so that no kill loses a run and no two runs mix.
+
+- A folder belongs to one run. `claim_run_folder` refuses a folder that holds another run's files unless the run is
+  resumed (``--resume``, with the same settings wherever they change the run) or started over (``--overwrite``,
+  which removes the old run's files and nothing else).
+- Everything the run writes is complete or absent: a folder is written under a temporary name beside its final one
+  (`partial_path`: ``.<name>.partial``), flushed to disk and renamed into place when whole (`publish`,
+  `write_folder_whole`); a file likewise (`write_text_whole`). A checkpoint is such a folder, so a kill during a save leaves a ``.partial`` folder, which
+  `latest_checkpoint` skips (saying so) and removes.
+- `rotate_checkpoints` keeps the newest ``training.save_total_limit`` checkpoints.
+"""
+
+import logging
+import os
+import re
+import shutil
+from pathlib import Path
+
+import yaml
+
+from .recipe import flat_settings
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINTS = "checkpoints"
+MODEL = "model"  # the saved model folder, in the run folder and in every checkpoint
+TOKENIZER = "tokenizer"
+RECIPE = "recipe.yaml"
+METRICS = "metrics.jsonl"
+STATE_FILE = "trainer_state.json"
+TRACKERS = "trackers"  # accelerate's trackers (tensorboard, ...) log under output_dir/trackers/
+LOSS_CURVE = "loss_curve.png"
+RUN_FILES = (RECIPE, METRICS, LOSS_CURVE, TOKENIZER, CHECKPOINTS, MODEL, TRACKERS)
+PARTIAL = ".partial"
+CHECKPOINT_NAME = re.compile(r"step-(\d{7})")
+# Recipe settings a resumed run may change: when and where it logs, evaluates and saves, and how each process
+# computes its share of the global batch (the data, the optimiser and the steps stay those of the run).
+RESUMABLE_CHANGES = {"output_dir", "training.log_every", "training.eval_every", "training.save_every",
+                     "training.save_total_limit", "training.num_threads", "training.report_to",
+                     "training.activation_checkpointing", "training.gradient_accumulation"}
+
+
+def checkpoint_path(output_dir: Path, step: int) -> Path:
+    return output_dir / CHECKPOINTS / f"step-{step:07d}"
+
+
+def partial_path(path: Path) -> Path:
+    """Where ``path`` is written before it is complete."""
+    return path.with_name(f".{path.name}{PARTIAL}")
+
+
+def _fsync_tree(path: Path) -> None:
+    """Flush every file under ``path`` (and the folders themselves) to disk, so that a rename never publishes a folder
+    whose files a crash of the machine could still lose."""
+    for folder, _, files in os.walk(path):
+        for name in files:
+            with open(os.path.join(folder, name), "rb") as handle:
+                os.fsync(handle.fileno())
+        descriptor = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+
+
+def publish(written: Path, path: Path) -> None:
+    """Move the complete folder ``written`` to ``path``, replacing what is there (a folder cannot be renamed onto a
+    non-empty one: the old one moves aside first and is removed once the new one is in place)."""
+    _fsync_tree(written)
+    old = path.with_name(f".{path.name}.old")
+    shutil.rmtree(old, ignore_errors=True)
+    if path.exists():
+        path.rename(old)
+    written.rename(path)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def write_folder_whole(path: Path, write) -> None:
+    """``write(folder)`` into a fresh partial folder beside ``path`` (one an interrupted write left is removed), then
+    `publish` it as ``path``: for folders one process writes."""
+    written = partial_path(path)
+    shutil.rmtree(written, ignore_errors=True)
+    write(written)
+    publish(written, path)
+
+
+def write_text_whole(path: Path, text: str) -> None:
+    written = partial_path(path)
+    written.write_text(text)
+    with open(written, "rb") as handle:
+        os.fsync(handle.fileno())
+    os.replace(written, path)
+
+
+def run_files(output_dir: Path) -> list[str]:
+    """The files and folders of a run (`RUN_FILES`) that ``output_dir`` holds."""
+    return [name for name in RUN_FILES if (output_dir / name).exists()]
+
+
+def changed_settings(saved: dict, recipe: dict) -> list[str]:
+    """``name (saved -> new)`` for every setting of ``recipe`` that differs from the ``saved`` run's and changes what
+    the run computes (all but `RESUMABLE_CHANGES`)."""
+    saved, recipe = (flat_settings(yaml.safe_load(yaml.safe_dump(settings))) for settings in (saved, recipe))
+    return [f"{name} ({saved.get(name)!r} -> {recipe.get(name)!r})" for name in sorted(saved.keys() | recipe.keys())
+            if name not in RESUMABLE_CHANGES and saved.get(name) != recipe.get(name)]
+
+
+def claim_run_folder(output_dir: Path, recipe: dict, resume: bool, overwrite: bool) -> bool:
+    """Check that ``output_dir`` may hold this run; returns whether the old run's files are to be removed
+    (``overwrite``). Raises `ValueError` for a folder holding another run (or this run, changed, under ``resume``)."""
+    if resume and overwrite:
+        raise ValueError("--resume continues the run in output_dir and --overwrite starts it over: pass one of them")
+    found = run_files(output_dir)
+    if not found or overwrite:
+        return bool(found)
+    if not resume:
+        raise ValueError(f"{output_dir} holds a run already ({', '.join(found)}): pass --resume to continue it or "
+                         "--overwrite to start it over (removing its files), or choose another output_dir")
+    if not (output_dir / RECIPE).exists():
+        raise ValueError(f"--resume: {output_dir} holds run files ({', '.join(found)}) but no {RECIPE}; start it "
+                         "over with --overwrite")
+    changes = changed_settings(yaml.safe_load((output_dir / RECIPE).read_text()), recipe)
+    if changes:
+        raise ValueError(f"--resume: this recipe changes {'; '.join(changes)} from the run in {output_dir}, which "
+                         "would mix two runs: resume with the run's settings, or start a new run (--overwrite or "
+                         "another output_dir)")
+    return False
+
+
+def remove_run_files(output_dir: Path) -> None:
+    """Remove the run files of ``output_dir`` (`RUN_FILES` and their partial writes), leaving anything else."""
+    for name in RUN_FILES:
+        for path in (output_dir / name, partial_path(output_dir / name)):
+            if path.is_dir():
+                shutil.rmtree(path)
+            elif path.exists():
+                path.unlink()
+
+
+def complete_checkpoints(output_dir: Path) -> list[Path]:
+    """The complete checkpoints of a run, oldest first."""
+    folder = output_dir / CHECKPOINTS
+    found = [path for path in folder.glob("step-*") if CHECKPOINT_NAME.fullmatch(path.name)] if folder.is_dir() else []
+    return sorted(path for path in found if (path / STATE_FILE).is_file())
+
+
+def latest_checkpoint(output_dir: Path, main: bool = True) -> Path | None:
+    """The newest complete checkpoint of the run in ``output_dir`` (None if there is none). The ``main`` process
+    says which folders it skipped and why, and removes the interrupted saves among them."""
+    folder = output_dir / CHECKPOINTS
+    complete = complete_checkpoints(output_dir)
+    for path in sorted(folder.iterdir()) if folder.is_dir() and main else []:
+        if path.name.endswith(PARTIAL):
+            logger.warning(f"--resume: skipping {path}, a save that was interrupted (removed)")
+            shutil.rmtree(path, ignore_errors=True)
+        elif path not in complete and CHECKPOINT_NAME.fullmatch(path.name):
+            logger.warning(f"--resume: skipping {path}: incomplete (no {STATE_FILE})")
+    return complete[-1] if complete else None
+
+
+def rotate_checkpoints(output_dir: Path, keep: int | None) -> None:
+    """Remove all but the newest ``keep`` complete checkpoints (``None`` keeps all)."""
+    if keep is not None:
+        for path in complete_checkpoints(output_dir)[:-keep]:
+            shutil.rmtree(path)

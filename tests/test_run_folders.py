@@ -1,0 +1,183 @@
+"""A run is never lost nor mixed with another: checkpoints are written whole (a kill at any moment resumes to the
+weights of an uninterrupted run), hold the weights once and rotate, and a run folder belongs to one run."""
+
+import json
+import logging
+import random
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from energyzoo.training.recipe import load_recipe
+from energyzoo.training.run import run_training
+
+# a tiny FEM-LM run that checkpoints after every step, on one thread (so that processes compute the same floats)
+RUN = ["training.steps=8", "training.save_every=1", "training.eval_every=4", "training.log_every=1",
+       "training.num_threads=1", "training.warmup_steps=2", "training.batch_size=4", "model.overrides.hidden_size=32",
+       "model.overrides.intermediate_size=64", "model.overrides.num_hidden_layers=2", "tokenizer.train_vocab_size=300"]
+
+
+def train(output_dir, *extra, **kwargs):
+    return run_training(load_recipe("fem-lm-tiny", [*RUN, f"output_dir={output_dir}", *extra]), progress=False, **kwargs)
+
+
+def weights(run_dir) -> dict[str, torch.Tensor]:
+    return load_file(Path(run_dir) / "model" / "model.safetensors")
+
+
+def assert_same_weights(actual, expected) -> None:
+    assert actual.keys() == expected.keys()
+    for name in expected:
+        assert torch.equal(actual[name], expected[name]), name
+
+
+def metric_rows(run_dir) -> list[dict]:
+    return [{key: value for key, value in json.loads(line).items() if key != "seconds"}
+            for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    output = tmp_path_factory.mktemp("uninterrupted")
+    train(output)
+    return output
+
+
+def newer(folder: Path, pattern: str, since: float) -> bool:
+    return any(path.stat().st_mtime >= since for path in folder.glob(pattern))
+
+
+def test_runs_killed_at_random_moments_resume_to_the_weights_of_an_uninterrupted_run(uninterrupted, tmp_path):
+    """`energyzoo train` SIGKILLed, then resumed with --resume, again and again: during a checkpoint's save (a few
+    milliseconds after its partial folder appears), at a random moment of training, during start-up and during the
+    final save of the model folder. The run ends with the uninterrupted run's weights and metrics, bit for bit."""
+    run = tmp_path / "run"
+    command = [sys.executable, "-m", "energyzoo.cli", "train", "fem-lm-tiny", *RUN, f"output_dir={run}"]
+    generator = random.Random(0)
+    kills = ["save", "moment", "save", "startup", "final"]
+    outputs = []
+    for attempt, kill in enumerate([*kills, None]):
+        process = subprocess.Popen(command + ["--resume"] * (attempt > 0), stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, text=True)
+        started, deadline = time.time(), None
+        while kill is not None and process.poll() is None:
+            if deadline is None:
+                trigger = {"save": newer(run / "checkpoints", ".step-*.partial", started),
+                           "moment": newer(run / "checkpoints", "step-*", started),
+                           "startup": True, "final": newer(run, ".model.partial", started)}[kill]
+                if trigger:
+                    delay = {"save": 0.02, "moment": 0.3, "startup": 6.0, "final": 0.01}[kill]
+                    deadline = time.time() + generator.uniform(0, delay)
+            elif time.time() >= deadline:
+                process.kill()
+            time.sleep(0.001)
+        output, _ = process.communicate(timeout=300)
+        outputs.append(output)
+        if kill is None:
+            assert process.returncode == 0, output[-3000:]
+    assert any("a save that was interrupted (removed)" in output for output in outputs), "no kill hit a save"
+    assert not list((run / "checkpoints").glob(".*")) and not list(run.glob(".*"))
+    assert_same_weights(weights(run), weights(uninterrupted))
+    assert metric_rows(run) == metric_rows(uninterrupted)
+
+
+def test_resume_takes_the_newest_complete_checkpoint_and_says_which_it_skipped(uninterrupted, tmp_path, caplog):
+    """A run stopped after step 5, then the debris of a kill: step 6's save interrupted (its partial folder), a
+    checkpoint folder without its trainer state (as the old direct writes left them) and a metrics row cut short.
+    --resume skips both folders, saying why, and continues from step 5 to the uninterrupted weights."""
+    run = tmp_path / "run"
+    train(run, stop_after=5)
+    checkpoints = run / "checkpoints"
+    shutil.copytree(checkpoints / "step-0000005", checkpoints / ".step-0000006.partial")
+    shutil.copytree(checkpoints / "step-0000005", checkpoints / "step-0000007")
+    (checkpoints / "step-0000007" / "trainer_state.json").unlink()
+    with (run / "metrics.jsonl").open("a") as handle:
+        handle.write('{"step": 6, "loss": 3.')
+    with caplog.at_level(logging.WARNING, logger="energyzoo.training.checkpoints"):
+        train(run, resume=True)
+    notes = caplog.text
+    assert ".step-0000006.partial, a save that was interrupted (removed)" in notes
+    assert "step-0000007: incomplete (no trainer_state.json)" in notes
+    assert_same_weights(weights(run), weights(uninterrupted))
+    assert metric_rows(run) == metric_rows(uninterrupted)
+
+
+def test_checkpoints_hold_the_weights_once_and_keep_the_newest(uninterrupted):
+    checkpoints = sorted(path.name for path in (uninterrupted / "checkpoints").iterdir())
+    assert checkpoints == ["step-0000005", "step-0000006", "step-0000007"]  # save_total_limit 3 of 7 saves
+    for name in checkpoints:
+        folder = uninterrupted / "checkpoints" / name
+        assert not list(folder.glob("*.safetensors")) and not list(folder.glob("*.bin.index.json"))
+        assert (folder / "model" / "model.safetensors").is_file() and (folder / "optimizer.bin").is_file()
+
+
+def test_every_checkpoint_is_kept_with_no_limit(tmp_path):
+    train(tmp_path, "training.steps=4", "training.save_total_limit=null")
+    assert sorted(path.name for path in (tmp_path / "checkpoints").iterdir()) == [
+        "step-0000001", "step-0000002", "step-0000003"]
+
+
+def test_a_folder_holding_a_run_is_refused_unless_resumed_or_overwritten(uninterrupted, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(uninterrupted, run)
+    (run / "notes.txt").write_text("mine")
+    before = (run / "metrics.jsonl").read_text()
+    with pytest.raises(ValueError, match=r"holds a run already \(recipe.yaml, metrics.jsonl, .*\): pass --resume "
+                                         r"to continue it or --overwrite to start it over"):
+        train(run)
+    assert (run / "metrics.jsonl").read_text() == before  # nothing of the old run was touched
+    with pytest.raises(ValueError, match="pass one of them"):
+        train(run, resume=True, overwrite=True)
+    train(run, "training.steps=2", overwrite=True)
+    assert [row["step"] for row in metric_rows(run) if "loss" in row] == [1, 2]
+    assert sorted(path.name for path in (run / "checkpoints").iterdir()) == ["step-0000001"]
+    assert (run / "notes.txt").read_text() == "mine"  # only the old run's files were removed
+    assert yaml.safe_load((run / "recipe.yaml").read_text())["training"]["steps"] == 2
+
+
+@pytest.mark.parametrize(("change", "named"), [
+    ("training.learning_rate=1.0e-3", "training.learning_rate (0.003 -> 0.001)"),
+    ("training.batch_size=8", "training.batch_size (4 -> 8)"),
+    ("training.steps=12", "training.steps (8 -> 12)"),
+    ("data.block_size=64", "data.block_size (128 -> 64)"),
+    ("model.overrides.num_hidden_layers=3", "model.overrides ("),
+])
+def test_resuming_with_settings_that_change_the_run_is_refused_by_name(uninterrupted, tmp_path, change, named):
+    run = tmp_path / "run"
+    shutil.copytree(uninterrupted, run)
+    with pytest.raises(ValueError, match=r"--resume: this recipe changes .*would mix two runs") as refused:
+        train(run, change, resume=True)
+    assert named in str(refused.value)
+
+
+def test_resuming_with_a_new_logging_and_saving_schedule_continues_the_run(uninterrupted, tmp_path):
+    run = tmp_path / "run"
+    train(run, stop_after=3)
+    train(run, "training.log_every=2", "training.save_total_limit=1", "training.num_threads=2", resume=True)
+    assert_same_weights(weights(run), weights(uninterrupted))
+    assert sorted(path.name for path in (run / "checkpoints").iterdir()) == ["step-0000007"]
+
+
+def test_resume_without_a_checkpoint_starts_the_run_at_step_zero(uninterrupted, tmp_path, caplog):
+    """--resume on a run killed before its first checkpoint (its recipe and tokenizer written) starts it over."""
+    run = tmp_path / "run"
+    train(run, "training.save_every=100", stop_after=1)
+    assert not (run / "checkpoints").exists()
+    with caplog.at_level(logging.WARNING, logger="energyzoo.training.run"):
+        train(run, "training.save_every=100", resume=True)
+    assert "no complete checkpoint" in caplog.text and "starting at step 0" in caplog.text
+    assert_same_weights(weights(run), weights(uninterrupted))
+
+
+def test_a_warmup_longer_than_the_run_is_clamped_with_a_note(caplog):
+    with caplog.at_level(logging.WARNING, logger="energyzoo.training.recipe"):
+        recipe = load_recipe("fem-lm-tiny", ["training.steps=20"])  # the recipe's warmup is 30 steps
+    assert recipe.training.warmup_steps == 19
+    assert "training.warmup_steps 30 >= steps 20: warming up over the whole run (19 steps)" in caplog.text
