@@ -29,7 +29,7 @@ NAN = float("nan")
     ("tel-gpt2-tiny", "n_head", 3, "TELGPT2Config.n_head must be a divisor of n_embd (128), got 3"),
     ("tel-gpt2-tiny", "resid_pdrop", 1.5, "TELGPT2Config.resid_pdrop must be a probability in [0, 1), got 1.5"),
     ("tel-gpt2-tiny", "activation_function", "gelu_newer", "TELGPT2Config.activation_function must be an activation"),
-    ("tel-gpt2-tiny", "bos_token_id", 50256, "TELGPT2Config.bos_token_id must be None or an id in [0, vocab_size"),
+    ("tel-gpt2-tiny", "pad_token_id", 4096, "TELGPT2Config.pad_token_id must be None or an id in [0, vocab_size"),
     ("eqt-llama-tiny", "num_key_value_heads", 3, "EqTLlamaConfig.num_key_value_heads must be a divisor of "
                                                  "num_attention_heads (4), got 3"),
     ("eqt-llama-tiny", "pad_token_id", 4096, "EqTLlamaConfig.pad_token_id must be None or an id in [0, vocab_size"),

@@ -58,7 +58,6 @@ BASE_FIELDS = {
         isinstance(name, str) for name in value)), "None or a list of class names"),
     "transformers_version": (lambda value: value is None or isinstance(value, str), "None or a version string"),
 }
-TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id")
 
 
 def require(owner: str, condition: bool, field: str, allowed: str, value) -> None:
@@ -83,8 +82,8 @@ def _is_probability_field(name: str) -> bool:
 def check_transformers_fields(config) -> None:
     """The fields a zoo config shares with transformers' configs, by what their names mean there: every float
     finite and held by float32; sizes and counts (`POSITIVE_SIZES`) positive integers; epsilons (``*_eps``, ``*_epsilon``) positive;
-    dropout probabilities in [0, 1); ``initializer_range`` in (0, 1]; activations known to transformers; special token
-    ids inside the vocabulary. transformers itself checks none of these ranges (it only warns about token ids), and a
+    dropout probabilities in [0, 1); ``initializer_range`` in (0, 1]; activations known to transformers; the pad token
+    id inside the vocabulary. transformers itself checks none of these ranges (it only warns about token ids), and a
     NaN epsilon reaches the logits as NaN. Run before the config derives anything from them (Llama's head_dim divides
     by the head count); `check_derived_fields` follows transformers' ``__post_init__``."""
     owner = type(config).__name__
@@ -110,13 +109,11 @@ def check_transformers_fields(config) -> None:
             require(owner, value in ACT2FN, name, "an activation of transformers' ACT2FN", value)
     for name, (valid, allowed) in BASE_FIELDS.items():
         require(owner, valid(getattr(config, name)), name, allowed, getattr(config, name))
-    vocab_size = getattr(config, "vocab_size", None)
-    if vocab_size is not None:
-        for name in TOKEN_IDS:
-            value = getattr(config, name, None)
-            ids = value if isinstance(value, list) else [value]
-            require(owner, all(entry is None or 0 <= entry < vocab_size for entry in ids), name,
-                    f"None or an id in [0, vocab_size={vocab_size})", value)
+    vocab_size, pad = getattr(config, "vocab_size", None), getattr(config, "pad_token_id", None)
+    if vocab_size is not None:  # the embedding's padding_idx. (bos / eos outside it: transformers warns, as Hub configs
+        # hold such ids; generation never meets them, and the models refuse them as input ids)
+        require(owner, pad is None or 0 <= pad < vocab_size, "pad_token_id",
+                f"None or an id in [0, vocab_size={vocab_size})", pad)
 
 
 def check_derived_fields(config) -> None:

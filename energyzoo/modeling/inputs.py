@@ -6,8 +6,8 @@ names it and says what is allowed, instead of an index error inside torch (or a 
 empty output or a silently wrong one. An attention mask may zero a whole row: that row's outputs are finite and
 meaningless, as in transformers' models.
 
-The value checks (ids, mask entries, labels) read the tensors, which on an accelerator waits for them once per check;
-while torch.compile traces they are skipped (the shapes are still checked).
+The value checks (ids, mask entries, labels, the tokens a cache holds) read tensors, which on an accelerator waits for
+them once per check; while torch.compile traces they are skipped (the shapes of the inputs are still checked).
 """
 
 import torch
@@ -27,13 +27,19 @@ def _described(tensor: torch.Tensor) -> str:
     return f"{tuple(tensor.shape)} {tensor.dtype}"
 
 
-def _values_checked() -> bool:
+def values_checked() -> bool:
     return not torch.compiler.is_compiling()
 
 
 def _bounds(tensor: torch.Tensor) -> tuple[int, int]:
     low, high = torch.stack(torch.aminmax(tensor.long())).tolist()  # one synchronisation for both
     return low, high
+
+
+def cached_tokens(cache) -> int:
+    """How many tokens ``cache`` holds (0 without one). A static cache keeps the count in a tensor: read it outside
+    torch.compile's tracing only."""
+    return int(cache.get_seq_length()) if cache is not None else 0
 
 
 def check_token_inputs(owner: str, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None,
@@ -58,15 +64,14 @@ def check_token_inputs(owner: str, input_ids: torch.Tensor | None, inputs_embeds
     if attention_mask is not None:
         refuse_input(owner, attention_mask.dim() in (2, 4), "attention_mask",
                      "2-D (batch, cached + new tokens) or a 4-D custom mask", _described(attention_mask))
-        if attention_mask.dim() == 2:
-            covered = (cache.get_seq_length() if cache is not None else 0) + length
+        if attention_mask.dim() == 2 and values_checked():
+            covered = cached_tokens(cache) + length
             refuse_input(owner, tuple(attention_mask.shape) == (batch, covered), "attention_mask",
                          f"of shape ({batch}, {covered}): the cached and the {length} new tokens",
                          tuple(attention_mask.shape))
-            if _values_checked():
-                binary = bool(((attention_mask == 0) | (attention_mask == 1)).all())
-                refuse_input(owner, binary, "attention_mask", "0s and 1s (1: a real token)", "other values")
-    if input_ids is not None and _values_checked():
+            binary = bool(((attention_mask == 0) | (attention_mask == 1)).all())
+            refuse_input(owner, binary, "attention_mask", "0s and 1s (1: a real token)", "other values")
+    if input_ids is not None and values_checked():
         low, high = _bounds(input_ids)
         refuse_input(owner, 0 <= low and high < vocab_size, "input_ids", f"ids in [0, vocab_size={vocab_size})",
                      f"ids in [{low}, {high}]")
@@ -75,7 +80,7 @@ def check_token_inputs(owner: str, input_ids: torch.Tensor | None, inputs_embeds
 def check_unpadded(owner: str, attention_mask: torch.Tensor | None, reason: str) -> None:
     """A model without a padding mask takes an ``attention_mask`` only if it masks nothing (all ones), so that padded
     inputs are refused instead of read as real tokens."""
-    if attention_mask is not None and _values_checked():
+    if attention_mask is not None and values_checked():
         refuse_input(owner, bool((attention_mask == 1).all()), "attention_mask", f"None or all ones ({reason})",
                      "a mask with zeros")
 
@@ -108,7 +113,7 @@ def check_labels(owner: str, labels: torch.Tensor | None, classes: int, shape: t
         return
     refuse_input(owner, tuple(labels.shape) == tuple(shape), "labels", f"of shape {tuple(shape)}",
                  f"shape {tuple(labels.shape)}")
-    if _values_checked() and labels.numel():
+    if values_checked() and labels.numel():
         low, high = _bounds(torch.where(labels == IGNORE_INDEX, 0, labels) if ignorable else labels)
         allowed = f"in [0, {classes})" + (f" or {IGNORE_INDEX} (ignored)" if ignorable else "")
         refuse_input(owner, 0 <= low and high < classes, "labels", allowed, f"labels in [{low}, {high}]")

@@ -38,11 +38,13 @@ from transformers.utils import logging
 from .configuration_tel import TELGPT2Config, TELResNetConfig, TELViTConfig
 from .inputs import (
     CausalLMLossMixin,
+    cached_tokens,
     check_classifier_labels,
     check_labels,
     check_pixel_values,
     check_token_inputs,
     refuse_input,
+    values_checked,
 )
 from .outputs import records_energies
 from .refinement import takes_refinement_steps
@@ -68,9 +70,10 @@ def gpt2_inputs(arguments: dict) -> None:
                        model.get_input_embeddings().num_embeddings, config.n_embd, cache)
     tokens = arguments.get("input_ids")
     name, tokens = ("input_ids", tokens) if tokens is not None else ("inputs_embeds", arguments["inputs_embeds"])
-    total = tokens.shape[1] + (cache.get_seq_length() if cache is not None else 0)
-    refuse_input(owner, total <= config.n_positions, name, f"at most n_positions={config.n_positions} tokens, the "
-                 "cached ones included (GPT-2's learned positions)", f"{total} tokens")
+    if values_checked():
+        total = tokens.shape[1] + cached_tokens(cache)
+        refuse_input(owner, total <= config.n_positions, name, f"at most n_positions={config.n_positions} tokens, the "
+                     "cached ones included (GPT-2's learned positions)", f"{total} tokens")
     check_labels(owner, arguments.get("labels"), config.vocab_size, tokens.shape[:2])
     if arguments.get("position_ids") is not None or mask is None or mask.dim() != 2:
         return
