@@ -3,6 +3,7 @@ shared ones or belong to one family by name; shared files import no family file;
 family; the package's folders import each other without loops; and every config check runs once."""
 
 import ast
+import re
 import graphlib
 import importlib
 import sys
@@ -133,3 +134,16 @@ def test_checks_name_the_owner_the_field_the_range_and_the_value():
         energyzoo.TELViTConfig(tel_steps=0)
     with pytest.raises(ValueError, match=r"FEMConfig\.prior must be one of .*, got 'cosine'"):
         energyzoo.FEMConfig(prior="cosine")
+
+
+# A path that leaves the repository: a parent folder, the project's shared folder or its specs, a home or work folder.
+OUTSIDE_PATH = re.compile(r"\.\./|(?<![\w.])(?:shared|specs)/|/(?:work|home|root|tmp)/|\bspec §")
+
+
+@pytest.mark.parametrize("path", sorted(p for p in PACKAGE.rglob("*") if p.suffix in {".py", ".md", ".yaml", ".json"}),
+                         ids=lambda path: str(path.relative_to(PACKAGE)))
+def test_package_files_cite_the_papers_not_files_outside_the_repository(path):
+    """Docstrings ship inside every exported checkpoint: they cite the paper (section, equation, table)."""
+    outside = [f"{path.name}:{number}: {line.strip()}" for number, line in enumerate(path.read_text().splitlines(), 1)
+               if OUTSIDE_PATH.search(line)]
+    assert not outside, "\n".join(outside)

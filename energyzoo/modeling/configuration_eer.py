@@ -1,6 +1,5 @@
 """Configuration of EER, the single-head looped transformer trained with the energy-entropy regularised loss
-(eer.txt, W.-L. Lam, "Energy-Entropy Regularization: The True Power of Minimal Looped Transformers"; spec:
-shared/specs/eer.md)."""
+(eer.txt, W.-L. Lam, "Energy-Entropy Regularization: The True Power of Minimal Looped Transformers")."""
 
 from transformers import PreTrainedConfig
 
@@ -14,14 +13,14 @@ CHOICES = {"loop_dynamics": ("residual", "hamiltonian"), "label_alignment": ("al
 class EERConfig(PreTrainedConfig):
     r"""One transformer block applied ``num_loops`` times to a latent Z (eer.txt §5.1, Table 1), and the loss of
     eq. 2-5.
-    Defaults are the paper's d = 8 single-head model (§6, Table 1); choices the paper leaves open follow the spec
-    (shared/specs/eer.md §2) and are fields.
+    Defaults are the paper's d = 8 single-head model (§6, Table 1); choices the paper leaves open are fields,
+    each with its reason below.
 
     Model (§5.1, §6):
         vocab_size: 8 = the induction task's 7 ids (HOP 0, symbols a-d 1-4, "no previous occurrence" 5, BLANK 6;
             Sanford et al.'s) + PAD 7, so that batches of mixed lengths can be padded (`pad_token_id`).
         hidden_size d (8), num_attention_heads (1), intermediate_size (32 = 4d, the MLP of §6).
-        num_loops T (25, train = eval, Table 1; spec §2 item 4); num_loops_range: [min, max] to draw T uniformly
+        num_loops T (25, train = eval, Table 1; §5.3's T in [16, 64] is read as the training length range); num_loops_range: [min, max] to draw T uniformly
             per training forward instead (§5.3's "varying rollout depth"; None: fixed T). ``refinement_steps=T'``
             in `forward` / `generate` overrides both.
         position_embedding_scale: X = E[x] + 0.15 PE(pos) with the fixed sinusoidal PE (§6, Table 1).
@@ -31,15 +30,15 @@ class EERConfig(PreTrainedConfig):
             baseline of Table 1.
         loop_dynamics: "residual", Z_0 = 0, Z_{t+1} = Z_t + F(Z_t + X) (§5.1, the experiments), or "hamiltonian",
             the damped heavy-ball latent dynamics of eq. 1 (§4.3) with hamiltonian_momentum mu (0.5),
-            hamiltonian_coupling alpha (0.5) and hamiltonian_gravity beta (0.1) (not given by the paper: spec §1.3;
-            §4.4 reports the form insufficient, so it is kept for ablation).
+            hamiltonian_coupling alpha (0.5) and hamiltonian_gravity beta (0.1) (the paper gives none of the three; §4.4 reports the form insufficient, so it is kept for ablation).
         initializer_range: None = PyTorch's own initialisation (Linear: kaiming-uniform, U(+-1/sqrt(fan_in))
             biases; Embedding: N(0, 1)), what a from-scratch model without an init scheme gets, and what App. C's
             epoch-0 magnitudes (K ~ 94, P ~ 1.4) fit; a number = N(0, initializer_range) as in transformers.
     Loss (eq. 2-5, §6): CE + lambda_potential L_pot + lambda_kinetic L_kin + lambda_entropy |S_q - entropy_target|,
         with the paper's 0.1, 0.001, 0.02, tsallis_q = 1.5 (in (1, 2], where Lemma B.1 and the contraction bound
         hold) and eta = 0. All lambdas 0 give the cross-entropy-only baseline. label_alignment: "aligned" (label i
-        answers input i, the induction task's format, spec §1.4) or "shifted" (the usual next-token LM loss).
+        answers input i, the induction task's format, which the paper never spells out;
+            `energyzoo.training.induction` documents it) or "shifted" (the usual next-token LM loss).
     """
 
     model_type = "eer-looped"

@@ -1,4 +1,4 @@
-"""Configuration of EqT-LLaMA, Llama with the Equilibrium Refinement Module (eqt.txt; spec: shared/specs/eqt.md)."""
+"""Configuration of EqT-LLaMA, Llama with the Equilibrium Refinement Module (eqt.txt)."""
 
 from transformers import LlamaConfig
 
@@ -12,22 +12,25 @@ CHOICES = {"erm_backprop": ("unrolled", "implicit"), "erm_head_vocabulary": ("fu
 class EqTLlamaConfig(LlamaConfig):
     r"""A `LlamaConfig` plus the Equilibrium Refinement Module (ERM, eqt.txt §3, Algorithm 1). Every Llama field
     keeps its meaning, so a Llama checkpoint's config loads as it is (`EqTLlamaForCausalLM.from_pretrained(llama_dir,
-    **erm_fields)`). Defaults are the paper's (§3.7); the choices where the paper contradicts itself follow the spec
-    (shared/specs/eqt.md §2) and are fields:
+    **erm_fields)`). Defaults are the paper's (§3.7); where the paper contradicts itself the choice and its reason are
+    given here, and each is a field:
 
     Sites and solver (eq. 7-8):
-        erm_layers: decoder layers whose output f is refined; None = the last layer only (spec §2 item 6: a shared
-            energy network, and the confidence term needs the LM head; "every layer" of §2.4 is the full list).
+        erm_layers: decoder layers whose output f is refined; None = the last layer only: §5.3.3's "+8% params
+            dominated by the reverse prediction head" implies one shared energy network, and the confidence term
+            (eq. 14) needs the LM head; §2.4's "every token and every layer" is the full list.
         erm_num_steps: K at inference (8: "~3x at K = 8", Table 2). erm_num_steps_train: K in training (2, §5.1.2).
             ``refinement_steps=K`` in `forward` / `generate` overrides both at run time.
         erm_step_size: alpha (0.1, §3.7). erm_gamma: gamma of the proximal anchor ||h - f||^2 / (2 gamma) (1.0).
-            Eq. 7 is read literally (spec §2 item 4): a small gamma keeps h near f.
+            Eq. 7 is read literally: a small gamma keeps h near f (§3.5's "gamma large initially so refinement
+            is conservative" contradicts eq. 7, where a large gamma weakens the anchor).
         erm_tol: per-position early stop when ||h_{k+1} - h_k|| / ||h_k|| <= erm_tol (§3.7, §5.3.1); None: off.
         erm_backprop: "unrolled" (§3.5, K <= 16) or "implicit": the implicit-function gradient of eq. 19 with the
-            path through f that eq. 19 omits (spec §1.3), solved by `erm_implicit_iterations` fixed-point steps.
+            path through f that eq. 19 omits (without it the decoder below gets no gradient), solved by
+            `erm_implicit_iterations` fixed-point steps.
     Energy (eq. 11): lambda_rev, lambda_mask, lambda_conf, lambda_mem = 1.0, 0.5, 0.2, 0.1 (§3.7); 0 drops a term.
         erm_rev_window: W, the window of eq. 12 and 13 (32). erm_rev_num_layers, erm_rev_hidden_size,
-            erm_rev_num_heads: the reverse encoder q_phi (2 Llama layers of width d/4: spec §3; 0 = hidden_size / 4).
+            erm_rev_num_heads: the reverse encoder q_phi (2 Llama layers of width d/4, within §2.3's "2-4 layers, d_ERM << d"; 0 = hidden_size / 4).
         erm_head_vocabulary: what the reverse and masked heads predict over: "full" (the vocabulary, the paper's
             softmax) or "window" (the distinct tokens of the window, in-window negatives as in contrastive
             predictive coding): a full-vocabulary softmax costs W * vocab * d per position and step, ~60x a 340M
@@ -35,10 +38,12 @@ class EqTLlamaConfig(LlamaConfig):
         erm_confidence_topk: the confidence term (eq. 14) over the top-k tokens of the proposal's readout (the
             proposal's argmax among them); None: the whole vocabulary (exact, one vocab x d product per step).
         erm_mask_ratio, erm_mask_seed: eq. 13's mask, keyed on each token's position among the real tokens, so
-            training, evaluation, the cache and padding agree (spec §2 item 9).
+            training, evaluation, the cache and padding agree. Eq. 13 conditions on an unmasked context, yet the
+            energy must be computable without supervision at test time (§2.2.2): a latent probe, no input corruption.
         erm_memory_size, erm_memory_temperature, erm_memory_topk, erm_memory_ema_decay: eq. 15-16's buffer of M
             prototypes (10,000), tau_m (0.1), the k prototypes most similar to f that count as relevant (8), the EMA
-            decay of eq. 16 (0.99; 1.0 freezes the memory). Spec §2 items 2-3.
+            decay of eq. 16 (0.99; 1.0 freezes the memory). The paper gives only M (§3.7); it calls the memory
+            both "jointly optimized" (§3.5) and an EMA buffer (§3.3.4): the EMA buffer of eq. 15-16 is used.
     Training (eq. 18): energy_loss_weight beta (0.3): the loss is CE + beta * mean energy of the refined states.
     """
 

@@ -2,7 +2,7 @@
 the per-loop kinetic, potential and Tsallis-entropy terms of the loss (eq. 2-5), the attention energy and its
 latent gradient (eq. 1), and the contraction bound of Theorem 3.2.1.
 
-Everything a loop contributes is reduced to a few numbers inside the loop (running sums over the loops, spec §1.2),
+Everything a loop contributes is reduced to a few numbers inside the loop (running sums over the loops of eq. 3-5),
 so no loop's attention map outlives the loop unless the caller asks for the maps (``output_attentions``).
 """
 
@@ -18,7 +18,7 @@ def widened(tensor: torch.Tensor) -> torch.Tensor:
 
 def tsallis_entropy(probabilities: torch.Tensor, q: float, dim: int = -1) -> torch.Tensor:
     """S_q(p) = (1 - sum_j p_j^q) / (q - 1) (eer.txt §5.5, App. B.1; §3.1's (1 - q) denominator would make it
-    negative for q > 1, spec §2 item 1). Exactly-zero (masked) probabilities contribute 0 for q > 1."""
+    negative for q > 1). Exactly-zero (masked) probabilities contribute 0 for q > 1."""
     return (1 - probabilities.pow(q).sum(dim)) / (q - 1)
 
 
@@ -67,7 +67,7 @@ def contraction_bound(query_weight: torch.Tensor, key_weight: torch.Tensor, valu
                       probabilities: torch.Tensor, rows: torch.Tensor, q: float) -> torch.Tensor:
     """Theorem 3.2.1's bound on ||D_Z F(X + Z)||_op per sequence: (2 ||W_Q||_op ||W_K||_op + sqrt(sum_i [1 - (q - 1)
     S_q(r_i)]^(2/q))) ||W_V||_F, where 1 - (q - 1) S_q(r) = sum_j r_j^q; the sum runs over the real rows (``rows``:
-    (batch, length)) of every head. The loop contracts where c^k < 1 (a diagnostic, spec §2 item 11)."""
+    (batch, length)) of every head. The loop contracts where c^k < 1 (a diagnostic only: App. B.3's bound on ||X + Z|| is loose)."""
     largest = [torch.linalg.matrix_norm(widened(weight), ord=2) for weight in (query_weight, key_weight)]
     static = 2 * largest[0] * largest[1]
     row_norms = probabilities.pow(q).sum(-1).pow(2 / q) * rows.unsqueeze(1)
@@ -76,7 +76,7 @@ def contraction_bound(query_weight: torch.Tensor, key_weight: torch.Tensor, valu
 
 def loop_terms(previous: torch.Tensor, following: torch.Tensor, probabilities: torch.Tensor, valid: torch.Tensor,
                q: float) -> dict[str, torch.Tensor]:
-    """One loop's contribution to the regularisers (spec §1.2), over the real positions (``valid``: (batch, length)):
+    """One loop's contribution to the regularisers (eq. 3-5), over the real positions (``valid``: (batch, length)):
 
     - kinetic: (1/2) ||Z_t - Z_{t-1}||^2, squared Frobenius over positions x channels, mean over the batch (eq. 3);
     - potential: mean over real rows (and heads) of min_j(-log p_ij) = -log max_j p_ij (eq. 4);

@@ -92,14 +92,15 @@ class EnergyContext:
 
 class EqTEnergyNetwork(nn.Module):
     """q_phi and p_psi of eq. 12-13 plus the memory banks of eq. 15-16 (one per refined layer), shared by the
-    refined layers (spec §2 item 6: one energy network, "+8% params dominated by the reverse head", §5.3.3).
+    refined layers (one energy network: "+8% params dominated by the reverse prediction head", §5.3.3).
 
     - reverse predictive coding (eq. 12): u = ``rev_layers``(``embed_proj``(E x)), causal Llama layers of width
       d_rev with sliding-window attention (window W), run once per forward over the ids; then
       q_phi(x_i | h, x_<i) = softmax over the candidates of <e~, ``rev_out``(RMSNorm(u_{i-1} + ``rev_cond`` h +
       ``rev_offset``[t - i]))>, e~ = ``embed_proj``(E) the shared embedding in d_rev (§3.3.1 "shares the embedding
-      layer"). h enters only the head: the encoder runs once, not once per step (spec §1.2 "late" form);
-    - masked prediction (eq. 13) as a latent probe (spec §2 item 9): p_psi(x_i | h) = softmax of <e~,
+      layer"). h enters only the head, so the encoder runs once, not once per step (eq. 12 conditions on
+      x_<i and h; where h enters is not stated, and entering at the head keeps the cost of a step small);
+    - masked prediction (eq. 13) as a latent probe (label-free at test time, §2.2.2, so no input corruption): p_psi(x_i | h) = softmax of <e~,
       ``mask_out``(GELU(``mask_in`` h + ``mask_offset``[t - i]))> for the masked i of the window, the 2-layer MLP
       of §3.3.2 ([h ; R_psi] through the first layer is ``mask_in`` h + ``mask_offset``);
     - episodic memory (eq. 15-16): buffers ``memory_banks`` (sites, M, d), N(0, 1) at initialisation, updated by
@@ -187,7 +188,7 @@ class EqTEnergyNetwork(nn.Module):
 
     def relevant_memories(self, site: int, proposal: torch.Tensor) -> torch.Tensor:
         """Eq. 15's relevant prototypes r_i = 1: the `erm_memory_topk` slots most cosine-similar to the proposal f
-        (spec §2 item 2: fixed for the whole refinement), unit-normalised, (B, n, k, d)."""
+        (the paper leaves r_i unspecified; fixed for the whole refinement), unit-normalised, (B, n, k, d)."""
         bank = F.normalize(self.memory_banks[site].to(proposal.dtype), dim=-1)
         similarity = F.normalize(proposal, dim=-1) @ bank.T
         return bank[similarity.topk(self.config.erm_memory_topk, dim=-1).indices]

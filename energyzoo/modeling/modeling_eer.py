@@ -1,19 +1,19 @@
 """EER: one transformer block looped T times over a latent sequence, trained with the energy-entropy regularised
-loss (eer.txt §5-6, Table 1; spec: shared/specs/eer.md).
+loss (eer.txt §5-6, Table 1).
 
 Residual dynamics (§5.1, the experiments): with X = E[x] + 0.15 PE(pos),
 
     Z_0 = 0,   Z_{t+1} = Z_t + F(Z_t + X),   F(U) = A + MLP(LN_2(U + A)),   A = softmax(causal(q k^T / (tau sqrt d))) v,
 
-q, k, v = LN_1(U) W_{Q,K,V} (spec §1.1: §5.1's attention plus §6's MLP and LayerNorm as a pre-LN residual branch,
+q, k, v = LN_1(U) W_{Q,K,V} (§5.1's attention plus §6's MLP and LayerNorm, as a pre-LN residual branch,
 so that the update can vanish at a fixed point). The logits read LN_f(Z_T + X) (App. B.3's representation X + Z).
 Hamiltonian dynamics (eq. 1, §4.3; ``loop_dynamics="hamiltonian"``): Z_0 = X, V_0 = 0,
 
     V_{k+1} = mu V_k + alpha (F_tau(Z_k; X) - Z_k) - beta grad_Z E_tau(Z_k; X),   Z_{k+1} = Z_k + V_{k+1},
 
-with F_tau the causal cross-attention from Z to X and E_tau its negative log-partition (spec §1.3).
+with F_tau the causal cross-attention from Z to X and E_tau its negative log-partition (eq. 1; the paper gives neither form, these are the simplest that fit it).
 
-Causal (spec §2 item 13), so each loop's keys and values are cached per loop (cache layer t; the Hamiltonian
+Causal (the paper never says; the induction task reads only the past), so each loop's keys and values are cached per loop (cache layer t; the Hamiltonian
 dynamics cache X's once, in layer 0) and decoding is exact. The cache fits the loop count it was filled with: decode
 with the same ``refinement_steps``. The attention output comes from the configured implementation; eager (the
 default here: every training forward reads the maps) also gives the probabilities and log-partition that the loss
@@ -148,7 +148,7 @@ class EERMLP(nn.Module):
 
 
 class EERBlock(GradientCheckpointingLayer):
-    """One loop of the residual dynamics, Z_{t+1} = Z_t + F(Z_t + X) (§5.1, spec §1.1)."""
+    """One loop of the residual dynamics, Z_{t+1} = Z_t + F(Z_t + X) (§5.1, with §6's MLP and LayerNorm)."""
 
     def __init__(self, config: EERConfig):
         super().__init__()
@@ -175,7 +175,7 @@ class EERBlock(GradientCheckpointingLayer):
 
 class EERHamiltonianBlock(GradientCheckpointingLayer):
     """One step of eq. 1 (§4.3): the cross-attention F_tau(Z; X) of the latent to the inputs, and the steering and
-    restoring forces on the velocity (spec §1.3). Its keys and values are X's, computed once per forward."""
+    restoring forces on the velocity (eq. 1). Its keys and values are X's, computed once per forward."""
 
     def __init__(self, config: EERConfig):
         super().__init__()

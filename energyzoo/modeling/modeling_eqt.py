@@ -1,5 +1,5 @@
 """EqT-LLaMA: Llama whose chosen decoder layers' outputs are refined by the Equilibrium Refinement Module before
-the next layer reads them (eqt.txt "Closed-Loop Transformers" §3, Algorithm 1; spec: shared/specs/eqt.md).
+the next layer reads them (eqt.txt "Closed-Loop Transformers" §3, Algorithm 1).
 
 At a refined site the decoder layer's output is the proposal f (eq. 6), and the ERM returns K proximal gradient
 steps on the label-free energy L of `eqt_energy` (eq. 7-8):
@@ -76,7 +76,7 @@ class EquilibriumRefinement(nn.Module):
       gradient v becomes y = (I - dT/dh^T)^-1 v (fixed-point iteration, `erm_implicit_iterations` steps, converging
       where the forward contracts), pushed through one step T(h*) into theta and f. That is
       dh*/dtheta = -(H + I/gamma)^-1 (d grad L / dtheta - (1/gamma) df/dtheta): eq. 19 with the path through f
-      it omits (spec §1.3), without which the decoder below would get no gradient.
+      it omits, without which the decoder below would get no gradient.
     - Trace (``output_energies=True``): per step the four energy terms, the weighted energy, the proximal term
       ||h - f||^2 / (2 gamma), the relative update ||h_{k+1} - h_k|| / ||h_k|| as ``residual``, alpha as
       ``step_size``; and the ``iterations`` used. Means over the real positions.

@@ -1,7 +1,7 @@
 """Hyper-SET models (hyperset.txt): the recurrent encoder and its image-classification, masked-image-modelling
 (MaskGIT) and token-classification (Sudoku) heads.
 
-`HyperSETModel` embeds the input (image patches or token ids, spec §2), then runs each of its L layers R times
+`HyperSETModel` embeds the input (image patches or token ids, §5), then runs each of its L layers R times
 (`num_iterations`; ``refinement_steps=R'`` at call time) on the shared refinement loop, with step sizes from one
 step-size network shared by the layers (t restarts at 1 for each layer; x(0) is always the embedding). With
 ``output_energies=True`` each layer records, per iteration (after the update): ``energy`` = E_ATTN + E_FF,
@@ -134,7 +134,8 @@ class HyperSETPreTrainedModel(PreTrainedModel):
     _hidden_states_per_step = True
 
     def _init_weights(self, module):
-        """N(0, initializer_range) Linear and Embedding weights, zero biases, unit norm gains (spec §1.8); CLS
+        """N(0, initializer_range) Linear and Embedding weights, zero biases, unit norm gains (the public Sudoku code's initialisation, which the paper does not state; PyTorch's default
+        Embedding N(0, 1) did not learn 4x4 Sudoku when tried); CLS
         token N(0, 1) and learned positions N(0, initializer_range); depth-wise LoRA N(0, 0.02) (App. G.2); the
         step-size network's Linears zero-initialised as `step_zero_init` marks them (ReZero, §4.3)."""
         if getattr(module, "starts_at_zero", False):

@@ -1,6 +1,6 @@
 """The induction-head task on the full sequence (Sanford, Hsu & Telgarsky, ICML 2024, `InductionHopsFullSequenceTask`
-with one hop and 4 symbols): the format eer.txt §5.1 trains on, which the paper never spells out (spec
-shared/specs/eer.md §1.4; its epoch-0 accuracies of App. C are what a blank + uniform guess scores on it).
+with one hop and 4 symbols): the format eer.txt §5.1 trains on, which the paper never spells out
+(chosen because App. C's epoch-0 accuracies are what a blank + uniform guess scores on it).
 
 A sequence s_1..s_{L-1} of the symbols a-d (ids 1-4) without immediate repeats; the label of s_k is the symbol that
 followed the previous occurrence of s_k, y_k = s_{j+1} with j = max{j < k : s_j = s_k}, or NONE (5) when s_k has not
