@@ -7,8 +7,8 @@ other table.
 does per task (data, batch -> model kwargs, metrics) is `training.tasks`, keyed by the same names.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from transformers import (
     AutoConfig,

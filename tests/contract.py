@@ -10,9 +10,9 @@ checks (item 8, second half) live in each architecture's own test files.
 
 import copy
 import pickle
-from collections import Counter
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -237,7 +237,8 @@ class ModelContract:
         assert not torch.allclose(tuned_output, base_output)
         lora.save_pretrained(tmp_path / "adapter")
 
-        reloaded = PeftModel.from_pretrained(self.head_auto_class.from_pretrained(tmp_path / "base"), tmp_path / "adapter")
+        base = self.head_auto_class.from_pretrained(tmp_path / "base")
+        reloaded = PeftModel.from_pretrained(base, tmp_path / "adapter")
         reloaded.eval()
         with torch.no_grad():
             torch.testing.assert_close(output_tensor(reloaded(**plain)), tuned_output)

@@ -51,7 +51,7 @@ def reference_forward(config, weights: dict, input_ids: torch.Tensor, mask: torc
         state = latent + inputs
         normed = layer_norm(state, "model.block.input_layernorm")
 
-        def split(name):
+        def split(name, normed=normed):
             return linear(normed, f"model.block.self_attn.{name}").view(batch, length, heads, head_dim).transpose(1, 2)
 
         scale = config.attention_temperature * math.sqrt(head_dim)

@@ -33,7 +33,7 @@ def reference_energy(model, ids: torch.Tensor, hidden: torch.Tensor, proposal: t
             window_tokens = [int(ids[b, i]) for _, i in slots]
             distinct = list(dict.fromkeys(window_tokens))
 
-            def log_prob(output, token):
+            def log_prob(output, token, distinct=distinct):
                 if config.erm_head_vocabulary == "full":
                     scores = energy_net.embed_proj(embeddings) @ output
                     return scores.log_softmax(-1)[token]

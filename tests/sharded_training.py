@@ -6,8 +6,10 @@ root with `fully_shard` (gloo on CPU), trains on the p-th part of every global b
 ``{preset: {"losses": [...], "weights": gathered full state dict}}`` to OUT. `train_unsharded` is the
 single-process reference: P unsharded replicas, replica p on part p, their gradients averaged before each step -
 data parallelism by hand, so that buffers (batch-norm statistics, EqT's memory) evolve per process as they do under
-FSDP, and replica 0's state is rank 0's. Everything runs in float64, so that the two reductions' different summation orders stay far below what is compared
-(batch norm over two 2x2 maps amplifies float32 rounding to 1e-3 in three steps). The optimiser is plain SGD: an update linear in the gradient keeps
+FSDP, and replica 0's state is rank 0's. Everything runs in float64, so that the two reductions' different summation
+orders stay far below what is compared
+(batch norm over two 2x2 maps amplifies float32 rounding to 1e-3 in three steps). The optimiser is plain SGD: an
+update linear in the gradient keeps
 float-rounding differences float-sized (Adam would blow a zero gradient's rounding noise, e.g. a softmax key bias's,
 up to a full step).
 """
@@ -20,8 +22,15 @@ import torch.distributed as dist
 import energyzoo
 from energyzoo.registry import ARCHITECTURES
 
-PRESETS = {"fem-lm-tiny": "fem", "tel-gpt2-tiny": "tel-gpt2", "tel-vit-tiny": "tel-vit", "tel-resnet-tiny": "tel-resnet",
-           "hyperset-digits-tiny": "hyperset", "eqt-llama-tiny": "eqt-llama", "eer-induction": "eer-looped"}
+PRESETS = {
+    "fem-lm-tiny": "fem",
+    "tel-gpt2-tiny": "tel-gpt2",
+    "tel-vit-tiny": "tel-vit",
+    "tel-resnet-tiny": "tel-resnet",
+    "hyperset-digits-tiny": "hyperset",
+    "eqt-llama-tiny": "eqt-llama",
+    "eer-induction": "eer-looped",
+}
 STEPS, GLOBAL_BATCH, PARTS, SEQUENCE, LEARNING_RATE = 3, 4, 2, 12, 0.01
 
 

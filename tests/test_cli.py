@@ -5,9 +5,7 @@ intermediate checkpoints evaluated and exported, trackers beside metrics.jsonl."
 import json
 import os
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -134,7 +132,8 @@ def test_export_takes_an_intermediate_checkpoint(run_folder, tmp_path):
     checkpoint = run_folder / "checkpoints" / "step-0000002"
     assert not list(checkpoint.glob("*.safetensors")) and not list(checkpoint.glob("pytorch_model*"))
     exported = load_file(tmp_path / "export" / "model.safetensors")
-    saved, final = load_file(checkpoint / "model" / "model.safetensors"), load_file(run_folder / "model" / "model.safetensors")
+    saved = load_file(checkpoint / "model" / "model.safetensors")
+    final = load_file(run_folder / "model" / "model.safetensors")
     assert exported.keys() == saved.keys()
     for name in exported:
         assert torch.equal(exported[name], saved[name]), name
@@ -173,6 +172,8 @@ def test_doctor_without_a_gpu_says_what_it_could_not_run_and_why(tmp_path, capsy
     assert main(["doctor", "--device", "cpu", "--dtypes", "bfloat16", "--output", str(output)]) == 0
     rows = json.loads(output.read_text())
     assert [(row["prior"], row["kernel"], row["status"]) for row in rows] == [
-        ("gla", "fla", "not run: needs a CUDA device"), ("ssm", "mamba", "not run: needs a CUDA device"),
-        ("softmax", "flash_attention_2", "not run: needs a CUDA device")]
+        ("gla", "fla", "not run: needs a CUDA device"),
+        ("ssm", "mamba", "not run: needs a CUDA device"),
+        ("softmax", "flash_attention_2", "not run: needs a CUDA device"),
+    ]
     assert "0 passed, 0 failed, 3 not run" in capsys.readouterr().out

@@ -9,15 +9,14 @@ import weakref
 import pytest
 import torch
 import torch.nn.functional as F
+from eer_reference import loss_parts, reference_forward, reference_parameters, sinusoid
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_eer_contract import tiny_eer_config
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from energyzoo import EERForCausalLM
 from energyzoo.modeling.eer_energy import attention_energy_gradient, tsallis_entropy
-
-from eer_reference import loss_parts, reference_forward, reference_parameters, sinusoid
-from test_eer_contract import tiny_eer_config
 
 
 def build(seed: int = 0, **overrides) -> EERForCausalLM:

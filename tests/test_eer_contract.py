@@ -5,10 +5,9 @@ import copy
 import math
 
 import torch
+from contract import CausalLMContract
 
 from energyzoo.modeling.configuration_eer import EERConfig
-
-from contract import CausalLMContract
 
 
 def tiny_eer_config(**overrides) -> EERConfig:

@@ -48,4 +48,6 @@ def test_plot_draws_per_layer_means_of_non_iterative_layers(tmp_path):
         trace = model(torch.randint(3, 50, (2, 9)), output_energies=True).energies
     ((layers, energies),) = plotted(trace.plot(tmp_path / "fem.png", names=("energy",)))["energy"]
     assert layers == [0, 1, 2]
-    torch.testing.assert_close(torch.tensor(energies, dtype=torch.float32), trace.stack("energy").float().mean(dim=(1, 2)))
+    torch.testing.assert_close(
+        torch.tensor(energies, dtype=torch.float32), trace.stack("energy").float().mean(dim=(1, 2))
+    )

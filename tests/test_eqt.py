@@ -2,19 +2,17 @@
 eq. 18's training signal, the implicit gradient, the memory EMA, early stop, the Llama warm start, and causality
 and caching under the large presets' options."""
 
-import copy
 
 import pytest
 import torch
+from eqt_reference import reference_energy
+from test_eqt_contract import tiny_eqt_config
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from energyzoo.modeling.configuration_eqt import EqTLlamaConfig
 from energyzoo.modeling.eqt_energy import position_mask
 from energyzoo.modeling.modeling_eqt import EqTLlamaForCausalLM
-
-from eqt_reference import reference_energy
-from test_eqt_contract import tiny_eqt_config
 
 LARGE_PRESET_OPTIONS = dict(erm_head_vocabulary="window", erm_confidence_topk=5)  # as eqt-llama-340m
 MODES = {"paper": {}, "large-preset": LARGE_PRESET_OPTIONS}
@@ -239,7 +237,8 @@ def test_llama_checkpoint_loads_and_k0_or_zero_weights_give_llama_exactly(tmp_pa
 
 
 def test_config_loads_a_llama_config_and_round_trips(tmp_path):
-    LlamaConfig(hidden_size=32, num_attention_heads=4, intermediate_size=64, num_hidden_layers=3).save_pretrained(tmp_path)
+    llama = LlamaConfig(hidden_size=32, num_attention_heads=4, intermediate_size=64, num_hidden_layers=3)
+    llama.save_pretrained(tmp_path)
     config = EqTLlamaConfig.from_pretrained(tmp_path, erm_layers=[0, 2])
     assert config.erm_sites == [0, 2] and config.erm_rev_hidden_size == 8
     config.save_pretrained(tmp_path / "eqt")
@@ -268,8 +267,11 @@ def test_eager_attention_reaches_the_reverse_encoder_and_gives_the_sdpa_logits(m
         expected = model(input_ids=ids, attention_mask=mask).logits
     calls = []
     sdpa = ALL_ATTENTION_FUNCTIONS["sdpa"]
-    monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS._global_mapping, "sdpa",
-                        lambda *args, **kwargs: calls.append(1) or sdpa(*args, **kwargs))
+    monkeypatch.setitem(
+        ALL_ATTENTION_FUNCTIONS._global_mapping,
+        "sdpa",
+        lambda *args, **kwargs: calls.append(1) or sdpa(*args, **kwargs),
+    )
     model.set_attn_implementation("eager")
     with torch.no_grad():
         eager = model(input_ids=ids, attention_mask=mask).logits

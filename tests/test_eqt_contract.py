@@ -7,10 +7,9 @@ consecutive training forwards, which the EMA of eq. 16 would move apart; `test_e
 import copy
 
 import torch
+from contract import CausalLMContract
 
 from energyzoo.modeling.configuration_eqt import EqTLlamaConfig
-
-from contract import CausalLMContract
 
 
 def tiny_eqt_config(**overrides) -> EqTLlamaConfig:

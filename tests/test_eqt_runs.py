@@ -1,11 +1,13 @@
 """EqT's runs: the parity data (eq. 44), the CPU parity reproduction end to end, and the K-sweep bench."""
 
 import json
+from types import SimpleNamespace
 
 import torch
 
+from energyzoo.eval import speed
 from energyzoo.eval.speed import format_eqt_table, run_eqt_vs_llama
-from energyzoo.reproduce.eqt_parity import ParitySettings, run_parity, write_report
+from energyzoo.reproduce.eqt_parity import ParitySettings, per_token_accuracy, run_parity, write_report
 from energyzoo.training.data import PARITY_END_TOKEN, cumulative_parity_split
 
 
@@ -20,20 +22,43 @@ def test_parity_labels_are_the_running_xor_scored_one_position_ahead():
             assert label[t + 1] == parity
 
 
+class ParityOracle(torch.nn.Module):
+    """Logits for the running XOR of the bits so far (eq. 44), wrong at the positions in ``wrong_at``."""
+
+    def __init__(self, wrong_at=()):
+        super().__init__()
+        self.wrong_at = list(wrong_at)
+
+    def forward(self, input_ids, **kwargs):
+        parity = input_ids.clamp(max=1).cumsum(-1) % 2  # the end token (> 1) closes the row and is never scored
+        parity[:, self.wrong_at] = 1 - parity[:, self.wrong_at]
+        return SimpleNamespace(logits=torch.nn.functional.one_hot(parity, 2).float())
+
+
+def test_per_token_accuracy_counts_the_positions_whose_parity_the_logits_predict():
+    ids, labels, _, _ = cumulative_parity_split(300, 10, 0.0, seed=1)  # more rows than one batch of 256
+    assert per_token_accuracy(ParityOracle(), ids, labels) == 1.0
+    assert per_token_accuracy(ParityOracle(wrong_at=[0, 4]), ids, labels) == 8 / 10
+
+
 def test_parity_reproduction_writes_its_table(tmp_path):
     settings = ParitySettings(lengths=[8], seeds=[0], steps=20, eqt_steps=[0, 2], test_sequences=64)
     report = run_parity(settings, tmp_path, progress=lambda message: None)
     paths = write_report(report, tmp_path)
     row = report["rows"][0]
     assert set(row) == {"length", "seed", "llama", "eqt_K0", "eqt_K2"}
-    assert all(0.0 <= row[key] <= 1.0 for key in ("llama", "eqt_K0", "eqt_K2"))
-    assert json.loads(paths["json"].read_text())["summary"][0]["length"] == 8
+    summary = json.loads(paths["json"].read_text())["summary"][0]
+    assert summary["length"] == 8 and summary["llama"] == {"mean": row["llama"], "std": 0.0}
+    assert summary["delta"] == row["eqt_K2"] - row["llama"]
     assert "| 8 |" in paths["markdown"].read_text() and paths["plot"].stat().st_size > 0
 
 
-def test_eqt_bench_times_every_k_against_llama():
-    torch.set_num_threads(1)
-    result = run_eqt_vs_llama("eqt-llama-tiny", steps=(0, 2, 4), batch_size=1, seq_len=32, repeats=1)
-    assert set(result["ratios"]) == {0, 2, 4} and all(ratio > 0 for ratio in result["ratios"].values())
+def test_eqt_bench_gives_the_median_paired_ratio_at_every_k_and_its_linear_fit(monkeypatch):
+    scripted = {"llama": [1.0, 2.0, 1.0], "K=0": [1.0, 2.0, 1.0], "K=2": [2.0, 6.0, 2.0], "K=4": [3.0, 6.0, 5.0]}
+    monkeypatch.setattr(speed, "_paired_times", lambda fns, repeats, device: {key: scripted[key] for key in fns})
+    result = run_eqt_vs_llama("eqt-llama-tiny", steps=(0, 2, 4), batch_size=1, seq_len=8, repeats=3)
+    assert result["ratios"] == {0: 1.0, 2: 2.0, 4: 3.0}  # medians of (1, 1, 1), (2, 3, 2), (3, 3, 5)
+    fit = result["linear_fit"]
+    assert (fit["intercept"], fit["slope_per_step"], fit["max_deviation"]) == (1.0, 0.5, 0.0)
     assert result["meets_target"] is None  # K = 8 was not measured
     assert "linear fit" in format_eqt_table(result)

@@ -1,15 +1,14 @@
 """FEM-LM beyond the shared contract: Llama equivalence, presets, initialisation, ablations, bad input."""
 
 import pytest
+import test_fem_contract
 import torch
+from fem_reference import fem_layer_reference, rope, softmax_prior, time_decay_features
+from test_fem_contract import perturb_fem, without_lse_branch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from energyzoo import FEMConfig, FEMForCausalLM, config_from_preset, model_from_preset, preset_names
 from energyzoo.modeling.modeling_fem import FEMAttention
-
-from fem_reference import fem_layer_reference, rope, softmax_prior, time_decay_features
-import test_fem_contract
-from test_fem_contract import perturb_fem, without_lse_branch
 
 ALL_OFF = dict(use_time_decay=False, use_lse=False, use_temperature_gate=False, use_outer_gate=False)
 

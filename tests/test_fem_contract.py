@@ -5,12 +5,11 @@ zero-initialised output map gets random weights (modulators != 1) and the values
 beta_max |v| reaches the exp cap of 40 (some below it, some clipped)."""
 
 import torch
+from contract import CausalLMContract, SequenceClassificationContract
+from fem_reference import fem_layer_reference
 
 from energyzoo import FEMConfig
 from energyzoo.modeling.modeling_fem import FEMAttention
-
-from contract import CausalLMContract, SequenceClassificationContract
-from fem_reference import fem_layer_reference
 
 VALUE_SCALE = 60.0  # beta_max |v| of the tiny models then peaks at ~35-50 (test_fem.py checks the fixture)
 

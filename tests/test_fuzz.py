@@ -17,19 +17,18 @@ times as many examples on a fresh seed each time.
 import dataclasses
 import math
 import os
-
-import pytest
-import torch
 from collections import Counter
 
-from hypothesis import HealthCheck, assume, given, settings
-from hypothesis import strategies as st
-
+import pytest
 import test_eer_contract as eer  # as modules: imported test classes would be collected and run here again
 import test_eqt_contract as eqt
 import test_fem_contract as fem
 import test_hyperset_contract as hyperset
 import test_tel_contract as tel
+import torch
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
 from energyzoo.presets import config_fields, config_with_overrides
 from energyzoo.registry import ARCHITECTURES
 
@@ -240,7 +239,8 @@ def image_inputs(draw, config) -> dict:
     size = config.image_size if hasattr(config, "image_size") else 16
     size = size if isinstance(size, int) else size[0]
     height, width = (draw(st.sampled_from([size] * 6 + [1, 4, 32])) for _ in range(2))
-    pixels = torch.randn(batch, channels, height, width, generator=torch.Generator().manual_seed(draw(st.integers(0, 99))))
+    generator = torch.Generator().manual_seed(draw(st.integers(0, 99)))
+    pixels = torch.randn(batch, channels, height, width, generator=generator)
     inputs = {"pixel_values": pixels.to(draw(st.sampled_from([torch.float32] * 4 + [torch.long])))}
     if draw(st.booleans()) and batch:
         inputs["labels"] = torch.randint(0, config.num_labels + draw(st.sampled_from([0, 0, 2])), (batch,))
@@ -251,8 +251,10 @@ def image_inputs(draw, config) -> dict:
 @pytest.mark.parametrize("tester", TESTERS, ids=described)
 def test_random_inputs_are_refused_by_name_or_give_finite_outputs(tester, dtype):
     torch.manual_seed(0)
-    models = [tester.build(model_class).to(DTYPES[dtype])
-              for model_class in (ARCHITECTURES[tester.model_type].base_model, tester.head_class)]
+    models = [
+        tester.build(model_class).to(DTYPES[dtype])
+        for model_class in (ARCHITECTURES[tester.model_type].base_model, tester.head_class)
+    ]
     config = models[0].config
     if tester.task == "image-classification":
         strategy = image_inputs(config)
@@ -267,8 +269,10 @@ def test_random_inputs_are_refused_by_name_or_give_finite_outputs(tester, dtype)
         model = models[int(head)].train(training)
         if not head:
             inputs = tester.without_labels(inputs)
-        inputs = {name: value.to(DTYPES[dtype]) if name == "pixel_values" and value.is_floating_point() else value
-                  for name, value in inputs.items()}
+        inputs = {
+            name: value.to(DTYPES[dtype]) if name == "pixel_values" and value.is_floating_point() else value
+            for name, value in inputs.items()
+        }
         try:
             with torch.no_grad():
                 outputs = model(**inputs)

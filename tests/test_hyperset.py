@@ -7,7 +7,14 @@ import math
 import pytest
 import torch
 
-from energyzoo import HyperSETConfig, HyperSETForTokenClassification, HyperSETModel, model_from_preset, preset_card, preset_names
+from energyzoo import (
+    HyperSETConfig,
+    HyperSETForTokenClassification,
+    HyperSETModel,
+    model_from_preset,
+    preset_card,
+    preset_names,
+)
 from energyzoo.modeling.hyperset_layer import HyperSETLayer, bisoftmax, linear_attention, sigmoid_attention
 
 HEADS, WIDTH = 4, 32

@@ -8,11 +8,10 @@ import copy
 import math
 
 import torch
+from contract import ModelContract
 
 from energyzoo import HyperSETConfig
 from energyzoo.modeling.hyperset_layer import HyperSETLayer, HyperSETStepSizes
-
-from contract import ModelContract
 
 
 def perturb_hyperset(model, seed: int = 0) -> None:
@@ -83,7 +82,8 @@ class HyperSETTester(ModelContract):
         """Layer 0's ``energy`` after its first iteration, from the state that iteration produced, in float64."""
         layer = next(m for m in model.modules() if isinstance(m, HyperSETLayer))
         states = []
-        handle = layer.register_forward_hook(lambda module, args, output: states.append(output[0]))  # (state, diagnostics)
+        # output: (state, diagnostics)
+        handle = layer.register_forward_hook(lambda module, args, output: states.append(output[0]))
         with torch.no_grad():
             model(**self.without_labels(inputs))
         handle.remove()

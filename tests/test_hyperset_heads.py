@@ -5,11 +5,14 @@ embedding resized."""
 import pytest
 import torch
 import torch.nn.functional as F
-
-from energyzoo import HyperSETConfig, HyperSETForImageClassification, HyperSETForMaskedImageModeling
-from energyzoo import HyperSETForTokenClassification
-
 from test_hyperset_contract import perturb_hyperset
+
+from energyzoo import (
+    HyperSETConfig,
+    HyperSETForImageClassification,
+    HyperSETForMaskedImageModeling,
+    HyperSETForTokenClassification,
+)
 
 CODEBOOK, GRID = 16, 16
 

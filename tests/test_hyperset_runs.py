@@ -56,7 +56,8 @@ def test_hub_image_source_trains_a_classifier_from_local_image_files(tmp_path):
     for label, pattern in (("horizontal", stripes[:, None].repeat(8, 1)), ("vertical", stripes[None, :].repeat(8, 0))):
         (tmp_path / "images" / label).mkdir(parents=True)
         for index in range(12):
-            Image.fromarray(np.stack([pattern + np.uint8(index)] * 3, axis=-1)).save(tmp_path / "images" / label / f"{index}.png")
+            image = np.stack([pattern + np.uint8(index)] * 3, axis=-1)
+            Image.fromarray(image).save(tmp_path / "images" / label / f"{index}.png")
     recipe = load_recipe("hyperset-digits", [
         "data.source=hf-images", "data.name=imagefolder", f"data.paths=['{tmp_path}/images/**/*.png']",
         "data.image_size=8", "data.validation_fraction=0.25", "model.overrides.num_channels=3",

@@ -5,20 +5,21 @@ conditioner, reshape and index errors from torch). A row the attention mask zero
 case: finite outputs, the other rows' outputs unchanged."""
 
 import pytest
-import torch
-
 import test_eer_contract as eer  # as modules: imported test classes would be collected and run here again
 import test_eqt_contract as eqt
 import test_fem_contract as fem
 import test_hyperset_contract as hyperset
 import test_tel_contract as tel
+import torch
+
 from energyzoo.registry import ARCHITECTURES
 
 TOKEN_MODELS = [fem.TestFEMContract(), fem.TestFEMGLAContract(), fem.TestFEMAFTContract(), fem.TestFEMSSMContract(),
                 fem.TestFEMSequenceClassificationContract(), tel.TestTELGPT2Contract(), eqt.TestEqTLlamaContract(),
                 eer.TestEERContract(), hyperset.TestHyperSETTokenClassificationContract(),
                 hyperset.TestHyperSETMaskedImageModelingContract()]
-IMAGE_MODELS = [tel.TestTELViTContract(), tel.TestTELResNetContract(), hyperset.TestHyperSETImageClassificationContract()]
+IMAGE_MODELS = [tel.TestTELViTContract(), tel.TestTELResNetContract(),
+                hyperset.TestHyperSETImageClassificationContract()]
 PADDED = [tester for tester in TOKEN_MODELS if tester.model_type != "hyperset"]  # Hyper-SET has no padding mask
 
 

@@ -3,9 +3,9 @@ shared ones or belong to one family by name; shared files import no family file;
 family; the package's folders import each other without loops; and every config check runs once."""
 
 import ast
-import re
 import graphlib
 import importlib
+import re
 import sys
 from collections import Counter
 from pathlib import Path
@@ -119,9 +119,8 @@ def build_recipe():
     return load_recipe("tel-vit-digits")
 
 
-@pytest.mark.parametrize("build", [energyzoo.FEMConfig, energyzoo.TELGPT2Config, energyzoo.TELViTConfig,
-                                   energyzoo.TELResNetConfig, energyzoo.TELSettings, build_recipe],
-                         ids=lambda build: build.__name__)
+@pytest.mark.parametrize("build", [*(entry.config_class for entry in ARCHITECTURES.values()), energyzoo.TELSettings,
+                                   build_recipe], ids=lambda build: build.__name__)
 def test_each_config_check_runs_once_per_construction(build, require_calls):
     build()
     assert require_calls, "no check ran"

@@ -1,9 +1,18 @@
 """`energyzoo bench` and the embedded corpus (the quickstart is tested with train / eval / export)."""
 
 import json
+import time
 
 from energyzoo.cli import main
-from energyzoo.eval.speed import BenchSettings, format_table, measure_peak_memory, run_fem_vs_llama
+from energyzoo.eval import speed
+from energyzoo.eval.speed import (
+    LINEAR_SCALING_TARGET,
+    BenchSettings,
+    _paired_times,
+    format_table,
+    measure_peak_memory,
+    run_fem_vs_llama,
+)
 from energyzoo.training.data import pack_into_blocks, python_docs_corpus, train_bpe_tokenizer
 
 
@@ -17,20 +26,36 @@ def test_corpus_split_is_disjoint_and_tokenizer_round_trips():
     assert blocks.shape[1] == 64 and (blocks == tokenizer.eos_token_id).any()
 
 
-def test_bench_reports_medians_ratios_and_targets(tmp_path):
-    settings = BenchSettings(preset="fem-lm-tiny", batch_size=1, seq_len=32, repeats=2, decode_tokens=4)
+def test_paired_times_measure_each_function_in_rotating_order():
+    calls = []
+
+    def sleeper(name, seconds):
+        def run():
+            calls.append(name)
+            time.sleep(seconds)
+        return run
+
+    times = _paired_times({"slow": sleeper("slow", 0.03), "fast": sleeper("fast", 0.01)}, repeats=3, device="cpu")
+    assert calls == ["slow", "fast", "slow", "fast", "fast", "slow", "slow", "fast"]  # warm-up, then rotated
+    assert all(0.03 <= t < 0.08 for t in times["slow"]) and all(0.01 <= t < 0.06 for t in times["fast"])
+
+
+def test_bench_reports_medians_of_paired_ratios_against_the_targets(monkeypatch):
+    # scripted seconds per call (fem, llama) for each repeat: the rows follow from them alone
+    scripted = {"forward": ([3.0, 5.0, 2.0], [1.0, 1.0, 1.0]), "train_step": ([2.0, 2.0, 2.0], [2.0, 1.0, 4.0]),
+                "decode": ([4.0, 4.0, 4.0], [2.0, 2.0, 2.0])}
+    workloads = iter(scripted)
+    monkeypatch.setattr(speed, "_paired_times", lambda fns, repeats, device: dict(zip(fns, scripted[next(workloads)])))
+    monkeypatch.setattr(speed, "measure_peak_memory", lambda preset, settings: 3 * 2**20 if "fem" in preset else 2**21)
+    settings = BenchSettings(preset="fem-lm-tiny", batch_size=1, seq_len=16, repeats=3, decode_tokens=8)
     result = run_fem_vs_llama(settings)
-    assert result["models"] == {"fem": "fem-lm-tiny", "llama": "llama-tiny"}
-    for name in ("forward", "train_step", "peak_memory", "decode_tokens_per_s"):
-        row = result["rows"][name]
-        assert row["fem"] > 0 and row["llama"] > 0 and row["ratio"] > 0
-        assert isinstance(row["meets_target"], bool)
-    raw = result["raw_seconds"]["forward"]
-    assert len(raw["fem"]) == 2
-    expected = sorted(f / l for f, l in zip(raw["fem"], raw["llama"]))
-    assert abs(result["rows"]["forward"]["ratio"] - sum(expected) / 2) < 1e-9  # median of paired ratios
-    memory = result["rows"]["peak_memory"]
-    assert abs(memory["ratio"] - memory["fem"] / memory["llama"]) < 1e-9
+    rows = result["rows"]
+    assert (rows["forward"]["fem"], rows["forward"]["llama"], rows["forward"]["ratio"]) == (3.0, 1.0, 3.0)
+    assert rows["train_step"]["ratio"] == 1.0  # median of 1, 2, 0.5
+    assert (rows["peak_memory"]["fem"], rows["peak_memory"]["ratio"]) == (3.0, 1.5)
+    assert (rows["decode_tokens_per_s"]["fem"], rows["decode_tokens_per_s"]["ratio"]) == (2.0, 0.5)
+    assert [rows[name]["meets_target"] for name in ("forward", "train_step", "peak_memory", "decode_tokens_per_s")] \
+        == [False, True, False, False]
     assert "| forward (s)" in format_table(result)
 
 
@@ -60,12 +85,28 @@ def test_bench_builds_fem_with_the_requested_prior_and_kernel_and_leaves_the_bas
     assert llama.config.model_type == "llama"
 
 
-def test_length_scaling_reports_one_row_per_prior():
+def test_length_scaling_reports_the_time_ratio_of_the_two_lengths_per_prior(monkeypatch):
     from energyzoo.eval.speed import format_scaling_table, run_length_scaling
 
+    # a scripted timer: seconds = the number of tokens the forward saw, squared for the softmax prior
+    def timed(fn, device):
+        fn()
+        return float(seen[-1] ** (2 if seen_prior[-1] == "softmax" else 1))
+
+    seen, seen_prior = [], []
+    forward_fn = speed._forward_fn
+
+    def recording_forward_fn(model, ids):
+        def forward():
+            seen.append(ids.shape[1])
+            seen_prior.append(model.config.prior)
+            return forward_fn(model, ids)()
+        return forward
+
+    monkeypatch.setattr(speed, "_timed", timed)
+    monkeypatch.setattr(speed, "_forward_fn", recording_forward_fn)
     result = run_length_scaling(priors=("softmax", "gla"), lengths=(32, 128), repeats=1)
-    assert set(result["rows"]) == {"softmax", "gla"}
-    for prior, row in result["rows"].items():
-        assert row["ratio"] == row["seconds"][128] / row["seconds"][32] > 0
-        assert (row["target"] is None) == (prior == "softmax")
+    assert result["rows"]["softmax"]["ratio"] == 16.0 and result["rows"]["softmax"]["target"] is None
+    assert LINEAR_SCALING_TARGET > 4.0  # the linear prior's 4x is within the target
+    assert result["rows"]["gla"]["ratio"] == 4.0 and result["rows"]["gla"]["meets_target"] is True
     assert "| gla" in format_scaling_table(result)

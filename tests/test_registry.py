@@ -8,14 +8,13 @@ import json
 from pathlib import Path
 
 import pytest
+from contract import ModelContract
 from transformers import AutoConfig, AutoModel
 
 from energyzoo.hub_cards import export_model
 from energyzoo.hub_cards.export import render_card
 from energyzoo.presets import config_from_preset, preset_card, preset_names
 from energyzoo.registry import ARCHITECTURES, TASKS, architecture
-
-from contract import ModelContract
 
 TESTS = Path(__file__).parent
 

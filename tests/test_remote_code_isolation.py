@@ -9,14 +9,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-import torch
-
-from energyzoo.hub_cards import export_model
-
 import test_eer_contract as eer  # as modules: imported test classes would be collected and run here again
 import test_eqt_contract as eqt
 import test_fem_contract as fem
 import test_tel_contract as tel
+import torch
+
+from energyzoo.hub_cards import export_model
 
 SCRIPT = Path(__file__).with_name("side_by_side_check.py")
 LANGUAGE_MODELS = {"fem": fem.TestFEMContract, "fem-gla": fem.TestFEMGLAContract, "fem-ssm": fem.TestFEMSSMContract,

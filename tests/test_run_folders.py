@@ -25,7 +25,8 @@ RUN = ["training.steps=8", "training.save_every=1", "training.eval_every=4", "tr
 
 
 def train(output_dir, *extra, **kwargs):
-    return run_training(load_recipe("fem-lm-tiny", [*RUN, f"output_dir={output_dir}", *extra]), progress=False, **kwargs)
+    recipe = load_recipe("fem-lm-tiny", [*RUN, f"output_dir={output_dir}", *extra])
+    return run_training(recipe, progress=False, **kwargs)
 
 
 def weights(run_dir) -> dict[str, torch.Tensor]:

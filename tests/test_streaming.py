@@ -81,7 +81,8 @@ def test_a_killed_and_resumed_streamed_run_ends_with_the_weights_of_an_uninterru
     assert state["documents"] > 0
     resumed = run_training(recipe, resume=True, progress=False)
     assert resumed.losses == whole.losses[3:]
-    expected, actual = load_file(whole.model_dir / "model.safetensors"), load_file(resumed.model_dir / "model.safetensors")
+    expected = load_file(whole.model_dir / "model.safetensors")
+    actual = load_file(resumed.model_dir / "model.safetensors")
     for name in expected:
         assert torch.equal(expected[name], actual[name]), name
     # validation: the held-out documents among the first `examples`, packed

@@ -17,9 +17,10 @@ from energyzoo.training.image_tokenizer import (
     digit_patch_tokenizer,
     reconstruction_metrics,
 )
-from energyzoo.training.sudoku import count_solutions, sudoku_solutions, sudoku_split
 from energyzoo.training.recipe import DATA_SOURCES, recipe_from_dict
+from energyzoo.training.sudoku import count_solutions, sudoku_solutions, sudoku_split
 from energyzoo.training.tasks import TRAINING_TASKS, training_task
+
 
 def is_solved_sudoku(board: torch.Tensor, box: int = 3) -> bool:
     side = box * box

@@ -65,12 +65,14 @@ def test_one_step_is_anchor_plus_eta_t_phi_of_anchor_exactly():
     layer = refinement(tel_steps=1, tel_initial_step_size=0.7, tel_initial_temperature=0.3)
     anchor = torch.randn(5, 16, dtype=torch.float64)
     for mode in (False, True):
-        torch.testing.assert_close(layer.train(mode)(anchor), anchor + 0.7 * 0.3 * F.silu(anchor), rtol=1e-12, atol=1e-12)
+        expected = anchor + 0.7 * 0.3 * F.silu(anchor)
+        torch.testing.assert_close(layer.train(mode)(anchor), expected, rtol=1e-12, atol=1e-12)
 
 
 def test_vanishing_temperature_gives_the_linear_layer():
     anchor_map = nn.Linear(6, 16).double()
-    tel = ThermodynamicEquilibriumLayer(anchor_map, TELSettings(tel_temperature_min=1e-12, tel_initial_temperature=1e-12))
+    settings = TELSettings(tel_temperature_min=1e-12, tel_initial_temperature=1e-12)
+    tel = ThermodynamicEquilibriumLayer(anchor_map, settings)
     x = torch.randn(4, 6, dtype=torch.float64)
     torch.testing.assert_close(tel.eval()(x), anchor_map(x), rtol=0, atol=1e-10)
     assert not torch.allclose(ThermodynamicEquilibriumLayer(anchor_map).double().eval()(x), anchor_map(x), atol=1e-3)

@@ -4,10 +4,9 @@ import copy
 import math
 
 import torch
+from contract import CausalLMContract, ModelContract
 
 from energyzoo import TELGPT2Config, TELResNetConfig, TELViTConfig, ThermodynamicRefinement
-
-from contract import CausalLMContract, ModelContract
 
 INVALID_TEL_VALUES = [
     ("tel_steps", 0),

@@ -13,10 +13,10 @@ from transformers import (
 from transformers.testing_utils import CaptureLogger
 
 from energyzoo import (
-    ThermodynamicRefinement,
     TELGPT2LMHeadModel,
     TELResNetForImageClassification,
     TELViTForImageClassification,
+    ThermodynamicRefinement,
     config_from_preset,
     model_from_preset,
     preset_card,

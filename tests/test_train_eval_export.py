@@ -22,8 +22,8 @@ from energyzoo.eval.harness import evaluate_folder, local_task_documents, write_
 from energyzoo.hub_cards import export_folder
 from energyzoo.modeling import modeling_fem
 from energyzoo.presets import preset_names
-from energyzoo.training.finetune import finetune_with_trainer
 from energyzoo.quickstart import run_quickstart
+from energyzoo.training.finetune import finetune_with_trainer
 from energyzoo.training.recipe import load_recipe, shipped_recipe_path
 from energyzoo.training.run import BatchSchedule, run_training
 
@@ -35,7 +35,8 @@ TINY = ["training.steps=6", "training.save_every=3", "training.eval_every=3", "t
 
 
 def tiny_run(output_dir, *extra, **kwargs):
-    return run_training(load_recipe("fem-lm-tiny", [*TINY, f"output_dir={output_dir}", *extra]), progress=False, **kwargs)
+    recipe = load_recipe("fem-lm-tiny", [*TINY, f"output_dir={output_dir}", *extra])
+    return run_training(recipe, progress=False, **kwargs)
 
 
 def metric_rows(output_dir) -> list[dict]:
@@ -95,7 +96,8 @@ def test_recipe_names_are_not_shadowed_by_run_folders(tmp_path, monkeypatch):
 
 def test_batch_schedule_walks_seeded_epochs_without_repeats():
     schedule = BatchSchedule(examples=10, batch_size=4, seed=3)
-    first_epoch = torch.cat([schedule.global_batch(step) for step in range(2)]).tolist() + schedule.global_batch(2)[:2].tolist()
+    first_epoch = torch.cat([schedule.global_batch(step) for step in range(2)]).tolist()
+    first_epoch += schedule.global_batch(2)[:2].tolist()
     assert sorted(first_epoch) == list(range(10))
     assert schedule.global_batch(7).tolist() == BatchSchedule(10, 4, 3).global_batch(7).tolist()
 
@@ -107,7 +109,8 @@ def test_killed_and_resumed_run_ends_with_the_weights_of_an_uninterrupted_run(tm
     assert stopped.model_dir is None and stopped.last_step == 4
     resumed = tiny_run(tmp_path / "resumed", resume=True)
     assert resumed.last_step == 6
-    expected, actual = load_file(whole.model_dir / "model.safetensors"), load_file(resumed.model_dir / "model.safetensors")
+    expected = load_file(whole.model_dir / "model.safetensors")
+    actual = load_file(resumed.model_dir / "model.safetensors")
     assert expected.keys() == actual.keys()
     for name in expected:
         assert torch.equal(expected[name], actual[name]), name
@@ -125,7 +128,8 @@ def test_two_processes_with_accumulation_follow_the_single_process_run(tmp_path)
     command = [sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch", "--config_file",
                str(CONFIGS / "accelerate-cpu-2proc.yaml"), "-m", "energyzoo.cli", "train", "fem-lm-tiny", *TINY,
                "training.gradient_accumulation=2", f"output_dir={tmp_path / 'two'}"]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     two_metrics = json.loads((tmp_path / "two" / "model" / "training_metrics.json").read_text())
     assert two_metrics.pop("processes") == 2
@@ -137,7 +141,8 @@ def test_two_processes_with_accumulation_follow_the_single_process_run(tmp_path)
     two = [row["loss"] for row in metric_rows(tmp_path / "two") if "loss" in row]
     assert len(two) == 6
     torch.testing.assert_close(torch.tensor(two), torch.tensor(single.losses), rtol=1e-4, atol=1e-4)
-    expected, actual = load_file(single.model_dir / "model.safetensors"), load_file(tmp_path / "two" / "model" / "model.safetensors")
+    expected = load_file(single.model_dir / "model.safetensors")
+    actual = load_file(tmp_path / "two" / "model" / "model.safetensors")
     assert expected.keys() == actual.keys()
     for name in expected:
         torch.testing.assert_close(actual[name], expected[name], rtol=1e-4, atol=1e-5, msg=name)
@@ -250,7 +255,8 @@ def test_export_folder_card_and_push(trained_model, tmp_path):
     assert "dtype torch.float32, batch size 8, device cpu" in card.text
     assert "`transformers>=5.23`" in card.text
     assert "Free Energy Mixer" in card.text and "from_pretrained(\"someone/fem-tiny\"" in card.text
-    assert "the Python documentation shipped with CPython (`pydoc_data.topics`) in blocks of 128 tokens: 30 steps" in card.text
+    assert ("the Python documentation shipped with CPython (`pydoc_data.topics`) in blocks of 128 tokens: 30 steps"
+            in card.text)
     # (d) the upload contains the card and the code files
     assert [call[0] for call in api.calls] == ["create_repo", "upload_folder"]
     uploaded = api.calls[1][2]
@@ -274,7 +280,8 @@ def test_exported_folder_loads_and_generates_without_energyzoo(trained_model, tm
     torch.save(payload, tmp_path / "payload.pt")
     done = subprocess.run([sys.executable, str(REMOTE_LOAD_SCRIPT), str(folder), str(tmp_path / "payload.pt")],
                           capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                          env={"HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules"), "PATH": "/usr/bin:/bin"})
+                          env={"HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules"),
+                               "PATH": "/usr/bin:/bin"})
     assert done.returncode == 0 and "REMOTE_OK transformers_modules" in done.stdout, done.stdout + done.stderr
 
 
@@ -338,8 +345,9 @@ def test_a_warm_started_run_keeps_the_checkpoint_weights_and_names_its_base_mode
     assert isinstance(vanilla, GPT2LMHeadModel)
     vanilla.save_pretrained(tmp_path / "gpt2")
     tokenizer.save_pretrained(tmp_path / "gpt2")
-    recipe = load_recipe("tel-gpt2-tiny", ["training.steps=1", "training.warmup_steps=0", "training.learning_rate=1.0e-9",
-                                           "training.batch_size=2", "model.overrides.n_layer=2",
+    recipe = load_recipe("tel-gpt2-tiny", ["training.steps=1", "training.warmup_steps=0",
+                                           "training.learning_rate=1.0e-9", "training.batch_size=2",
+                                           "model.overrides.n_layer=2",
                                            f"model.init_from={tmp_path / 'gpt2'}", f"output_dir={tmp_path / 'run'}"])
     trained = run_training(recipe, progress=False)
     weights, start = load_file(trained.model_dir / "model.safetensors"), vanilla.state_dict()
@@ -347,7 +355,8 @@ def test_a_warm_started_run_keeps_the_checkpoint_weights_and_names_its_base_mode
         torch.testing.assert_close(weights[name], start[name], rtol=0, atol=1e-6)  # one step of lr 1e-9 from them
     assert any(".tel_" in name for name in weights)
     assert (trained.model_dir / "tokenizer.json").read_text() == (tmp_path / "gpt2" / "tokenizer.json").read_text()
-    assert "base_model" not in ModelCard.load(export_folder(trained.model_dir, tmp_path / "local") / "README.md").data.to_dict()
+    card = ModelCard.load(export_folder(trained.model_dir, tmp_path / "local") / "README.md")
+    assert "base_model" not in card.data.to_dict()
     saved = yaml.safe_load((trained.model_dir / "recipe.yaml").read_text())
     saved["model"]["init_from"] = "openai-community/gpt2"
     (trained.model_dir / "recipe.yaml").write_text(yaml.safe_dump(saved))

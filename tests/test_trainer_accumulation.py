@@ -14,6 +14,10 @@ import copy
 import pytest
 import torch
 from datasets import Dataset
+from test_eer_contract import tiny_eer_config
+from test_eqt_contract import tiny_eqt_config
+from test_hyperset_heads import sudoku
+from test_tel_models import GPT2_FIELDS, VIT_FIELDS
 from transformers import Trainer, TrainingArguments
 
 from energyzoo import (
@@ -26,11 +30,6 @@ from energyzoo import (
 )
 from energyzoo.modeling.configuration_tel import TELGPT2Config, TELViTConfig
 from energyzoo.modeling.modeling_eqt import EqTLlamaForCausalLM
-
-from test_eer_contract import tiny_eer_config
-from test_eqt_contract import tiny_eqt_config
-from test_hyperset_heads import sudoku
-from test_tel_models import GPT2_FIELDS, VIT_FIELDS
 
 LENGTH = 12
 

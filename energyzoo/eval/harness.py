@@ -143,7 +143,10 @@ def evaluate_folder(model_dir: str | Path, suites: list[str] = ("local",), tasks
     model_dir = Path(model_dir)
     require_causal_lm(model_dir)
     output_dir = Path(output_dir) if output_dir is not None else model_dir / "eval"
-    runs = {"tasks": {"tasks": list(tasks), "num_fewshot": None}} if tasks else {suite: SUITES[suite] for suite in suites}
+    if tasks:
+        runs = {"tasks": {"tasks": list(tasks), "num_fewshot": None}}
+    else:
+        runs = {suite: SUITES[suite] for suite in suites}
     language_model = HFLM(pretrained=str(model_dir), device=device, dtype=dtype, batch_size=batch_size,
                           trust_remote_code=True)
     output_dir.mkdir(parents=True, exist_ok=True)

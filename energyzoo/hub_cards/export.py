@@ -23,8 +23,8 @@ from transformers import AutoConfig, AutoTokenizer
 
 from ..modeling.checks import MINIMUM_TRANSFORMERS
 from ..registry import ARCHITECTURES, TASKS, architecture, auto_map_for
-from ..training.data import image_processor_for
 from ..training.checkpoints import write_folder_whole
+from ..training.data import image_processor_for
 from ..training.recipe import DataSection
 from ..training.tasks import training_task
 
@@ -81,7 +81,8 @@ def eval_results(model_dir: Path, pipeline_tag: str) -> list[EvalResult]:
     its ``dataset_name`` as the config). Results on local or generated data stay in the card's tables."""
     results = []
     recipe, metrics_path = _recipe(model_dir), model_dir / "training_metrics.json"
-    source = hub_dataset_id(recipe["data"].get("name")) if recipe and recipe["data"]["source"].startswith("hf") else None
+    streamed = recipe and recipe["data"]["source"].startswith("hf")
+    source = hub_dataset_id(recipe["data"].get("name")) if streamed else None
     if source and metrics_path.exists():
         for key, value in json.loads(metrics_path.read_text()).items():
             if key.startswith("validation_") and key != "validation_loss":
@@ -150,7 +151,9 @@ def _eval_table(model_dir: Path) -> str:
                       f"`energyzoo eval`; {shots}; dtype {config.get('model_dtype')}, batch size "
                       f"{config.get('batch_size')}, device {config.get('device')}, limit {config.get('limit')}):"
                       f"\n\n{path.read_text().strip()}")
-    return "\n\n".join(tables) if tables else "No evaluation results in the folder (run `energyzoo eval` before exporting)."
+    if not tables:
+        return "No evaluation results in the folder (run `energyzoo eval` before exporting)."
+    return "\n\n".join(tables)
 
 
 def runnable_pipeline(task: str, folder: Path) -> str | None:
@@ -184,7 +187,8 @@ def render_card(model, model_dir: Path, task: str, repo_id: str | None = None,
         model_name=name, model_type=model_type, architecture=type(model).__name__,
         auto_class=TASKS[task].auto_class.__name__, task_description=TASKS[task].description,
         repo_id=repo_id or "path/to/this/folder", parameters=f"{sum(p.numel() for p in model.parameters()):,}",
-        config_table=_config_table(config), training_data=_training_data(model_dir, task), eval_table=_eval_table(model_dir),
+        config_table=_config_table(config), training_data=_training_data(model_dir, task),
+        eval_table=_eval_table(model_dir),
         minimum_transformers=MINIMUM_TRANSFORMERS,
         **entry.card_facts(config),
     )

@@ -81,7 +81,8 @@ def _is_probability_field(name: str) -> bool:
 
 def check_transformers_fields(config) -> None:
     """The fields a zoo config shares with transformers' configs, by what their names mean there: every float
-    finite and held by float32; sizes and counts (`POSITIVE_SIZES`) positive integers; epsilons (``*_eps``, ``*_epsilon``) positive;
+    finite and held by float32; sizes and counts (`POSITIVE_SIZES`) positive integers; epsilons (``*_eps``,
+    ``*_epsilon``) positive;
     dropout probabilities in [0, 1); ``initializer_range`` in (0, 1]; activations known to transformers; the pad token
     id inside the vocabulary. transformers itself checks none of these ranges (it only warns about token ids), and a
     NaN epsilon reaches the logits as NaN. Run before the config derives anything from them (Llama's head_dim divides

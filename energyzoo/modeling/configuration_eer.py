@@ -20,7 +20,8 @@ class EERConfig(PreTrainedConfig):
         vocab_size: 8 = the induction task's 7 ids (HOP 0, symbols a-d 1-4, "no previous occurrence" 5, BLANK 6;
             Sanford et al.'s) + PAD 7, so that batches of mixed lengths can be padded (`pad_token_id`).
         hidden_size d (8), num_attention_heads (1), intermediate_size (32 = 4d, the MLP of §6).
-        num_loops T (25, train = eval, Table 1; §5.3's T in [16, 64] is read as the training length range); num_loops_range: [min, max] to draw T uniformly
+        num_loops T (25, train = eval, Table 1; §5.3's T in [16, 64] is read as the training length range);
+        num_loops_range: [min, max] to draw T uniformly
             per training forward instead (§5.3's "varying rollout depth"; None: fixed T). ``refinement_steps=T'``
             in `forward` / `generate` overrides both.
         position_embedding_scale: X = E[x] + 0.15 PE(pos) with the fixed sinusoidal PE (§6, Table 1).
@@ -30,7 +31,8 @@ class EERConfig(PreTrainedConfig):
             baseline of Table 1.
         loop_dynamics: "residual", Z_0 = 0, Z_{t+1} = Z_t + F(Z_t + X) (§5.1, the experiments), or "hamiltonian",
             the damped heavy-ball latent dynamics of eq. 1 (§4.3) with hamiltonian_momentum mu (0.5),
-            hamiltonian_coupling alpha (0.5) and hamiltonian_gravity beta (0.1) (the paper gives none of the three; §4.4 reports the form insufficient, so it is kept for ablation).
+            hamiltonian_coupling alpha (0.5) and hamiltonian_gravity beta (0.1) (the paper gives none of the three;
+            §4.4 reports the form insufficient, so it is kept for ablation).
         initializer_range: None = PyTorch's own initialisation (Linear: kaiming-uniform, U(+-1/sqrt(fan_in))
             biases; Embedding: N(0, 1)), what a from-scratch model without an init scheme gets, and what App. C's
             epoch-0 magnitudes (K ~ 94, P ~ 1.4) fit; a number = N(0, initializer_range) as in transformers.

@@ -30,7 +30,8 @@ class EqTLlamaConfig(LlamaConfig):
             `erm_implicit_iterations` fixed-point steps.
     Energy (eq. 11): lambda_rev, lambda_mask, lambda_conf, lambda_mem = 1.0, 0.5, 0.2, 0.1 (§3.7); 0 drops a term.
         erm_rev_window: W, the window of eq. 12 and 13 (32). erm_rev_num_layers, erm_rev_hidden_size,
-            erm_rev_num_heads: the reverse encoder q_phi (2 Llama layers of width d/4, within §2.3's "2-4 layers, d_ERM << d"; 0 = hidden_size / 4).
+            erm_rev_num_heads: the reverse encoder q_phi (2 Llama layers of width d/4, within §2.3's "2-4 layers,
+            d_ERM << d"; 0 = hidden_size / 4).
         erm_head_vocabulary: what the reverse and masked heads predict over: "full" (the vocabulary, the paper's
             softmax) or "window" (the distinct tokens of the window, in-window negatives as in contrastive
             predictive coding): a full-vocabulary softmax costs W * vocab * d per position and step, ~60x a 340M

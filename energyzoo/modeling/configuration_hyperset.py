@@ -52,7 +52,8 @@ class HyperSETConfig(PreTrainedConfig):
         step_net_rmsnorm: RMSNorms inside the t-path MLP (IC code). step_head_rmsnorm: an RMSNorm before the
             head's GELU (IC "Basic" and MIM code).
         step_zero_init: "all" zero-initialises every Linear of the network (the paper's ReZero init; the code's):
-            the model starts as the identity, and the t-path then never receives a gradient (its second Linear sees only zeros), so the
+            the model starts as the identity, and the t-path then never receives a gradient (its second Linear sees
+            only zeros), so the
             steps depend on the conditioning only. "output" zero-initialises the last Linear alone, so t
             matters (on 4x4 Sudoku it trained worse when measured: board accuracy 0.09 against 0.97, same seed).
     Depth-wise LoRA (App. G.2): lora_rank r > 0 adds per-iteration low-rank updates W + s A_r B_r and
@@ -65,7 +66,8 @@ class HyperSETConfig(PreTrainedConfig):
             "sincos2d" (fixed 2-D, MIM). max_position_embeddings: token positions (81 for 9x9 Sudoku, 256 for a
             16x16 code grid). embedding_dropout: after the embedding (0.1 in the Sudoku code).
         vocab_size: token ids (Sudoku 10, MaskGIT codebook_size + 1); codebook_size: visual tokens the MIM head
-            predicts; mask_token_id: the MIM mask token (the paper's is codebook_size, with vocab_size = codebook_size + 1).
+            predicts; mask_token_id: the MIM mask token (the paper's is codebook_size, with
+            vocab_size = codebook_size + 1).
     """
 
     model_type = "hyperset"

@@ -67,7 +67,8 @@ def contraction_bound(query_weight: torch.Tensor, key_weight: torch.Tensor, valu
                       probabilities: torch.Tensor, rows: torch.Tensor, q: float) -> torch.Tensor:
     """Theorem 3.2.1's bound on ||D_Z F(X + Z)||_op per sequence: (2 ||W_Q||_op ||W_K||_op + sqrt(sum_i [1 - (q - 1)
     S_q(r_i)]^(2/q))) ||W_V||_F, where 1 - (q - 1) S_q(r) = sum_j r_j^q; the sum runs over the real rows (``rows``:
-    (batch, length)) of every head. The loop contracts where c^k < 1 (a diagnostic only: App. B.3's bound on ||X + Z|| is loose)."""
+    (batch, length)) of every head. The loop contracts where c^k < 1 (a diagnostic only: App. B.3's bound on ||X + Z||
+    is loose)."""
     largest = [torch.linalg.matrix_norm(widened(weight), ord=2) for weight in (query_weight, key_weight)]
     static = 2 * largest[0] * largest[1]
     row_norms = probabilities.pow(q).sum(-1).pow(2 / q) * rows.unsqueeze(1)

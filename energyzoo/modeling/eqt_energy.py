@@ -100,7 +100,8 @@ class EqTEnergyNetwork(nn.Module):
       ``rev_offset``[t - i]))>, e~ = ``embed_proj``(E) the shared embedding in d_rev (§3.3.1 "shares the embedding
       layer"). h enters only the head, so the encoder runs once, not once per step (eq. 12 conditions on
       x_<i and h; where h enters is not stated, and entering at the head keeps the cost of a step small);
-    - masked prediction (eq. 13) as a latent probe (label-free at test time, §2.2.2, so no input corruption): p_psi(x_i | h) = softmax of <e~,
+    - masked prediction (eq. 13) as a latent probe (label-free at test time, §2.2.2, so no input corruption):
+      p_psi(x_i | h) = softmax of <e~,
       ``mask_out``(GELU(``mask_in`` h + ``mask_offset``[t - i]))> for the masked i of the window, the 2-layer MLP
       of §3.3.2 ([h ; R_psi] through the first layer is ``mask_in`` h + ``mask_offset``);
     - episodic memory (eq. 15-16): buffers ``memory_banks`` (sites, M, d), N(0, 1) at initialisation, updated by

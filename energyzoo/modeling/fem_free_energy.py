@@ -37,7 +37,8 @@ Numerics (FEM App. G.2 "numerical stability", and the public reference layer):
 
 import functools
 import importlib.util
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F

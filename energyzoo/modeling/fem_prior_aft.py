@@ -91,9 +91,13 @@ def aft_free_energy_read(
         size = scaled[:, piece].shape[1]
         new_shift = torch.maximum(shift, scaled_for_max[:, piece].amax(dim=1))
         exp_rescale = torch.exp(shift - new_shift)
-        sums = torch.cat([sums[:, :channels], sums[:, channels : 2 * channels] * exp_rescale, sums[:, 2 * channels :]], -1)
+        sums = torch.cat(
+            [sums[:, :channels], sums[:, channels : 2 * channels] * exp_rescale, sums[:, 2 * channels :]], -1
+        )
         shift = new_shift
-        streams = torch.cat([v[:, piece], torch.exp(scaled[:, piece] - shift[:, None]), torch.ones_like(v[:, piece])], -1)
+        streams = torch.cat(
+            [v[:, piece], torch.exp(scaled[:, piece] - shift[:, None]), torch.ones_like(v[:, piece])], -1
+        )
 
         local_decay = log_decay[:, piece].cumsum(dim=1)  # a_t <= 0
         adjusted = logits[:, piece] - local_decay  # k_i - a_i

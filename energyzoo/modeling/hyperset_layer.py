@@ -111,7 +111,8 @@ def effective_rank(z: torch.Tensor) -> torch.Tensor:
 
 def average_angle(z: torch.Tensor) -> torch.Tensor:
     """Mean pairwise angle between the tokens of each (tokens x p) matrix, in degrees. The public code's
-    definition (mean of the arccos), not eq. 18's arccos of the mean cosine, so that the numbers compare with the code's figures (Fig. 6, App. D.5)."""
+    definition (mean of the arccos), not eq. 18's arccos of the mean cosine, so that the numbers compare with the
+    code's figures (Fig. 6, App. D.5)."""
     unit = F.normalize(z.float(), dim=-1)
     cosines = (unit @ unit.transpose(-1, -2)).clamp(-1.0, 1.0)
     tokens = z.shape[-2]

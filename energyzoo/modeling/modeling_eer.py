@@ -11,9 +11,11 @@ Hamiltonian dynamics (eq. 1, §4.3; ``loop_dynamics="hamiltonian"``): Z_0 = X, V
 
     V_{k+1} = mu V_k + alpha (F_tau(Z_k; X) - Z_k) - beta grad_Z E_tau(Z_k; X),   Z_{k+1} = Z_k + V_{k+1},
 
-with F_tau the causal cross-attention from Z to X and E_tau its negative log-partition (eq. 1; the paper gives neither form, these are the simplest that fit it).
+with F_tau the causal cross-attention from Z to X and E_tau its negative log-partition (eq. 1; the paper gives neither
+form, these are the simplest that fit it).
 
-Causal (the paper never says; the induction task reads only the past), so each loop's keys and values are cached per loop (cache layer t; the Hamiltonian
+Causal (the paper never says; the induction task reads only the past), so each loop's keys and values are cached per
+loop (cache layer t; the Hamiltonian
 dynamics cache X's once, in layer 0) and decoding is exact. The cache fits the loop count it was filled with: decode
 with the same ``refinement_steps``. The attention output comes from the configured implementation; eager (the
 default here: every training forward reads the maps) also gives the probabilities and log-partition that the loss

@@ -35,8 +35,13 @@ from .configuration_eqt import EqTLlamaConfig
 from .eqt_cache import EqTContextLayer
 from .eqt_energy import TERMS, EnergyContext, EqTEnergyNetwork, widened
 from .inputs import CausalLMLossMixin, check_labels, check_token_inputs
-from .outputs import BaseModelOutputWithEnergies, CausalLMOutputWithEnergies, record_energies, recording_energies
-from .outputs import records_energies
+from .outputs import (
+    BaseModelOutputWithEnergies,
+    CausalLMOutputWithEnergies,
+    record_energies,
+    recording_energies,
+    records_energies,
+)
 from .refinement import EarlyExit, refine, refinement_steps, takes_refinement_steps
 
 SUPPORTED_CACHE_IMPLEMENTATIONS = (None, "dynamic")

@@ -40,6 +40,7 @@ from .fem_free_energy import (
 from .fem_prior_aft import aft_free_energy_read
 from .fem_prior_gla import gla_free_energy_read
 from .fem_prior_ssm import ssm_free_energy_read
+from .fem_time_decay import TimeDecayConditioner
 from .inputs import CausalLMLossMixin, check_classifier_labels, check_labels, check_token_inputs
 from .outputs import (
     BaseModelOutputWithEnergies,
@@ -49,13 +50,13 @@ from .outputs import (
     recording_energies,
     records_energies,
 )
-from .fem_time_decay import TimeDecayConditioner
-
 
 # The projections of a FEM layer, in the order the conditioner's modulators are laid out (FEM eq. 34a-d).
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "temperature_proj", "outer_gate_proj", "decay_proj", "dt_proj", "bc_proj")
 GATE_PROJECTIONS = ("temperature_proj", "outer_gate_proj")
-CACHE_LAYERS = {"softmax": FEMSoftmaxCacheLayer, "gla": FEMGLACacheLayer, "aft": FEMAFTCacheLayer, "ssm": FEMSSMCacheLayer}
+CACHE_LAYERS = {
+    "softmax": FEMSoftmaxCacheLayer, "gla": FEMGLACacheLayer, "aft": FEMAFTCacheLayer, "ssm": FEMSSMCacheLayer
+}
 READS = {
     "softmax": softmax_free_energy_read,
     "gla": gla_free_energy_read,

@@ -72,7 +72,9 @@ class HyperSETEmbeddings(nn.Module):
         width = config.hidden_size
         if config.input_type == "patches":
             features = config.patch_size**2 * config.num_channels
-            self.patch_embeddings = nn.Sequential(nn.LayerNorm(features), nn.Linear(features, width), nn.LayerNorm(width))
+            self.patch_embeddings = nn.Sequential(
+                nn.LayerNorm(features), nn.Linear(features, width), nn.LayerNorm(width)
+            )
             self.positions = config.num_patches + int(config.use_cls_token)
         else:
             self.token_embeddings = nn.Embedding(config.vocab_size, width)
@@ -134,7 +136,8 @@ class HyperSETPreTrainedModel(PreTrainedModel):
     _hidden_states_per_step = True
 
     def _init_weights(self, module):
-        """N(0, initializer_range) Linear and Embedding weights, zero biases, unit norm gains (the public Sudoku code's initialisation, which the paper does not state; PyTorch's default
+        """N(0, initializer_range) Linear and Embedding weights, zero biases, unit norm gains (the public Sudoku
+        code's initialisation, which the paper does not state; PyTorch's default
         Embedding N(0, 1) did not learn 4x4 Sudoku when tried); CLS
         token N(0, 1) and learned positions N(0, initializer_range); depth-wise LoRA N(0, 0.02) (App. G.2); the
         step-size network's Linears zero-initialised as `step_zero_init` marks them (ReZero, §4.3)."""
@@ -203,7 +206,9 @@ class HyperSETModel(HyperSETPreTrainedModel):
         pooled = x[:, 0] if self.config.use_cls_token else None
         return BaseModelOutputWithPoolingAndEnergies(last_hidden_state=x, pooler_output=pooled)
 
-    def step_size(self, times, index: int, x0: torch.Tensor, current: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def step_size(
+        self, times, index: int, x0: torch.Tensor, current: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(alpha, gamma) of iteration ``index``: the step-size network's (eq. 12) or the fixed ones (Table 4)."""
         if self.step_sizes is None:
             fixed = torch.tensor(self.config.fixed_step_size, dtype=current.dtype, device=current.device)

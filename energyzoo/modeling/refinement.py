@@ -17,8 +17,9 @@ Pure torch: this file imports no family file.
 """
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 

@@ -370,7 +370,8 @@ class ThermodynamicRefinement(nn.Module):
         return value.view(-1, *([1] * (ndim - 1 - self.channel_dim % ndim)))
 
     def _channel_norm(self, value: torch.Tensor) -> torch.Tensor:
-        return torch.linalg.vector_norm(value, dim=self.channel_dim, dtype=torch.promote_types(value.dtype, torch.float32))
+        wide = torch.promote_types(value.dtype, torch.float32)
+        return torch.linalg.vector_norm(value, dim=self.channel_dim, dtype=wide)
 
     def free_energy(self, y: torch.Tensor, anchor: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
         """G(y; x, T) = 1/2 ||y - Wx||^2 - T S(y) per position (TEL eq. 2-3), where S has a closed form;

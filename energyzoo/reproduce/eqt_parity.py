@@ -2,7 +2,8 @@
 
 Cumulative parity (eq. 44): per-token accuracy of a base Llama and an EqT-LLaMA of the same size (the ERM's reverse,
 masked and confidence energies and the proximal term; no memory, §5.1.2), trained by the same recipe
-(`eqt-parity-cpu`, K = 2 in training) on the same sequences, one model per length (per-length loss curves, Fig. 1c), several seeds.
+(`eqt-parity-cpu`, K = 2 in training) on the same sequences, one model per length (per-length loss curves, Fig. 1c),
+several seeds.
 EqT is evaluated at K = 0 (its decoder alone), 8 and 32 with the same weights, on held-out sequences no run trained
 on. Differences from the paper, by necessity of a CPU run: a 0.2M-parameter model instead of 6.3M, 600 steps of
 batch 64 instead of 3,200 of 256, lengths up to 64.

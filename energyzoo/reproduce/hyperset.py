@@ -21,9 +21,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForImageClassification, AutoModelForTokenClassification
-
-from transformers import AutoModelForMaskedImageModeling
+from transformers import (
+    AutoModelForImageClassification,
+    AutoModelForMaskedImageModeling,
+    AutoModelForTokenClassification,
+)
 
 from ..training.data import shuffled_digit_images
 from ..training.image_tokenizer import DIGIT_PATCH_CODES, digit_patch_tokenizer, reconstruction_metrics

@@ -5,7 +5,8 @@
   which removes the old run's files and nothing else).
 - Everything the run writes is complete or absent: a folder is written under a temporary name beside its final one
   (`partial_path`: ``.<name>.partial``), flushed to disk and renamed into place when whole (`publish`,
-  `write_folder_whole`); a file likewise (`write_text_whole`). A checkpoint is such a folder, so a kill during a save leaves a ``.partial`` folder, which
+  `write_folder_whole`); a file likewise (`write_text_whole`). A checkpoint is such a folder, so a kill during a save
+  leaves a ``.partial`` folder, which
   `latest_checkpoint` skips (saying so) and removes.
 - `rotate_checkpoints` keeps the newest ``training.save_total_limit`` checkpoints.
 """

@@ -1,12 +1,12 @@
 """Training data: the text that is always there (DESIGN.md, "Data that is always there": the Python
-documentation shipped with CPython, scikit-learn's digits), local text/JSONL files and `datasets` sources (text streamed);
+documentation shipped with CPython, scikit-learn's digits), local text/JSONL files and `datasets` sources (text
+streamed);
 a byte-level BPE tokenizer trained locally, and packing into fixed-length blocks."""
 
 import itertools
 import json
-import zlib
-
 import pydoc_data.topics
+import zlib
 
 import numpy as np
 import torch
@@ -27,7 +27,8 @@ def python_docs_corpus(validation_fraction: float = 0.05) -> tuple[list[str], li
 def train_bpe_tokenizer(texts: list[str], vocab_size: int = 2048) -> PreTrainedTokenizerFast:
     """A byte-level BPE trained here, wrapped as a `PreTrainedTokenizerFast` (ids 0-3: pad, bos, eos, unk)."""
     if vocab_size < 256 + len(SPECIAL_TOKENS):
-        raise ValueError(f"vocab_size must be at least {256 + len(SPECIAL_TOKENS)} (bytes + specials), got {vocab_size}")
+        smallest = 256 + len(SPECIAL_TOKENS)
+        raise ValueError(f"vocab_size must be at least {smallest} (bytes + specials), got {vocab_size}")
     tokenizer = Tokenizer(models.BPE(unk_token=SPECIAL_TOKENS["unk_token"]))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
@@ -183,8 +184,9 @@ def language_model_blocks(data, tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
 
 def image_processor_for(data, config):
     """The image processor that turns 8-bit images into the pixel values a classifier trained on ``data`` (a recipe's
-    `DataSection`, or None for a model trained elsewhere) saw: ``num_channels`` channels scaled to [-1, 1] (x / 127.5 - 1,
-    the scaling of `hub_image_split`; the digits' 0..16 are x / 8 - 1, i.e. the same for 8-bit images with 16 -> 255),
+    `DataSection`, or None for a model trained elsewhere) saw: ``num_channels`` channels scaled to [-1, 1]
+    (x / 127.5 - 1, the scaling of `hub_image_split`; the digits' 0..16 are x / 8 - 1, i.e. the same for 8-bit images
+    with 16 -> 255),
     resized to the training size (PIL's bilinear; `hub_image_split` resizes tensors with torch's antialiased bilinear,
     close but not bit-equal). What `pipeline("image-classification")` and the Hub widget use; a single-channel model's
     turns its (RGB) images to grayscale first."""

@@ -100,7 +100,8 @@ class DataSection:
     "induction" (fresh induction-head sequences of a length drawn in `lengths` = [min, max] per step; validation on
     `examples` sequences of length `block_size`) or
     "digit-codes" / "digit-patches" (the digits as 17-code pixel grids / 4x4 grids of k-means patch codes,
-    masked on `mask_schedule`: "cosine", MaskGIT's, or "bernoulli-0.4", hyperset.txt D.4's). Which sources a model reads depends on its task (`training.tasks`).
+    masked on `mask_schedule`: "cosine", MaskGIT's, or "bernoulli-0.4", hyperset.txt D.4's). Which sources a model
+    reads depends on its task (`training.tasks`).
     `language` (ISO 639-1 codes) goes into the model card."""
 
     source: str = "python-docs"
@@ -237,9 +238,15 @@ class TrainingSection:
             self.warmup_steps = self.steps - 1
         require(owner, self.num_threads is None or (isinstance(self.num_threads, int) and self.num_threads >= 1),
                 "num_threads", "None or an integer >= 1", self.num_threads)
-        require(owner, self.lr_schedule in LR_SCHEDULES, "lr_schedule", f"one of {list(LR_SCHEDULES)}", self.lr_schedule)
-        require(owner, self.mixed_precision in MIXED_PRECISION, "mixed_precision", f"one of {list(MIXED_PRECISION)}",
-                self.mixed_precision)
+        require(owner, self.lr_schedule in LR_SCHEDULES, "lr_schedule", f"one of {list(LR_SCHEDULES)}",
+                self.lr_schedule)
+        require(
+            owner,
+            self.mixed_precision in MIXED_PRECISION,
+            "mixed_precision",
+            f"one of {list(MIXED_PRECISION)}",
+            self.mixed_precision,
+        )
         require(owner, self.weight_decay >= 0, "weight_decay", ">= 0", self.weight_decay)
         require(owner, self.max_grad_norm > 0, "max_grad_norm", "> 0", self.max_grad_norm)
 
@@ -273,7 +280,7 @@ def flat_settings(recipe: dict) -> dict[str, object]:
     """A recipe's dict as ``{"section.key": value}`` (``output_dir`` as itself)."""
     flat = {}
     for section, values in recipe.items():
-        for key, value in (values.items() if isinstance(values, dict) else [(None, values)]):
+        for key, value in values.items() if isinstance(values, dict) else [(None, values)]:
             flat[section if key is None else f"{section}.{key}"] = value
     return flat
 
@@ -358,7 +365,9 @@ def load_recipe(path_or_name: str | Path, overrides: list[str] = ()) -> Recipe:
     if not path.is_file():
         path = shipped_recipe_path(str(path_or_name))
         if not path.is_file():
-            raise FileNotFoundError(f"no recipe file {str(path_or_name)!r} and no shipped recipe of that name; shipped: "
-                                    f"{', '.join(shipped_recipes())}")
+            raise FileNotFoundError(
+                f"no recipe file {str(path_or_name)!r} and no shipped recipe of that name; shipped: "
+                f"{', '.join(shipped_recipes())}"
+            )
     raw = yaml.safe_load(path.read_text()) or {}
     return recipe_from_dict(apply_overrides(raw, list(overrides)))

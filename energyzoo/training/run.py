@@ -30,9 +30,10 @@ import logging
 import math
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Callable
 
 import torch
 import yaml
@@ -81,8 +82,11 @@ def prepare_data(recipe: Recipe, output_dir: Path, is_main: bool, accelerator: A
         if not tokenizer_dir.exists():
             if is_main:
                 named = recipe.tokenizer.name or recipe.model.init_from
-                trained = (AutoTokenizer.from_pretrained(named) if named else
-                           train_bpe_tokenizer(tokenizer_training_texts(recipe.data), recipe.tokenizer.train_vocab_size))
+                if named:
+                    trained = AutoTokenizer.from_pretrained(named)
+                else:
+                    texts = tokenizer_training_texts(recipe.data)
+                    trained = train_bpe_tokenizer(texts, recipe.tokenizer.train_vocab_size)
                 write_folder_whole(tokenizer_dir, trained.save_pretrained)
             accelerator.wait_for_everyone()
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
@@ -213,7 +217,8 @@ def plot_loss_curve(metrics_path: Path, png_path: Path) -> None:
     axis.plot([r["step"] for r in train], [r["loss"] for r in train], label="train loss")
     evaluated = [row for row in rows if "validation_loss" in row]
     if evaluated:
-        axis.plot([r["step"] for r in evaluated], [r["validation_loss"] for r in evaluated], "o-", label="validation loss")
+        axis.plot([r["step"] for r in evaluated], [r["validation_loss"] for r in evaluated], "o-",
+                  label="validation loss")
     axis.set_xlabel("step")
     axis.set_ylabel("loss")
     axis.legend()
@@ -442,7 +447,8 @@ def _train(recipe: Recipe, resume: bool, overwrite: bool, stop_after: int | None
         done = step + 1
         bar.set_postfix(loss=f"{global_loss:.4f}")
         if done % settings.log_every == 0 or done == settings.steps:
-            reduced = {name: float(accelerator.reduce(value, reduction="mean")) for name, value in sorted(parts.items())}
+            reduced = {name: float(accelerator.reduce(value, reduction="mean"))
+                       for name, value in sorted(parts.items())}
             log({"step": done, "loss": global_loss, **reduced, "learning_rate": scheduler.get_last_lr()[0],
                  "seconds": time.perf_counter() - started})
         if done % settings.eval_every == 0 or done == settings.steps:
@@ -454,7 +460,7 @@ def _train(recipe: Recipe, resume: bool, overwrite: bool, stop_after: int | None
             log({"step": done, **final_metrics})
         if done % settings.save_every == 0 and done < settings.steps:
             _saved_whole(accelerator, checkpoint_path(output_dir, done),
-                         lambda folder: save_checkpoint(folder, done, final_metrics))
+                         partial(save_checkpoint, step=done, metrics=final_metrics))
             if is_main:
                 rotate_checkpoints(output_dir, settings.save_total_limit)
     bar.close()

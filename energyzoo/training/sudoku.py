@@ -9,6 +9,7 @@ difficulty knob) or as far as uniqueness allows.
 
 import torch
 
+
 def sudoku_solutions(count: int, generator: torch.Generator, box: int = 3) -> torch.Tensor:
     """``count`` valid solutions, (count, n^2) digits 1..n: the pattern grid under digit relabelling, the
     permutations of rows within a band, of bands, of columns within a stack and of stacks, and transposition,

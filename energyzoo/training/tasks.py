@@ -5,8 +5,8 @@ Metrics are sums over a batch, ``{name: (numerator, denominator)}``, so that `ru
 batches and processes before dividing (an accuracy is correct / counted).
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
@@ -45,7 +45,8 @@ class TrainingData:
 class TrainingTask:
     """sources: recipe data source -> its description for model cards, formatted with the recipe's data section
     (the first source is the default); tokenized: it trains on text and
-    needs a tokenizer (except from `token_sources`, whose data are token ids already); load(data section, tokenizer, seed) -> `TrainingData`; model_inputs(inputs, labels) ->
+    needs a tokenizer (except from `token_sources`, whose data are token ids already); load(data section, tokenizer,
+    seed) -> `TrainingData`; model_inputs(inputs, labels) ->
     the model's tensor kwargs (also `Trainer` rows); model_options: keyword arguments of every call that are
     not per-example tensors; metrics(outputs, labels) -> ``{name: (numerator, denominator)}``."""
 
