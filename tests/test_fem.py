@@ -8,7 +8,8 @@ from test_fem_contract import perturb_fem, without_lse_branch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from energyzoo import FEMConfig, FEMForCausalLM, config_from_preset, model_from_preset, preset_names
-from energyzoo.modeling.modeling_fem import FEMAttention
+from energyzoo.modeling.configuration_fem import FEM_PRIORS, PRIORS
+from energyzoo.modeling.modeling_fem import GATES, PRIOR_CODE, FEMAttention
 
 ALL_OFF = dict(use_time_decay=False, use_lse=False, use_temperature_gate=False, use_outer_gate=False)
 
@@ -173,7 +174,7 @@ def test_temperature_gate_off_reads_the_fixed_temperature_free_energy():
     model = tiny_fem(use_temperature_gate=False, use_outer_gate=False, use_time_decay=False).double()
     perturb_fem(model)
     attention = model.model.layers[0].self_attn
-    assert not hasattr(attention, "temperature_proj") and not hasattr(attention, "outer_gate_proj")
+    assert attention.temperature_proj is None and attention.outer_gate_proj is None
     ids = torch.randint(3, 97, (1, 10), generator=torch.Generator().manual_seed(4))
     captured, result = layer_inputs(model, ids)
     hidden, (output, _) = captured[0]
@@ -296,10 +297,10 @@ def test_aft_layer_has_channel_logits_and_no_queries():
     config = FEMConfig(hidden_size=32, num_attention_heads=4, intermediate_size=64, num_hidden_layers=1,
                        vocab_size=50, prior="aft", aft_decay=True)
     layer = FEMAttention(config, 0)
-    assert not hasattr(layer, "q_proj")
+    assert layer.q_proj is None and "q_proj" not in dict(layer.named_modules())
     assert layer.k_proj.out_features == layer.v_proj.out_features == config.value_width
     assert layer.decay_proj.out_features == config.value_width
-    assert not hasattr(FEMAttention(FEMConfig(**{**config.to_dict(), "aft_decay": False}), 0), "decay_proj")
+    assert FEMAttention(FEMConfig(**{**config.to_dict(), "aft_decay": False}), 0).decay_proj is None
 
 
 def test_eager_attention_returns_the_softmax_priors_probabilities():
@@ -477,3 +478,17 @@ def test_an_unknown_attention_implementation_is_refused_in_transformers_words():
     for prior in ("softmax", "gla"):
         with pytest.raises(ValueError, match='Specified `attn_implementation="foo"` is not supported'):
             tiny_fem(prior=prior).set_attn_implementation("foo")
+
+
+@pytest.mark.parametrize("prior", FEM_PRIORS)
+@pytest.mark.parametrize("switches", [{}, {"aft_decay": False, "use_lse": False, "use_outer_gate": False}])
+def test_each_priors_data_row_names_the_modules_and_parameters_its_code_builds(prior, switches):
+    config = FEMConfig(hidden_size=32, num_attention_heads=4, intermediate_size=64, num_hidden_layers=1,
+                       vocab_size=50, prior=prior, **{"aft_decay": True, **switches})
+    layer, spec = FEMAttention(config, 0), PRIORS[prior]
+    modules = {name for name, _ in layer.named_children()} - {"v_proj", "o_proj", "time_decay", *GATES}
+    assert modules == set(spec.layer_projections(config))
+    assert {name for name, _ in layer.named_parameters(recurse=False)} == {
+        *spec.parameters, *(["beta_max_raw"] if config.use_lse else [])}
+    assert set(PRIOR_CODE) == set(PRIORS) and layer.prior is PRIOR_CODE[prior]
+    assert config.layer_types[0] == layer.prior.cache_layer._layer_type  # what DynamicCache(config=...) builds

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from energyzoo import model_from_preset
-from energyzoo.modeling import modeling_fem
+from energyzoo.modeling import fem_prior_gla, fem_prior_ssm
 from energyzoo.modeling.fem_prior_gla import _linear_attention_chunk, fla_scan, gla_free_energy_read
 from energyzoo.modeling.fem_prior_ssm import _chunk_scan, mamba_scan, ssm_free_energy_read
 
@@ -196,6 +196,12 @@ def assert_decoding_continues_the_torch_read(read, inputs, kernel):
         assert_close_to_scale(carried, expected, rtol=1e-5, atol=1e-5)
 
 
+def dispatch_reads(monkeypatch, choose) -> None:
+    """Every prior's kernel choice made by ``choose`` (in place of `fem_free_energy.read_kernel`)."""
+    for prior_module in (fem_prior_gla, fem_prior_ssm):
+        monkeypatch.setattr(prior_module, "read_kernel", choose)
+
+
 def assert_model_kernel_matches_torch(model, kernel, monkeypatch):
     """The whole model with its reads dispatched to ``kernel`` (the CUDA check bypassed) against "torch": logits,
     every parameter's gradient, and greedy generation with the cache (prefill, then one token per call)."""
@@ -204,7 +210,7 @@ def assert_model_kernel_matches_torch(model, kernel, monkeypatch):
     mask[1, :4] = 0  # left padding
     runs = {}
     for name in ("torch", kernel):
-        monkeypatch.setattr(modeling_fem, "read_kernel", lambda requested, tensor, library, package, name=name: name)
+        dispatch_reads(monkeypatch, lambda requested, tensor, library, package, name=name: name)
         model.zero_grad()
         outputs = model(input_ids=ids, attention_mask=mask, labels=ids)
         outputs.loss.backward()
@@ -364,7 +370,7 @@ def test_the_doctor_passes_each_kernel_through_the_references_and_flags_a_wrong_
     monkeypatch.setattr(kernels, "why_not_runnable",
                         lambda package, kernel, dtype, device: "no float32 kernel" if kernel == "flash_attention_2"
                         and dtype == "float32" else None)
-    monkeypatch.setattr(modeling_fem, "read_kernel", lambda requested, tensor, library, package: requested)
+    dispatch_reads(monkeypatch, lambda requested, tensor, library, package: requested)
     checks = kernels.run_doctor(device="cpu")
     assert [(c.prior, c.dtype, c.status) for c in checks] == [
         ("gla", "float32", "pass"), ("gla", "bfloat16", "pass"), ("ssm", "float32", "pass"),

@@ -7,9 +7,9 @@ import torch
 import torch.nn.functional as F
 from fem_reference import CAP, aft_prior, explicit_read, gla_prior, softmax_prior, ssm_prior
 
-from energyzoo.modeling.fem_free_energy import softmax_free_energy_read
 from energyzoo.modeling.fem_prior_aft import aft_free_energy_read
 from energyzoo.modeling.fem_prior_gla import gla_free_energy_read
+from energyzoo.modeling.fem_prior_softmax import softmax_free_energy_read
 from energyzoo.modeling.fem_prior_ssm import ssm_free_energy_read
 
 PRIORS = ("softmax", "gla", "aft", "ssm")

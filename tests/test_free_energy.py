@@ -5,7 +5,8 @@ test_fem_reads.py."""
 import pytest
 import torch
 
-from energyzoo.modeling.fem_free_energy import gated_free_energy, outer_gate_activation, softmax_free_energy_read
+from energyzoo.modeling.fem_free_energy import gated_free_energy, outer_gate_activation
+from energyzoo.modeling.fem_prior_softmax import softmax_free_energy_read
 from energyzoo.modeling.fem_time_decay import decayed_cumsum
 
 

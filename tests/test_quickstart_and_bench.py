@@ -80,8 +80,8 @@ def test_bench_builds_fem_with_the_requested_prior_and_kernel_and_leaves_the_bas
     fem, llama = _build("fem-lm-tiny", settings), _build("llama-tiny", settings)
     assert (fem.config.prior, fem.config.kernel) == ("ssm", "torch")
     assert fem.config._attn_implementation == "sdpa" and llama.config._attn_implementation == "sdpa"
-    assert type(fem.model.layers[0].self_attn).__name__ == "FEMAttention" and hasattr(fem.model.layers[0].self_attn,
-                                                                                       "dt_proj")
+    assert type(fem.model.layers[0].self_attn).__name__ == "FEMAttention"
+    assert fem.model.layers[0].self_attn.dt_proj is not None
     assert llama.config.model_type == "llama"
 
 

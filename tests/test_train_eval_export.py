@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -171,8 +172,8 @@ def test_bf16_mixed_precision_training_follows_fp32_closer_than_the_lse_branch(t
     settings = (f"model.preset={preset}", "training.steps=3", "training.save_every=3")
     fp32 = torch.tensor(tiny_run(tmp_path / "fp32", *settings).losses)
     bf16 = torch.tensor(tiny_run(tmp_path / "bf16", *settings, "training.mixed_precision=bf16").losses)
-    for prior, read in dict(modeling_fem.READS).items():
-        monkeypatch.setitem(modeling_fem.READS, prior, f_max_collapsed_to_mu(read))
+    for prior, code in dict(modeling_fem.PRIOR_CODE).items():
+        monkeypatch.setitem(modeling_fem.PRIOR_CODE, prior, replace(code, read=f_max_collapsed_to_mu(code.read)))
     collapsed = torch.tensor(tiny_run(tmp_path / "collapsed", *settings).losses)
     lse_effect = (collapsed - fp32).abs().mean()
     assert lse_effect > 1e-4

@@ -1,14 +1,13 @@
-"""Decoding caches of FEM-LM layers, built by `DynamicCache(config=...)` from `config.layer_types`
-(each class registers its `_layer_type`): keys and augmented values for the softmax prior, fixed-size
-recurrent states for the GLA and AFT priors, and the time-decay conditioner's state for every layer."""
+"""What the decoding caches of FEM-LM layers share: the per-sequence states kept in step with beam search and batch
+edits, the fixed-size state layer of the recurrent priors, and the lookup of a layer's own cache layer. Each prior's
+cache layer is in its ``fem_prior_<name>.py``; `DynamicCache(config=...)` builds them from `config.layer_types`
+(each class registers its `_layer_type`)."""
 
 import torch
-from transformers.cache_utils import CacheLayerMixin, DynamicLayer
-
-from .configuration_fem import fem_layer_type
+from transformers.cache_utils import Cache, CacheLayerMixin
 
 
-class _FEMStateMixin:
+class FEMStateMixin:
     """Per-sequence states a FEM cache layer keeps besides keys/values (tensors or tuples of tensors, or
     None), kept in step with beam search and batch edits."""
 
@@ -43,41 +42,6 @@ class _FEMStateMixin:
         raise NotImplementedError("FEM caches cannot be cropped: their recurrent states cannot be rewound.")
 
 
-class FEMSoftmaxCacheLayer(_FEMStateMixin, DynamicLayer):
-    """Decoding state of one FEM layer with the softmax prior: the prior's keys, the augmented values
-    [v, exp(beta v - M)] of the one-pass read (FEM App. F.4) as ``keys`` / ``values``, the shift M, and the
-    time-decay conditioner's O(H_c) state (App. I, Prop. I.1).
-
-    `softmax_free_energy_read` takes ``prior_state`` and returns the next one (it rescales the cached exp
-    values when M moves, online-softmax style), which ``advance`` stores; so cached decoding computes the
-    read of one full forward while each step only exponentiates its own values. With the default budget
-    (i), [v, exp(beta v)] has the Q/K head width: the value cache has the size of Llama's (fp16 models cache
-    in fp32, since fp16 cannot hold the exp branch)."""
-
-    _layer_type = fem_layer_type("softmax")
-    is_croppable = False
-    state_names = ("time_decay_state", "exp_shift")
-
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self.time_decay_state: torch.Tensor | None = None
-        self.exp_shift: torch.Tensor | None = None
-
-    @property
-    def prior_state(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None:
-        """``(keys, augmented values, shift)`` of the cached positions, None before the first tokens."""
-        return (self.keys, self.values, self.exp_shift) if self.is_initialized else None
-
-    def advance(self, prior_state: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None], new_tokens: int) -> None:
-        keys, values, self.exp_shift = prior_state
-        if not self.is_initialized:
-            self.lazy_initialization(keys, values)
-        self.keys, self.values = keys, values
-
-    def update(self, key_states, value_states, *args, **kwargs):
-        raise NotImplementedError("FEM softmax layers cache augmented values; FEMAttention advances them")
-
-
 class _StateOnlyLayer(CacheLayerMixin):
     """A cache layer without keys or values: the batch and beam hooks have nothing of their own to move."""
 
@@ -90,11 +54,11 @@ class _StateOnlyLayer(CacheLayerMixin):
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         pass
 
-    def reset(self) -> None:  # nothing of its own to zero; the states are dropped by `_FEMStateMixin.reset`
+    def reset(self) -> None:  # nothing of its own to zero; the states are dropped by `FEMStateMixin.reset`
         self.is_initialized = False
 
 
-class FEMRecurrentCacheLayer(_FEMStateMixin, _StateOnlyLayer):
+class FEMRecurrentCacheLayer(FEMStateMixin, _StateOnlyLayer):
     """Fixed-size decoding state of one FEM layer with a recurrent prior (FEM App. H.2-H.4): the prior's
     state (for GLA the decayed sums of k~ [v, exp(beta v - M), 1] and their shift M), the conditioner's
     state and the number of tokens seen. Its size does not grow with the sequence.
@@ -141,13 +105,26 @@ class FEMRecurrentCacheLayer(_FEMStateMixin, _StateOnlyLayer):
         self.seen_tokens = 0
 
 
-class FEMGLACacheLayer(FEMRecurrentCacheLayer):
-    _layer_type = fem_layer_type("gla")
-
-
-class FEMAFTCacheLayer(FEMRecurrentCacheLayer):
-    _layer_type = fem_layer_type("aft")
-
-
-class FEMSSMCacheLayer(FEMRecurrentCacheLayer):
-    _layer_type = fem_layer_type("ssm")
+def own_cache_layer(past_key_values: Cache | None, layer_idx: int, expected: type) -> CacheLayerMixin | None:
+    """Layer ``layer_idx``'s FEM cache layer (of class ``expected``) in ``past_key_values``. An empty layer of another
+    class takes this code's place: transformers builds `DynamicCache(config=...)` from one process-wide table of layer
+    types, which holds the classes of the copy of this code loaded last (another exported folder's, or the installed
+    package's), and a plain `DynamicCache()` holds none yet. A filled one of another class is refused."""
+    if past_key_values is None:
+        return None
+    layers = past_key_values.layers
+    layer = layers[layer_idx] if layer_idx < len(layers) else None
+    if isinstance(layer, expected):
+        return layer
+    if layer is not None and layer.is_initialized or layer_idx > len(layers):
+        found = "none" if layer is None else f"a filled {type(layer).__module__}.{type(layer).__qualname__}"
+        raise TypeError(
+            f"FEM layer {layer_idx} needs an empty or its own {expected.__module__}.{expected.__qualname__} cache "
+            f"layer (it keeps the FEM states); found {found}. Build caches with DynamicCache(config=model.config)."
+        )
+    layer = expected()
+    if layer_idx < len(layers):
+        layers[layer_idx] = layer
+    else:
+        layers.append(layer)
+    return layer

@@ -37,11 +37,14 @@ Numerics (FEM App. G.2 "numerical stability", and the public reference layer):
 
 import functools
 import importlib.util
+import math
 from collections.abc import Callable
-from typing import NamedTuple
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 EXP_ARGUMENT_CAP = 40.0
 # A cached shift stays while new values exceed it by at most this much: exp(beta v - M) <= e^20 is far from
@@ -58,6 +61,26 @@ class FreeEnergyRead(NamedTuple):
     f_max: torch.Tensor | None
     state: tuple | None
     weights: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class PriorCode:
+    """A selection prior's code (its data is `configuration_fem.PRIORS`), all in its ``fem_prior_<name>.py``; the
+    model file's ``PRIOR_CODE`` holds one per prior.
+
+    add_modules(layer, config): sets the layer's projections and parameters of `PriorSpec.projections`.
+    selection(layer, projected, position_embeddings, attention_mask, padding_mask) -> (tensors, options): the
+        read's selection arguments from the layer's projections (``projected``: name -> output).
+    read(value, beta, *tensors, state=..., **options) -> `FreeEnergyRead` (signature: `fem_free_energy`).
+    cache_layer: the cache layer that keeps the read's state while decoding.
+    init_parameters(layer): the initial values of its bare parameters, if it has any.
+    """
+
+    add_modules: Callable[[torch.nn.Module, Any], None]
+    selection: Callable[..., tuple[tuple, dict]]
+    read: Callable[..., FreeEnergyRead]
+    cache_layer: type
+    init_parameters: Callable[[torch.nn.Module], None] | None = None
 
 
 @functools.cache
@@ -186,78 +209,29 @@ def normalized_free_energy(numerator_v, numerator_exp, denominator, shift, beta,
     return mu, restore_free_energy(mu, partition, shift, beta)
 
 
-AttentionFunction = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
+def inverse_softplus(value: float) -> float:
+    """softplus^-1(y) = y + log(1 - e^-y), without the overflow of log(e^y - 1) for large y."""
+    return value + math.log(-math.expm1(-value))
 
 
-def sdpa_attention(query, key, value, attention_mask, scale):
-    """softmax(q k^T * scale + mask) @ value with PyTorch's SDPA; inputs (batch, heads, seq, dim), output
-    (batch, q_len, heads, v_dim) and no weights, as transformers' attention functions return them. A mask of
-    None means causal (top-left aligned, as `create_causal_mask` only omits it when that is right)."""
-    causal = attention_mask is None and query.shape[2] > 1
-    out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, is_causal=causal, scale=scale)
-    return out.transpose(1, 2), None
+def unit_inverse_temperature(value: torch.Tensor) -> torch.Tensor:
+    """beta = 1 per (head, channel) of ``value`` (batch, seq, heads, v_dim): the recurrent reads always carry the
+    exp stream in their state, so without an LSE branch they read at beta = 1 and the caller drops f_max."""
+    return torch.ones(value.shape[-2:], dtype=work_dtype(value.dtype), device=value.device)
 
 
-def softmax_free_energy_read(
-    value: torch.Tensor,
-    beta: torch.Tensor | None,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    *,
-    attention_mask: torch.Tensor | None = None,
-    state: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None,
-    attention: AttentionFunction = sdpa_attention,
-    scale: float | None = None,
-) -> FreeEnergyRead:
-    """The FEM read under the softmax-attention prior (FEM eq. 4, 6, 9 with H.1's prior; App. F.4 one pass).
+def rotated_query_key(projected: dict, position_embeddings, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Queries and keys, (batch, heads, seq, head_dim), from ``projected``'s q_proj and k_proj, RoPE applied."""
+    batch, length, _ = projected["q_proj"].shape
+    query, key = (
+        projected[name].view(batch, length, -1, head_dim).transpose(1, 2) for name in ("q_proj", "k_proj")
+    )
+    return apply_rotary_pos_emb(query, key, *position_embeddings)
 
-    Args:
-        value: (batch, seq, heads, v_dim) values of the new positions.
-        beta: beta_max > 0, (heads, v_dim); None reads mu only (no LSE branch, FEM's "L" switch off).
-        query, key: (batch, heads, seq, qk_dim), RoPE already applied.
-        attention_mask: None (causal, no padding) or a mask over (cached + new) keys as
-            `create_causal_mask` builds it for ``attention``: boolean (True = may attend) or additive.
-        state: ``(keys, augmented_values, shift)`` of the cached positions: keys (batch, heads, past, qk_dim),
-            the augmented values [v, exp(beta v - M)] (batch, heads, past, 2 v_dim) and their shift M
-            (batch, 1, heads, v_dim); None when nothing is cached.
-        attention: ``f(query, key, value, mask, scale) -> (out (batch, q_len, heads, dim), weights | None)``;
-            FEMAttention passes transformers' attention function of ``config._attn_implementation``.
-        scale: score scale, default 1/sqrt(qk_dim).
 
-    Returns:
-        `FreeEnergyRead` with the new state ``(all keys, all augmented values, M)``. When the shift moves
-        (a new value outgrew the cached M by more than the headroom), the cached exp values are rescaled by
-        exp(M_old - M_new) first (online-softmax style), so cached decoding computes the full forward's read.
-    """
-    out_dtype = value.dtype
-    dtype = read_dtype(value.dtype)
-    query, key, value = query.to(dtype), key.to(dtype), value.to(dtype)
-    shift = None
-    if beta is not None:
-        beta = beta.to(work_dtype(dtype))
-        value = clip_values_for_exp(value, beta)
-        scaled = beta * value.to(beta.dtype)
-        shift = exp_shift(scaled, dim=1, running_shift=None if state is None else state[2])
-        # In place is safe: the shift is detached and exp keeps its own output for backward.
-        value = torch.cat([value, scaled.sub_(shift).exp_().to(dtype)], dim=-1)
-    # (batch, seq, heads, dim) memory, the layout q and k have: SDPA is much slower on mixed layouts.
-    value = value.transpose(1, 2)
-    if state is not None:
-        past_keys, past_values, past_shift = state
-        # The shift rarely moves (headroom): eager decoding skips the O(cache) rescale then; compiled code
-        # keeps one branch-free graph (the factor is 1 where the shift stayed).
-        if shift is not None and (torch.compiler.is_compiling() or not torch.equal(shift, past_shift)):
-            half = value.shape[-1] // 2
-            rescale = torch.exp(past_shift - shift).transpose(1, 2).to(dtype)
-            past_values = torch.cat([past_values[..., :half], past_values[..., half:] * rescale], dim=-1)
-        key = torch.cat([past_keys, key], dim=2)
-        value = torch.cat([past_values, value], dim=2)
-    read, weights = attention(query, key, value, attention_mask, scale)
-    if beta is None:
-        return FreeEnergyRead(read.to(out_dtype), None, (key, value, None), weights)
-    mu, shifted_partition = read.split(read.shape[-1] // 2, dim=-1)
-    f_max = restore_free_energy(mu, shifted_partition, shift, beta)
-    return FreeEnergyRead(mu.to(out_dtype), f_max.to(out_dtype), (key, value, shift), weights)
+def log_decay(decay_logits: torch.Tensor, normalizer: float) -> torch.Tensor:
+    """g = logsigmoid(x W_g) / normaliser <= 0, the priors' input-conditioned decay (FEM H.2, H.3)."""
+    return F.logsigmoid(widened(decay_logits)) / normalizer
 
 
 def gated_free_energy(

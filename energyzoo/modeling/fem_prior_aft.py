@@ -22,12 +22,17 @@ is elementwise work plus cumulative sums with no matrix multiply for a kernel to
 """
 
 import torch
+from torch import nn
 
+from .configuration_fem import fem_layer_type
+from .fem_cache import FEMRecurrentCacheLayer
 from .fem_free_energy import (
     EXP_ARGUMENT_CAP,
     FreeEnergyRead,
     clip_values_for_exp,
+    log_decay,
     normalized_free_energy,
+    unit_inverse_temperature,
     work_dtype,
 )
 
@@ -35,9 +40,31 @@ from .fem_free_energy import (
 PADDING_LOGIT = -1e4
 
 
+class FEMAFTCacheLayer(FEMRecurrentCacheLayer):
+    """The AFT prior's decoding state (its read's state, the conditioner's, the tokens seen)."""
+
+    _layer_type = fem_layer_type("aft")
+
+
+def add_aft_modules(layer: nn.Module, config) -> None:
+    """Per-channel logits k_i (k_proj of the value width) and, with ``aft_decay`` (LRNN-decay), the decay g (FEM
+    H.3); no queries: the outer gate plays their role."""
+    bias = config.attention_bias
+    layer.k_proj = nn.Linear(config.hidden_size, config.value_width, bias=bias)
+    if config.aft_decay:
+        layer.decay_proj = nn.Linear(config.hidden_size, config.value_width, bias=True)
+
+
+def aft_selection(layer, projected, position_embeddings, attention_mask, padding_mask):
+    """The logits k_i and, with LRNN-decay, the decay g, shaped like the values (FEM H.3)."""
+    config = layer.config
+    decay = None if layer.decay_proj is None else log_decay(projected["decay_proj"], config.decay_normalizer)
+    return (projected["k_proj"], decay), {"valid": padding_mask, "chunk_size": config.prior_chunk_size}
+
+
 def aft_free_energy_read(
     value: torch.Tensor,
-    beta: torch.Tensor,
+    beta: torch.Tensor | None,
     logits: torch.Tensor,
     log_decay: torch.Tensor | None = None,
     *,
@@ -48,7 +75,7 @@ def aft_free_energy_read(
     """FEM read (mu, f_max) under the AFT prior, with the streaming state (signature: `fem_free_energy`).
 
     Args:
-        value: (batch, seq, heads, v_dim) values; beta: (heads, v_dim) inverse temperature.
+        value: (batch, seq, heads, v_dim) values; beta: (heads, v_dim) inverse temperature (None: 1).
         logits: the k_i of eq. 30, one per value channel, shaped like value.
         log_decay: g <= 0 (LRNN-decay) shaped like value, or None for LRNN-softmax.
         valid: (batch, seq) bool, False at padding; None means all valid.
@@ -62,7 +89,7 @@ def aft_free_energy_read(
     shape = value.shape
     v, logits = value.flatten(2), logits.flatten(2)
     log_decay = None if log_decay is None else log_decay.flatten(2)
-    beta = beta.flatten()
+    beta = (unit_inverse_temperature(value) if beta is None else beta).flatten()
     batch, length, channels = v.shape
     out_dtype = v.dtype
     work = work_dtype(v.dtype)

@@ -20,15 +20,49 @@ clipped to |beta v| <= 40 as for the softmax prior (`fem_free_energy.clip_values
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
+from .configuration_fem import fem_layer_type
+from .fem_cache import FEMRecurrentCacheLayer
 from .fem_free_energy import (
     EXP_ARGUMENT_CAP,
     FreeEnergyRead,
     chunk_slices,
     clip_values_for_exp,
+    log_decay,
     normalized_free_energy,
+    read_kernel,
+    rotated_query_key,
+    unit_inverse_temperature,
     work_dtype,
 )
+from .fem_prior_softmax import add_query_key
+
+
+class FEMGLACacheLayer(FEMRecurrentCacheLayer):
+    """The GLA prior's decoding state (its read's state, the conditioner's, the tokens seen)."""
+
+    _layer_type = fem_layer_type("gla")
+
+
+def add_gla_modules(layer: nn.Module, config) -> None:
+    """Queries and keys (their ReLU features are the read's) and the decay projection g (FEM H.2), one decay per
+    head or per key channel (``config.gla_decay``)."""
+    add_query_key(layer, config)
+    layer.decay_per_head = config.head_dim if config.gla_decay == "channel" else 1
+    layer.decay_proj = nn.Linear(config.hidden_size, layer.decay_per_head * config.num_attention_heads, bias=True)
+
+
+def gla_selection(layer, projected, position_embeddings, attention_mask, padding_mask):
+    """RoPE'd queries and keys and the decay g, (batch, heads, seq, 1 or key_dim) (FEM H.2)."""
+    config = layer.config
+    query, key = rotated_query_key(projected, position_embeddings, layer.head_dim)
+    batch, _, length, _ = query.shape
+    decay = log_decay(projected["decay_proj"], config.decay_normalizer)
+    decay = decay.view(batch, length, -1, layer.decay_per_head).transpose(1, 2)
+    kernel = read_kernel(config.kernel, query, "fla", "fla")
+    return (query, key, decay), {"eps": config.feature_eps, "kernel": kernel, "valid": padding_mask,
+                                 "chunk_size": config.prior_chunk_size}
 
 
 def fla_scan(q, k, values, log_decay, state):
@@ -73,7 +107,7 @@ def _linear_attention_chunk(q, k, values, log_decay, state):
 
 def gla_free_energy_read(
     value: torch.Tensor,
-    beta: torch.Tensor,
+    beta: torch.Tensor | None,
     query: torch.Tensor,
     key: torch.Tensor,
     log_decay: torch.Tensor,
@@ -87,7 +121,7 @@ def gla_free_energy_read(
     """FEM read (mu, f_max) under the GLA prior, with the streaming state (signature: `fem_free_energy`).
 
     Args:
-        value: (batch, seq, heads, v_dim) values; beta: (heads, v_dim) inverse temperature.
+        value: (batch, seq, heads, v_dim) values; beta: (heads, v_dim) inverse temperature (None: 1).
         query, key: (batch, heads, seq, key_dim), RoPE already applied (features are taken here).
         log_decay: (batch, heads, seq, 1) per-head or (batch, heads, seq, key_dim) per-channel g <= 0.
         valid: (batch, seq) bool, False at padding; None means all valid.
@@ -103,7 +137,7 @@ def gla_free_energy_read(
     batch, length, heads, v_dim = value.shape
     out_dtype = value.dtype
     work = work_dtype(value.dtype)
-    beta = beta.to(work)[None, :, None, :]
+    beta = (unit_inverse_temperature(value) if beta is None else beta).to(work)[None, :, None, :]
     q_features = gla_features(query.to(work), eps)
     k_features = gla_features(key.to(work), eps)
     v = clip_values_for_exp(value.to(work).transpose(1, 2), beta)

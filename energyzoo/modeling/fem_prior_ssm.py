@@ -21,22 +21,65 @@ Padded positions (``valid`` False) neither enter the state nor decay it.
 """
 
 import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import initialization as init
 
+from .configuration_fem import fem_layer_type
+from .fem_cache import FEMRecurrentCacheLayer
 from .fem_free_energy import (
     EXP_ARGUMENT_CAP,
     FreeEnergyRead,
     chunk_slices,
     clip_values_for_exp,
+    inverse_softplus,
     normalized_free_energy,
+    read_kernel,
+    unit_inverse_temperature,
+    widened,
     work_dtype,
 )
 
+INITIAL_STEP = 0.01  # Delta at initialisation (the middle of Mamba's [0.001, 0.1])
 MAMBA_CHUNK_SIZE = 256  # Mamba-2's chunk length for its SSD kernel (speed only; the result does not depend on it)
+
+
+class FEMSSMCacheLayer(FEMRecurrentCacheLayer):
+    """The SSM prior's decoding state (its read's state, the conditioner's, the tokens seen)."""
+
+    _layer_type = fem_layer_type("ssm")
+
+
+def add_ssm_modules(layer: nn.Module, config) -> None:
+    """Delta and B, C from the token (dt_proj, bc_proj), the step-size bias, a and D per channel (FEM H.4)."""
+    width = config.value_width
+    layer.dt_proj = nn.Linear(config.hidden_size, width, bias=False)
+    layer.bc_proj = nn.Linear(config.hidden_size, 2 * config.ssm_state_size, bias=False)
+    layer.dt_bias = nn.Parameter(torch.full((width,), inverse_softplus(INITIAL_STEP)))
+    layer.ssm_generator_raw = nn.Parameter(torch.zeros(width))
+    layer.ssm_skip_raw = nn.Parameter(torch.zeros(width))
+
+
+def init_ssm_parameters(layer: nn.Module) -> None:
+    """a and D at -softplus(0) and softplus(0), the step sizes at Delta = 0.01 (Mamba's range)."""
+    init.zeros_(layer.ssm_generator_raw)
+    init.zeros_(layer.ssm_skip_raw)
+    init.constant_(layer.dt_bias, inverse_softplus(INITIAL_STEP))
+
+
+def ssm_selection(layer, projected, position_embeddings, attention_mask, padding_mask):
+    """Delta = softplus, B, C = softplus, a = -softplus, D = softplus (FEM H.4)."""
+    delta = F.softplus(widened(projected["dt_proj"]) + layer.dt_bias)
+    input_matrix, output_matrix = F.softplus(widened(projected["bc_proj"])).chunk(2, dim=-1)
+    generator, skip = -F.softplus(layer.ssm_generator_raw), F.softplus(layer.ssm_skip_raw)
+    kernel = read_kernel(layer.config.kernel, delta, "mamba", "mamba_ssm")
+    options = {"kernel": kernel, "valid": padding_mask, "chunk_size": layer.config.prior_chunk_size}
+    return (delta, generator, input_matrix, output_matrix, skip), options
 
 
 def ssm_free_energy_read(
     value: torch.Tensor,
-    beta: torch.Tensor,
+    beta: torch.Tensor | None,
     delta: torch.Tensor,
     generator: torch.Tensor,
     input_matrix: torch.Tensor,
@@ -51,7 +94,7 @@ def ssm_free_energy_read(
     """FEM read (mu, f_max) under the SSM prior, with the streaming state (signature: `fem_free_energy`).
 
     Args:
-        value: (batch, seq, heads, v_dim) values; beta: (heads, v_dim) inverse temperature.
+        value: (batch, seq, heads, v_dim) values; beta: (heads, v_dim) inverse temperature (None: 1).
         delta: step sizes Delta > 0 shaped like value; generator: a < 0 shaped like beta.
         input_matrix, output_matrix: (batch, seq, N) B_t and C_t, >= 0; skip: D >= 0 shaped like beta.
         valid: (batch, seq) bool, False at padding; None means all valid.
@@ -66,6 +109,7 @@ def ssm_free_energy_read(
     """
     shape = value.shape
     v, delta = value.flatten(2), delta.flatten(2)
+    beta = unit_inverse_temperature(value) if beta is None else beta
     beta, generator, skip = beta.flatten(), generator.flatten(), skip.flatten()
     batch, length, channels = v.shape
     out_dtype = v.dtype

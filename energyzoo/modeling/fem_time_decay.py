@@ -71,6 +71,17 @@ def decayed_cumsum(
     return states, states[:, -1]
 
 
+def held_output_columns(linear: nn.Linear) -> tuple[int, slice]:
+    """The full output width of ``linear`` and the columns of it this process computes: all of them, or under
+    tensor parallelism (a weight sharded on its rows, as a DTensor) this process's contiguous shard."""
+    mesh = getattr(linear.weight, "device_mesh", None)
+    if mesh is None or linear.weight.placements[0].is_replicate():
+        return linear.out_features, slice(None)
+    shard = -(-linear.out_features // mesh.size())  # torch's chunking: the last shard may be shorter
+    start = mesh.get_local_rank() * shard
+    return linear.out_features, slice(start, min(start + shard, linear.out_features))
+
+
 class TimeDecayConditioner(nn.Module):
     """FEM App. I time-decay conditioner, producing ``out_features`` modulation channels per token."""
 
@@ -107,13 +118,16 @@ class TimeDecayConditioner(nn.Module):
         return features, final_state
 
     def modulate(
-        self, tensors: list[torch.Tensor], features: torch.Tensor, columns: list[tuple[int, slice]] | None = None
+        self, tensors: list[torch.Tensor], features: torch.Tensor, projections: list[nn.Linear] | None = None
     ) -> list[torch.Tensor]:
         """x_i * (1 + c_i) for consecutive column blocks c_i of c = h W_c, one per tensor (FEM eq. 34a-d), from
-        one matmul. ``columns`` gives, per tensor, its projection's full width and the columns of it the tensor
-        holds, when the tensors are shards (tensor parallelism: W_c stays whole on every process, being low-rank);
+        one matmul. ``projections``, the Linear maps that gave the tensors, say which columns of each a tensor
+        holds when the tensors are shards (tensor parallelism: W_c stays whole on every process, being low-rank);
         None when they are whole. (FEMAttention recomputes this and the projections in backward.)"""
-        columns = columns or [(tensor.shape[-1], slice(None)) for tensor in tensors]
+        if projections is None:
+            columns = [(tensor.shape[-1], slice(None)) for tensor in tensors]
+        else:
+            columns = [held_output_columns(linear) for linear in projections]
         modulators = (features @ self.out_proj.to(features.dtype)).split([width for width, _ in columns], dim=-1)
         return [torch.addcmul(x, x, modulator[..., held].to(x.dtype))
                 for x, modulator, (_, held) in zip(tensors, modulators, columns, strict=True)]

@@ -5,8 +5,6 @@ RMSNorm -> SwiGLU -> residual, with Llama's module names so checkpoints, peft ``
 carry over (``q_proj``, ``k_proj``, ``v_proj``, ``o_proj``, ``gate_proj``, ``up_proj``, ``down_proj``).
 """
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -16,30 +14,18 @@ from transformers.cache_utils import Cache, DynamicCache
 from transformers.generation import GenerationMixin
 from transformers.masking_utils import create_causal_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, PreTrainedModel
-from transformers.models.llama.modeling_llama import (
-    LlamaMLP,
-    LlamaRMSNorm,
-    LlamaRotaryEmbedding,
-    apply_rotary_pos_emb,
-    eager_attention_forward,
-)
+from transformers.modeling_utils import PreTrainedModel
+from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 from transformers.utils import can_return_tuple
 from transformers.utils.output_capturing import capture_outputs
 
-from .configuration_fem import FEMConfig
-from .fem_cache import FEMAFTCacheLayer, FEMGLACacheLayer, FEMSoftmaxCacheLayer, FEMSSMCacheLayer
-from .fem_free_energy import (
-    gated_free_energy,
-    outer_gate_activation,
-    read_kernel,
-    sdpa_attention,
-    softmax_free_energy_read,
-    widened,
-)
-from .fem_prior_aft import aft_free_energy_read
-from .fem_prior_gla import gla_free_energy_read
-from .fem_prior_ssm import ssm_free_energy_read
+from .configuration_fem import PRIORS, FEMConfig
+from .fem_cache import own_cache_layer
+from .fem_free_energy import PriorCode, gated_free_energy, inverse_softplus, outer_gate_activation, widened
+from .fem_prior_aft import FEMAFTCacheLayer, add_aft_modules, aft_free_energy_read, aft_selection
+from .fem_prior_gla import FEMGLACacheLayer, add_gla_modules, gla_free_energy_read, gla_selection
+from .fem_prior_softmax import FEMSoftmaxCacheLayer, add_query_key, softmax_free_energy_read, softmax_selection
+from .fem_prior_ssm import FEMSSMCacheLayer, add_ssm_modules, init_ssm_parameters, ssm_free_energy_read, ssm_selection
 from .fem_time_decay import TimeDecayConditioner
 from .inputs import CausalLMLossMixin, check_classifier_labels, check_labels, check_token_inputs
 from .outputs import (
@@ -51,38 +37,27 @@ from .outputs import (
     records_energies,
 )
 
-# The projections of a FEM layer, in the order the conditioner's modulators are laid out (FEM eq. 34a-d).
-PROJECTIONS = ("q_proj", "k_proj", "v_proj", "temperature_proj", "outer_gate_proj", "decay_proj", "dt_proj", "bc_proj")
-GATE_PROJECTIONS = ("temperature_proj", "outer_gate_proj")
-CACHE_LAYERS = {
-    "softmax": FEMSoftmaxCacheLayer, "gla": FEMGLACacheLayer, "aft": FEMAFTCacheLayer, "ssm": FEMSSMCacheLayer
+PRIOR_CODE = {
+    "softmax": PriorCode(add_query_key, softmax_selection, softmax_free_energy_read, FEMSoftmaxCacheLayer),
+    "gla": PriorCode(add_gla_modules, gla_selection, gla_free_energy_read, FEMGLACacheLayer),
+    "aft": PriorCode(add_aft_modules, aft_selection, aft_free_energy_read, FEMAFTCacheLayer),
+    "ssm": PriorCode(add_ssm_modules, ssm_selection, ssm_free_energy_read, FEMSSMCacheLayer, init_ssm_parameters),
 }
-READS = {
-    "softmax": softmax_free_energy_read,
-    "gla": gla_free_energy_read,
-    "aft": aft_free_energy_read,
-    "ssm": ssm_free_energy_read,
-}
+# The projections of a FEM layer, in the order the conditioner's modulators are laid out (FEM eq. 34a-d): a new
+# prior's own projections come last, so the layouts of the others stay as saved.
+GATES = ("temperature_proj", "outer_gate_proj")
+PROJECTIONS = tuple(dict.fromkeys(["q_proj", "k_proj", "v_proj", *GATES,
+                                   *(name for spec in PRIORS.values() for name in spec.projections)]))
+# Modules and parameters a layer may lack (a prior's or a switch's): None where it has none.
+OPTIONAL = (*(name for name in PROJECTIONS if name != "v_proj"), "beta_max_raw", "time_decay",
+            *(name for spec in PRIORS.values() for name in spec.parameters))
 # The attention functions the softmax prior runs on.
 ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2")
 SUPPORTED_CACHE_IMPLEMENTATIONS = (None, "dynamic")
-SSM_INITIAL_STEP = 0.01  # Delta at initialisation (the middle of Mamba's [0.001, 0.1])
-
-
-def inverse_softplus(value: float) -> float:
-    """softplus^-1(y) = y + log(1 - e^-y), without the overflow of log(e^y - 1) for large y."""
-    return value + math.log(-math.expm1(-value))
-
-
-def held_output_columns(linear: nn.Linear) -> tuple[int, slice]:
-    """The full output width of ``linear`` and the columns of it this process computes: all of them, or under
-    tensor parallelism (a weight sharded on its rows, as a DTensor) this process's contiguous shard."""
-    mesh = getattr(linear.weight, "device_mesh", None)
-    if mesh is None or linear.weight.placements[0].is_replicate():
-        return linear.out_features, slice(None)
-    shard = -(-linear.out_features // mesh.size())  # torch's chunking: the last shard may be shorter
-    start = mesh.get_local_rank() * shard
-    return linear.out_features, slice(start, min(start + shard, linear.out_features))
+# The Llama config fields a FEM-LM upcycled from it (`FEMForCausalLM.from_llama`) keeps as they are.
+LLAMA_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "hidden_act", "max_position_embeddings", "rms_norm_eps", "tie_word_embeddings", "attention_bias",
+                "mlp_bias", "pad_token_id", "bos_token_id", "eos_token_id")
 
 
 class FEMAttention(nn.Module):
@@ -90,68 +65,49 @@ class FEMAttention(nn.Module):
 
     o_t = g~_t * [(1 - lambda~_t) * E_{p~_t}[v~] + lambda~_t * beta_max^-1 log E_{p~_t}[exp(beta_max v~)]]
     with lambda = sigmoid (per channel), g = RMS-normalised softplus, beta_max = softplus per channel, ~ the
-    time-decay modulation (1 + c) of App. I.2, and the prior p_t of ``config.prior``: softmax over RoPE'd
-    q, k (H.1), gated linear attention over ReLU(RoPE(q)), ReLU(RoPE(k)) (H.2), AFT weights exp(k_i)
-    per channel with optional decay (H.3), or a nonnegative SSM impulse response per channel (H.4).
-
-    Each prior contributes only its selection tensors (``_<prior>_selection``); the read itself is the
-    prior's function in ``READS`` (see `fem_free_energy`), the one its float64 tests check. The softmax prior
-    reads through the attention function of ``config._attn_implementation``: "sdpa" (default), "eager"
-    (transformers'; materialises the prior's probabilities, returned with ``output_attentions=True``) or
-    "flash_attention_2" (transformers' flash-attn path).
+    time-decay modulation (1 + c) of App. I.2, and the prior p_t of ``config.prior`` (`PRIOR_CODE`): softmax
+    over RoPE'd q, k (H.1), gated linear attention over ReLU(RoPE(q)), ReLU(RoPE(k)) (H.2), AFT weights
+    exp(k_i) per channel with optional decay (H.3), or a nonnegative SSM impulse response per channel (H.4).
+    The prior contributes its projections, its selection tensors and its read, the one its float64 tests check.
+    The softmax prior reads through the attention function of ``config._attn_implementation``: "sdpa"
+    (default), "eager" (transformers'; materialises the prior's probabilities, returned with
+    ``output_attentions=True``) or "flash_attention_2" (transformers' flash-attn path).
     """
 
     def __init__(self, config: FEMConfig, layer_idx: int):
         super().__init__()
         self.config = config
         self.layer_idx = layer_idx
-        self.prior = config.prior
-        self.num_heads = config.num_attention_heads
+        self.prior = PRIOR_CODE[config.prior]
         self.head_dim = config.head_dim
         self.value_head_dim = config.value_head_dim
         # read by transformers' attention functions
         self.is_causal = True
         self.num_key_value_groups = 1
         self.scaling = self.head_dim**-0.5
-        qk_width, value_width = self.num_heads * self.head_dim, config.value_width
-        hidden, bias = config.hidden_size, config.attention_bias
-        if self.prior == "aft":  # per-channel logits, no queries (FEM H.3)
-            self.k_proj = nn.Linear(hidden, value_width, bias=bias)
-        elif self.prior == "ssm":  # Delta, B, C from the token; a, D per channel (FEM H.4)
-            self.dt_proj = nn.Linear(hidden, value_width, bias=False)
-            self.bc_proj = nn.Linear(hidden, 2 * config.ssm_state_size, bias=False)
-            self.dt_bias = nn.Parameter(torch.full((value_width,), inverse_softplus(SSM_INITIAL_STEP)))
-            self.ssm_generator_raw = nn.Parameter(torch.zeros(value_width))
-            self.ssm_skip_raw = nn.Parameter(torch.zeros(value_width))
-        else:
-            self.q_proj = nn.Linear(hidden, qk_width, bias=bias)
-            self.k_proj = nn.Linear(hidden, qk_width, bias=bias)
-        self.v_proj = nn.Linear(hidden, value_width, bias=bias)
-        self.o_proj = nn.Linear(value_width, hidden, bias=bias)
-        if config.use_lse and config.use_temperature_gate:
-            self.temperature_proj = nn.Linear(hidden, value_width, bias=bias)
-        if config.use_outer_gate:
-            self.outer_gate_proj = nn.Linear(hidden, value_width, bias=bias)
-        if self.prior == "gla":
-            self.decay_per_head = {"head": 1, "channel": self.head_dim}[config.gla_decay]
-            self.decay_proj = nn.Linear(hidden, self.decay_per_head * self.num_heads, bias=True)
-        elif self.prior == "aft" and config.aft_decay:
-            self.decay_proj = nn.Linear(hidden, value_width, bias=True)
+        for name in OPTIONAL:
+            setattr(self, name, None)
+        self.prior.add_modules(self, config)
+        hidden, width, bias = config.hidden_size, config.value_width, config.attention_bias
+        self.v_proj = nn.Linear(hidden, width, bias=bias)
+        self.o_proj = nn.Linear(width, hidden, bias=bias)
         if config.use_lse:
             self.beta_max_offset = inverse_softplus(config.beta_max_init)
-            self.beta_max_raw = nn.Parameter(torch.zeros(value_width))
-        self.projection_names = [name for name in PROJECTIONS if hasattr(self, name)]
-        self.time_decay = (
-            TimeDecayConditioner(
-                hidden,
-                config.time_decay_rank,
-                sum(getattr(self, name).out_features for name in self.projection_names),
-                config.time_decay_chunk_size,
-                config.rms_norm_eps,
-            )
-            if config.use_time_decay
-            else None
-        )
+            self.beta_max_raw = nn.Parameter(torch.zeros(width))
+            if config.use_temperature_gate:
+                self.temperature_proj = nn.Linear(hidden, width, bias=bias)
+        if config.use_outer_gate:
+            self.outer_gate_proj = nn.Linear(hidden, width, bias=bias)
+        self.projection_names = [name for name in PROJECTIONS if getattr(self, name) is not None]
+        if config.use_time_decay:
+            modulated = sum(getattr(self, name).out_features for name in self.projection_names)
+            self.time_decay = TimeDecayConditioner(hidden, config.time_decay_rank, modulated,
+                                                   config.time_decay_chunk_size, config.rms_norm_eps)
+        # post_init draws the weights in module order: keep the order of the layers saved before the prior table
+        # (the decay projection after the gates), so that a seed gives the same model as it did
+        for name in ("decay_proj", "time_decay"):
+            if name in self._modules:
+                self._modules[name] = self._modules.pop(name)
 
     def beta_max(self) -> torch.Tensor:
         """Per-channel maximum inverse temperature, (heads, value_head_dim) (FEM eq. 9, App. K)."""
@@ -168,7 +124,7 @@ class FEMAttention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Returns the block output and the prior's probabilities (eager softmax prior only, else None)."""
         batch, length, _ = hidden_states.shape
-        cache_layer = self._cache_layer(past_key_values)
+        cache_layer = own_cache_layer(past_key_values, self.layer_idx, self.prior.cache_layer)
         if self.time_decay is None:
             projections = self._projections(hidden_states)
         else:
@@ -183,27 +139,19 @@ class FEMAttention(nn.Module):
             projections = self._recomputed_in_backward(self._modulated_projections, hidden_states, features)
         projected = dict(zip(self.projection_names, projections))
         heads = (batch, length, -1, self.value_head_dim)  # -1: this process's heads under tensor parallelism
-        beta = self.beta_max() if self.config.use_lse else None
-        selection, options = getattr(self, f"_{self.prior}_selection")(projected, position_embeddings)
-        if self.prior == "softmax":
-            options.update(attention_mask=attention_mask, attention=self._attend)
-        else:
-            options.update(valid=padding_mask, chunk_size=self.config.prior_chunk_size)
-            if beta is None:  # the recurrent reads always carry the exp stream: read at beta = 1, dropped below
-                local_heads = projected["v_proj"].shape[-1] // self.value_head_dim
-                beta = torch.ones(local_heads, self.value_head_dim, device=hidden_states.device)
+        selection, options = self.prior.selection(self, projected, position_embeddings, attention_mask, padding_mask)
         with torch.autocast(hidden_states.device.type, enabled=False):  # reads choose their own precision
-            read = READS[self.prior](
+            read = self.prior.read(
                 projected["v_proj"].view(heads),
-                beta,
+                self.beta_max() if self.config.use_lse else None,
                 *selection,
                 state=cache_layer.prior_state if cache_layer is not None else None,
                 **options,
             )
         if cache_layer is not None:
             cache_layer.advance(read.state, length)
-        f_max = read.f_max if self.config.use_lse else None
-        gate_logits = [projected[name].view(heads) for name in GATE_PROJECTIONS if name in projected]
+        f_max = read.f_max if self.config.use_lse else None  # the recurrent reads give one at beta = 1 without
+        gate_logits = [projected[name].view(heads) if name in projected else None for name in GATES]
         output, temperature_gate = self._recomputed_in_backward(self._gated_output, read.mu, f_max, *gate_logits)
         if recording_energies():
             record_energies(self._energy_record(read.mu, f_max, temperature_gate))
@@ -213,74 +161,8 @@ class FEMAttention(nn.Module):
         return [getattr(self, name)(hidden_states) for name in self.projection_names]
 
     def _modulated_projections(self, hidden_states, features) -> list[torch.Tensor]:
-        columns = [held_output_columns(getattr(self, name)) for name in self.projection_names]
-        return self.time_decay.modulate(self._projections(hidden_states), features, columns)
-
-    def _softmax_selection(self, projected, position_embeddings):
-        """RoPE'd queries and keys of the softmax prior (FEM H.1)."""
-        return self._rotated_query_key(projected, position_embeddings), {}
-
-    def _gla_selection(self, projected, position_embeddings):
-        """RoPE'd queries and keys (their ReLU features are taken by the read) and the decay g (FEM H.2)."""
-        query, key = self._rotated_query_key(projected, position_embeddings)
-        batch, _, length, _ = query.shape
-        log_decay = self._log_decay(projected["decay_proj"]).view(batch, length, -1, self.decay_per_head)
-        log_decay = log_decay.transpose(1, 2)
-        kernel = read_kernel(self.config.kernel, query, "fla", "fla")
-        return (query, key, log_decay), {"eps": self.config.feature_eps, "kernel": kernel}
-
-    def _aft_selection(self, projected, position_embeddings):
-        """Per-channel logits k_i and, with LRNN-decay, the decay g (FEM H.3); no queries."""
-        log_decay = self._log_decay(projected["decay_proj"]) if "decay_proj" in projected else None
-        return (projected["k_proj"], log_decay), {}
-
-    def _ssm_selection(self, projected, position_embeddings):
-        """Delta = softplus, B, C = softplus, a = -softplus, D = softplus (FEM H.4)."""
-        delta = F.softplus(widened(projected["dt_proj"]) + self.dt_bias)
-        input_matrix, output_matrix = F.softplus(widened(projected["bc_proj"])).chunk(2, dim=-1)
-        generator, skip = -F.softplus(self.ssm_generator_raw), F.softplus(self.ssm_skip_raw)
-        kernel = read_kernel(self.config.kernel, delta, "mamba", "mamba_ssm")
-        return (delta, generator, input_matrix, output_matrix, skip), {"kernel": kernel}
-
-    def _rotated_query_key(self, projected, position_embeddings):
-        batch, length, _ = projected["q_proj"].shape
-        query, key = (
-            projected[name].view(batch, length, -1, self.head_dim).transpose(1, 2) for name in ("q_proj", "k_proj")
-        )
-        return apply_rotary_pos_emb(query, key, *position_embeddings)
-
-    def _attend(self, query, key, value, attention_mask, scale):
-        """The softmax prior's read through the attention function of ``config._attn_implementation``:
-        PyTorch's SDPA for "sdpa" (transformers' SDPA wrapper returns a contiguous copy of the output, and FEM
-        keeps slices of the read for backward, so that copy would stay alive beside the output SDPA saves),
-        transformers' attention functions for the others."""
-        implementation = self.config._attn_implementation
-        if implementation == "sdpa":
-            return sdpa_attention(query, key, value, attention_mask, scale or self.scaling)
-        if implementation == "flash_attention_2":
-            if query.dtype != torch.bfloat16:
-                raise ValueError(
-                    f"FEM's softmax prior under attn_implementation={implementation!r} needs a bfloat16 model: fp16 "
-                    "cannot hold the exp branch (its values reach e^-80), and fp32 has no flash kernel. Use "
-                    "dtype=torch.bfloat16, or attn_implementation='sdpa'."
-                )
-            if value.shape[-1] > query.shape[-1]:  # transformers pads narrower values to the query width
-                raise ValueError(
-                    f"attn_implementation={implementation!r} needs [v, exp(beta v)] no wider than the queries (2 x "
-                    f"value_head_dim = {value.shape[-1]}, head_dim = {query.shape[-1]}): use value_ratio <= "
-                    "qk_ratio / 2."
-                )
-        if implementation == "eager" and attention_mask is not None and attention_mask.dtype == torch.float64:
-            # transformers' eager softmax runs in fp32: a float64 mask's minimum would become -inf there, and
-            # rows with no visible key NaN (then 0 * NaN in later layers reaches real tokens). (Half-precision
-            # masks fit in fp32, and cannot hold fp32's minimum.)
-            attention_mask = attention_mask.clamp_min(torch.finfo(torch.float32).min)
-        interface = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
-        return interface(self, query, key, value, attention_mask, dropout=0.0, scaling=scale or self.scaling)
-
-    def _log_decay(self, decay_logits: torch.Tensor) -> torch.Tensor:
-        """g = logsigmoid(x W_g) / normaliser <= 0, the priors' input-conditioned decay (FEM H.2, H.3)."""
-        return F.logsigmoid(widened(decay_logits)) / self.config.decay_normalizer
+        linears = [getattr(self, name) for name in self.projection_names]
+        return self.time_decay.modulate([linear(hidden_states) for linear in linears], features, linears)
 
     def _recomputed_in_backward(self, fn, *args):
         """Run ``fn``; when training, keep only its inputs for backward and recompute it there. Used for
@@ -290,40 +172,12 @@ class FEMAttention(nn.Module):
             return checkpoint(fn, *args, use_reentrant=False)
         return fn(*args)
 
-    def _gated_output(self, mu, f_max, *gate_logits):
+    def _gated_output(self, mu, f_max, temperature_logits, outer_logits):
         """mu and f_max, (batch, seq, heads, value_head_dim), gated into the output (FEM eq. 10-11); also
         returns the temperature gate lambda (None without one)."""
-        gate_logits = iter(gate_logits)
-        temperature_gate = torch.sigmoid(next(gate_logits)) if hasattr(self, "temperature_proj") else None
-        outer_gate = None
-        if hasattr(self, "outer_gate_proj"):
-            outer_gate = outer_gate_activation(next(gate_logits), self.config.rms_norm_eps)
+        temperature_gate = None if temperature_logits is None else torch.sigmoid(temperature_logits)
+        outer_gate = None if outer_logits is None else outer_gate_activation(outer_logits, self.config.rms_norm_eps)
         return gated_free_energy(mu, f_max, temperature_gate, outer_gate), temperature_gate
-
-    def _cache_layer(self, past_key_values: Cache | None):
-        """This layer's FEM cache layer in ``past_key_values``. An empty layer of another class takes this code's
-        place: transformers builds `DynamicCache(config=...)` from one process-wide table of layer types, which holds
-        the classes of the copy of this code loaded last (another exported folder's, or the installed package's), and
-        a plain `DynamicCache()` holds none yet. A filled one of another class is refused."""
-        if past_key_values is None:
-            return None
-        layers, expected = past_key_values.layers, CACHE_LAYERS[self.prior]
-        layer = layers[self.layer_idx] if self.layer_idx < len(layers) else None
-        if isinstance(layer, expected):
-            return layer
-        if layer is not None and layer.is_initialized or self.layer_idx > len(layers):
-            found = "none" if layer is None else f"a filled {type(layer).__module__}.{type(layer).__qualname__}"
-            raise TypeError(
-                f"FEM layer {self.layer_idx} needs an empty or its own {expected.__module__}.{expected.__qualname__} "
-                f"cache layer (it keeps the FEM states); found {found}. Build caches with "
-                "DynamicCache(config=model.config)."
-            )
-        layer = expected()
-        if self.layer_idx < len(layers):
-            layers[self.layer_idx] = layer
-        else:
-            layers.append(layer)
-        return layer
 
     @torch.no_grad()
     def _energy_record(self, mu, f_max, temperature_gate) -> dict[str, torch.Tensor]:
@@ -378,24 +232,31 @@ class FEMPreTrainedModel(PreTrainedModel):
         at -softplus(0) and softplus(0), its step sizes at Delta = 0.01 (Mamba's range)."""
         super()._init_weights(module)
         if isinstance(module, FEMAttention):
-            for name in ("beta_max_raw", "ssm_generator_raw", "ssm_skip_raw"):
-                if hasattr(module, name):
-                    init.zeros_(getattr(module, name))
-            if hasattr(module, "dt_bias"):
-                init.constant_(module.dt_bias, inverse_softplus(SSM_INITIAL_STEP))
+            if module.beta_max_raw is not None:
+                init.zeros_(module.beta_max_raw)
+            if module.prior.init_parameters is not None:
+                module.prior.init_parameters(module)
         elif isinstance(module, TimeDecayConditioner):
             init.zeros_(module.out_proj)
 
+    @classmethod
+    def _can_set_attn_implementation(cls) -> bool:
+        """The softmax prior looks its attention function up per call (`fem_prior_softmax.attend`), which
+        transformers' source heuristic would look for in this file."""
+        return True
+
     def _check_and_adjust_attn_implementation(self, attn_implementation, is_init_check=False, allow_all_kernels=False):
-        """Only the softmax prior is softmax attention: it runs on "sdpa" (default), "eager" or
-        "flash_attention_2". The recurrent priors run their own chunkwise read and accept only the default."""
+        """A prior that reads through transformers' attention functions (softmax) runs on "sdpa" (default),
+        "eager" or "flash_attention_2". The recurrent priors run their own chunkwise read and accept only the
+        default."""
         if attn_implementation is not None:
             prior = self.config.prior
-            allowed = ATTENTION_IMPLEMENTATIONS if prior == "softmax" else ("sdpa",)
+            on_attention_functions = PRIORS[prior].attention_function
+            allowed = ATTENTION_IMPLEMENTATIONS if on_attention_functions else ("sdpa",)
             if attn_implementation not in allowed:
                 reason = (
-                    "the softmax prior runs on transformers' attention functions"
-                    if prior == "softmax"
+                    f"the {prior} prior runs on transformers' attention functions"
+                    if on_attention_functions
                     else f"the {prior} prior is a chunkwise recurrence, not softmax attention; its read has one "
                     "implementation (the default)"
                 )
@@ -436,7 +297,7 @@ class FEMModel(FEMPreTrainedModel):
         if kwargs.get("refinement_steps") is not None:
             raise TypeError("FEM-LM has no iterative refinement: refinement_steps does not apply to it")
         if kwargs.get("output_attentions", self.config.output_attentions) and (
-            self.config.prior != "softmax" or self.config._attn_implementation != "eager"
+            not PRIORS[self.config.prior].attention_function or self.config._attn_implementation != "eager"
         ):
             raise ValueError(
                 "output_attentions=True needs FEM's softmax prior with attn_implementation='eager' (got prior="
@@ -460,7 +321,7 @@ class FEMModel(FEMPreTrainedModel):
             past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
             position_ids = torch.arange(length, device=inputs_embeds.device)[None] + past_length
         causal_mask = None
-        if self.config.prior == "softmax":  # recurrent priors are causal by construction and read padding_mask
+        if PRIORS[self.config.prior].attention_function:  # the others are causal by construction, read padding_mask
             causal_mask = create_causal_mask(
                 config=self.config,
                 inputs_embeds=inputs_embeds,
@@ -556,25 +417,9 @@ class FEMForCausalLM(CausalLMLossMixin, FEMPreTrainedModel, GenerationMixin):
         llama_config = llama_model.config
         if llama_config.num_key_value_heads != llama_config.num_attention_heads:
             raise ValueError("from_llama needs a Llama without grouped-query attention (num_key_value_heads == heads).")
-        fields = dict(
-            vocab_size=llama_config.vocab_size,
-            hidden_size=llama_config.hidden_size,
-            intermediate_size=llama_config.intermediate_size,
-            num_hidden_layers=llama_config.num_hidden_layers,
-            num_attention_heads=llama_config.num_attention_heads,
-            hidden_act=llama_config.hidden_act,
-            max_position_embeddings=llama_config.max_position_embeddings,
-            rms_norm_eps=llama_config.rms_norm_eps,
-            tie_word_embeddings=llama_config.tie_word_embeddings,
-            rope_parameters=dict(llama_config.rope_parameters),
-            attention_bias=llama_config.attention_bias,
-            mlp_bias=llama_config.mlp_bias,
-            pad_token_id=llama_config.pad_token_id,
-            bos_token_id=llama_config.bos_token_id,
-            eos_token_id=llama_config.eos_token_id,
-            qk_ratio=llama_config.head_dim * llama_config.num_attention_heads / llama_config.hidden_size,
-            value_ratio=1.0,
-        )
+        fields = {name: getattr(llama_config, name) for name in LLAMA_FIELDS}
+        fields.update(rope_parameters=dict(llama_config.rope_parameters), value_ratio=1.0,
+                      qk_ratio=llama_config.head_dim * llama_config.num_attention_heads / llama_config.hidden_size)
         fields.update(fem_overrides)
         model = cls(FEMConfig(**fields)).to(next(llama_model.parameters()).dtype)
         result = model.load_state_dict(llama_model.state_dict(), strict=False)

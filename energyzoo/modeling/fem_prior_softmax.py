@@ -1,0 +1,181 @@
+"""The softmax-attention prior of FEM (App. H.1): p_t = softmax(q_t . k_i / sqrt(d_k)) over the past, with RoPE'd
+queries and keys, read in one attention pass over the augmented values [v, exp(beta v - M)] (App. F.4).
+
+The read runs through an attention function: PyTorch's SDPA by default, or transformers' attention function of
+``config._attn_implementation`` (`attend`), so the prior takes transformers' masks and kernels as they are.
+"""
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.cache_utils import DynamicLayer
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.models.llama.modeling_llama import eager_attention_forward
+
+from .configuration_fem import fem_layer_type
+from .fem_cache import FEMStateMixin
+from .fem_free_energy import (
+    FreeEnergyRead,
+    clip_values_for_exp,
+    exp_shift,
+    read_dtype,
+    restore_free_energy,
+    rotated_query_key,
+    work_dtype,
+)
+
+
+class FEMSoftmaxCacheLayer(FEMStateMixin, DynamicLayer):
+    """Decoding state of one FEM layer with the softmax prior: the prior's keys, the augmented values
+    [v, exp(beta v - M)] of the one-pass read (FEM App. F.4) as ``keys`` / ``values``, the shift M, and the
+    time-decay conditioner's O(H_c) state (App. I, Prop. I.1).
+
+    `softmax_free_energy_read` takes ``prior_state`` and returns the next one (it rescales the cached exp
+    values when M moves, online-softmax style), which ``advance`` stores; so cached decoding computes the
+    read of one full forward while each step only exponentiates its own values. With the default budget
+    (i), [v, exp(beta v)] has the Q/K head width: the value cache has the size of Llama's (fp16 models cache
+    in fp32, since fp16 cannot hold the exp branch)."""
+
+    _layer_type = fem_layer_type("softmax")
+    is_croppable = False
+    state_names = ("time_decay_state", "exp_shift")
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.time_decay_state: torch.Tensor | None = None
+        self.exp_shift: torch.Tensor | None = None
+
+    @property
+    def prior_state(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None:
+        """``(keys, augmented values, shift)`` of the cached positions, None before the first tokens."""
+        return (self.keys, self.values, self.exp_shift) if self.is_initialized else None
+
+    def advance(self, prior_state: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None], new_tokens: int) -> None:
+        keys, values, self.exp_shift = prior_state
+        if not self.is_initialized:
+            self.lazy_initialization(keys, values)
+        self.keys, self.values = keys, values
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        raise NotImplementedError("FEM softmax layers cache augmented values; FEMAttention advances them")
+
+
+def add_query_key(layer: nn.Module, config) -> None:
+    """q_proj and k_proj of the queries and keys (``config.head_dim`` per head), as in Llama."""
+    width = config.num_attention_heads * config.head_dim
+    layer.q_proj = nn.Linear(config.hidden_size, width, bias=config.attention_bias)
+    layer.k_proj = nn.Linear(config.hidden_size, width, bias=config.attention_bias)
+
+
+def softmax_selection(layer, projected, position_embeddings, attention_mask, padding_mask):
+    """RoPE'd queries and keys (FEM H.1); the mask is the causal mask transformers builds for the attention
+    function, which `attend` runs."""
+    query_key = rotated_query_key(projected, position_embeddings, layer.head_dim)
+    return query_key, {"attention_mask": attention_mask, "attention": lambda *args: attend(layer, *args)}
+
+
+def attend(layer, query, key, value, attention_mask, scale):
+    """The softmax prior's read through the attention function of ``config._attn_implementation``: PyTorch's
+    SDPA for "sdpa" (transformers' SDPA wrapper returns a contiguous copy of the output, and FEM keeps slices of
+    the read for backward, so that copy would stay alive beside the output SDPA saves), transformers' attention
+    functions for the others."""
+    implementation = layer.config._attn_implementation
+    scale = scale or layer.scaling
+    if implementation == "sdpa":
+        return sdpa_attention(query, key, value, attention_mask, scale)
+    if implementation == "flash_attention_2":
+        if query.dtype != torch.bfloat16:
+            raise ValueError(
+                f"FEM's softmax prior under attn_implementation={implementation!r} needs a bfloat16 model: fp16 "
+                "cannot hold the exp branch (its values reach e^-80), and fp32 has no flash kernel. Use "
+                "dtype=torch.bfloat16, or attn_implementation='sdpa'."
+            )
+        if value.shape[-1] > query.shape[-1]:  # transformers pads narrower values to the query width
+            raise ValueError(
+                f"attn_implementation={implementation!r} needs [v, exp(beta v)] no wider than the queries (2 x "
+                f"value_head_dim = {value.shape[-1]}, head_dim = {query.shape[-1]}): use value_ratio <= "
+                "qk_ratio / 2."
+            )
+    if implementation == "eager" and attention_mask is not None and attention_mask.dtype == torch.float64:
+        # transformers' eager softmax runs in fp32: a float64 mask's minimum would become -inf there, and
+        # rows with no visible key NaN (then 0 * NaN in later layers reaches real tokens). (Half-precision
+        # masks fit in fp32, and cannot hold fp32's minimum.)
+        attention_mask = attention_mask.clamp_min(torch.finfo(torch.float32).min)
+    interface = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
+    return interface(layer, query, key, value, attention_mask, dropout=0.0, scaling=scale)
+
+
+AttentionFunction = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
+
+
+def sdpa_attention(query, key, value, attention_mask, scale):
+    """softmax(q k^T * scale + mask) @ value with PyTorch's SDPA; inputs (batch, heads, seq, dim), output
+    (batch, q_len, heads, v_dim) and no weights, as transformers' attention functions return them. A mask of
+    None means causal (top-left aligned, as `create_causal_mask` only omits it when that is right)."""
+    causal = attention_mask is None and query.shape[2] > 1
+    out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, is_causal=causal, scale=scale)
+    return out.transpose(1, 2), None
+
+
+def softmax_free_energy_read(
+    value: torch.Tensor,
+    beta: torch.Tensor | None,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    *,
+    attention_mask: torch.Tensor | None = None,
+    state: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None,
+    attention: AttentionFunction = sdpa_attention,
+    scale: float | None = None,
+) -> FreeEnergyRead:
+    """The FEM read under the softmax-attention prior (FEM eq. 4, 6, 9 with H.1's prior; App. F.4 one pass).
+
+    Args:
+        value: (batch, seq, heads, v_dim) values of the new positions.
+        beta: beta_max > 0, (heads, v_dim); None reads mu only (no LSE branch, FEM's "L" switch off).
+        query, key: (batch, heads, seq, qk_dim), RoPE already applied.
+        attention_mask: None (causal, no padding) or a mask over (cached + new) keys as
+            `create_causal_mask` builds it for ``attention``: boolean (True = may attend) or additive.
+        state: ``(keys, augmented_values, shift)`` of the cached positions: keys (batch, heads, past, qk_dim),
+            the augmented values [v, exp(beta v - M)] (batch, heads, past, 2 v_dim) and their shift M
+            (batch, 1, heads, v_dim); None when nothing is cached.
+        attention: ``f(query, key, value, mask, scale) -> (out (batch, q_len, heads, dim), weights | None)``;
+            FEMAttention passes transformers' attention function of ``config._attn_implementation``.
+        scale: score scale, default 1/sqrt(qk_dim).
+
+    Returns:
+        `FreeEnergyRead` with the new state ``(all keys, all augmented values, M)``. When the shift moves
+        (a new value outgrew the cached M by more than the headroom), the cached exp values are rescaled by
+        exp(M_old - M_new) first (online-softmax style), so cached decoding computes the full forward's read.
+    """
+    out_dtype = value.dtype
+    dtype = read_dtype(value.dtype)
+    query, key, value = query.to(dtype), key.to(dtype), value.to(dtype)
+    shift = None
+    if beta is not None:
+        beta = beta.to(work_dtype(dtype))
+        value = clip_values_for_exp(value, beta)
+        scaled = beta * value.to(beta.dtype)
+        shift = exp_shift(scaled, dim=1, running_shift=None if state is None else state[2])
+        # In place is safe: the shift is detached and exp keeps its own output for backward.
+        value = torch.cat([value, scaled.sub_(shift).exp_().to(dtype)], dim=-1)
+    # (batch, seq, heads, dim) memory, the layout q and k have: SDPA is much slower on mixed layouts.
+    value = value.transpose(1, 2)
+    if state is not None:
+        past_keys, past_values, past_shift = state
+        # The shift rarely moves (headroom): eager decoding skips the O(cache) rescale then; compiled code
+        # keeps one branch-free graph (the factor is 1 where the shift stayed).
+        if shift is not None and (torch.compiler.is_compiling() or not torch.equal(shift, past_shift)):
+            half = value.shape[-1] // 2
+            rescale = torch.exp(past_shift - shift).transpose(1, 2).to(dtype)
+            past_values = torch.cat([past_values[..., :half], past_values[..., half:] * rescale], dim=-1)
+        key = torch.cat([past_keys, key], dim=2)
+        value = torch.cat([past_values, value], dim=2)
+    read, weights = attention(query, key, value, attention_mask, scale)
+    if beta is None:
+        return FreeEnergyRead(read.to(out_dtype), None, (key, value, None), weights)
+    mu, shifted_partition = read.split(read.shape[-1] // 2, dim=-1)
+    f_max = restore_free_energy(mu, shifted_partition, shift, beta)
+    return FreeEnergyRead(mu.to(out_dtype), f_max.to(out_dtype), (key, value, shift), weights)
