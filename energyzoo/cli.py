@@ -10,7 +10,7 @@ import json
 import sys
 
 # bad values and types, missing files and folders (the library's own errors name the field or input)
-USER_ERRORS = (ValueError, TypeError, OSError)
+USER_ERRORS = (ValueError, TypeError, OSError, ImportError)
 
 
 def _quickstart(args) -> int:
@@ -73,7 +73,7 @@ def _export(args) -> int:
 
 
 def _recipes(args) -> int:
-    from .training.recipe import shipped_recipes
+    from .training.recipe_files import shipped_recipes
 
     recipes = shipped_recipes()
     print("shipped recipes (energyzoo train NAME [section.key=value ...]):")
@@ -249,7 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
     export.set_defaults(run=_export)
 
     recipes = commands.add_parser("recipes", help="list the shipped recipes and where the accelerate configs are")
-    recipes.set_defaults(run=_recipes)
+    recipes.set_defaults(run=_recipes, loads_models=False)
 
     bench = commands.add_parser("bench", help="FEM-LM vs its Llama baseline: forward, train step, peak memory")
     bench.add_argument("--preset", default=None,
@@ -319,9 +319,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        from .registry import register_all  # the first import of torch and transformers
+        if getattr(args, "loads_models", True):
+            from .registry import register_all  # the first import of torch and transformers
 
-        register_all()
+            register_all()
         return args.run(args)
     except USER_ERRORS as error:
         if args.debug:

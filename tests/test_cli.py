@@ -5,6 +5,7 @@ intermediate checkpoints evaluated and exported, trackers beside metrics.jsonl."
 import json
 import os
 import subprocess
+import sys
 import time
 
 import pytest
@@ -39,6 +40,15 @@ def test_help_answers_in_under_a_second():
     done = energyzoo("--help")
     assert time.perf_counter() - started < 1.0
     assert done.returncode == 0 and "recipes" in done.stdout and "--debug" in done.stdout
+
+
+@pytest.mark.parametrize("args", [["recipes"], ["train"], ["bench", "--repeats", "many"]])
+def test_listing_recipes_and_argument_errors_answer_without_importing_torch(args, tmp_path):
+    script = tmp_path / "energyzoo"  # a console script of that name, as pip writes it
+    script.write_text("import sys\nfrom energyzoo.cli import main\ntry:\n    main()\nexcept SystemExit:\n    pass\n"
+                      "print('torch imported' if 'torch' in sys.modules else 'no torch')\n")
+    done = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip().endswith("no torch"), done.stdout + done.stderr
 
 
 @pytest.mark.parametrize(("args", "message"), [

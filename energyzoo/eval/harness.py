@@ -22,6 +22,7 @@ from pathlib import Path
 import yaml
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
+from ..extras import needs_extra
 from ..registry import ARCHITECTURES
 from ..training.data import python_docs_corpus
 
@@ -136,9 +137,10 @@ def evaluate_folder(model_dir: str | Path, suites: list[str] = ("local",), tasks
     unknown = sorted(set(suites) - set(SUITES))
     if unknown:
         raise ValueError(f"unknown suite {unknown[0]!r}; choose from {sorted(SUITES)}")
-    import lm_eval
-    from lm_eval.models.huggingface import HFLM
-    from lm_eval.tasks import TaskManager
+    with needs_extra("eval"):
+        import lm_eval
+        from lm_eval.models.huggingface import HFLM
+        from lm_eval.tasks import TaskManager
 
     model_dir = Path(model_dir)
     require_causal_lm(model_dir)

@@ -21,7 +21,6 @@ import transformers
 from huggingface_hub.dataclasses import strict
 from huggingface_hub.errors import StrictDataclassClassValidationError, StrictDataclassFieldValidationError
 from packaging.version import Version
-from transformers.activations import ACT2FN
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 MINIMUM_TRANSFORMERS = "5.23"  # keep in step with pyproject.toml
@@ -107,6 +106,9 @@ def check_transformers_fields(config) -> None:
         elif name == "initializer_range":  # the std of the weights' N(0, std) initialisation
             require(owner, 0 < value <= 1, name, "in (0, 1]", value)
         elif name in ACTIVATIONS:
+            # imported here: transformers.activations loads its kernel hub (~2 s), which defining a config need not
+            from transformers.activations import ACT2FN
+
             require(owner, value in ACT2FN, name, "an activation of transformers' ACT2FN", value)
     for name, (valid, allowed) in BASE_FIELDS.items():
         require(owner, valid(getattr(config, name)), name, allowed, getattr(config, name))

@@ -100,7 +100,11 @@ class EnergyTrace:
         record ``iterations`` and stack per-step quantities on dim 0) one line per layer over the refinement
         steps, otherwise the per-layer mean over the layers. Saved as a PNG at ``path`` if given; returns the
         matplotlib figure."""
-        from matplotlib.figure import Figure  # no pyplot: the caller's backend and figure list stay untouched
+        try:  # no pyplot: the caller's backend and figure list stay untouched
+            from matplotlib.figure import Figure
+        except ModuleNotFoundError as error:
+            message = "EnergyTrace.plot needs matplotlib (pip install matplotlib, or energyzoo[plots])"
+            raise ImportError(message) from error
 
         present = [name for name in names if name in self.names()]
         if not present:

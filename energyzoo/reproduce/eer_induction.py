@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from ..extras import needs_extra
 from ..training.induction import induction_batch, induction_metrics
 from ..training.recipe import load_recipe
 from ..training.run import run_training
@@ -148,7 +149,8 @@ def format_markdown(report: dict) -> str:
 
 
 def write_report(report: dict, output_dir: str | Path) -> dict[str, Path]:
-    from matplotlib.figure import Figure
+    with needs_extra("plots"):
+        from matplotlib.figure import Figure
 
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)

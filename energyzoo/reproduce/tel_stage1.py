@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..extras import needs_extra
 from ..modeling.outputs import tracing_energies
 from ..modeling.tel_layer import TELSettings, ThermodynamicEquilibriumLayer
 
@@ -47,7 +48,8 @@ class Task:
 
 def load_task(name: str) -> Task:
     """The embedded datasets (DESIGN.md "Data that is always there")."""
-    from sklearn import datasets
+    with needs_extra("vision"):
+        from sklearn import datasets
 
     if name in ("digits", "wine", "breast_cancer"):
         loaded = getattr(datasets, f"load_{name}")()
@@ -93,7 +95,8 @@ def build_model(kind: str, task: Task, width: int, outputs: int, settings: TELSe
 
 def _splits(task: Task, seed: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """60/20/20 train/validation/test, standardised with training statistics."""
-    from sklearn.model_selection import train_test_split
+    with needs_extra("vision"):
+        from sklearn.model_selection import train_test_split
 
     targets = task.targets if task.targets is not None else task.features
     stratify = task.targets if task.kind == "classification" else None
@@ -260,10 +263,11 @@ def format_markdown(report: dict) -> str:
 
 def plot_traces(report: dict, path: Path) -> None:
     """TEL's temperature T_i and free-energy gradient norm ||g_G|| over the refinement steps (seed 0)."""
-    import matplotlib
+    with needs_extra("plots"):
+        import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
 
     figure, axes = plt.subplots(1, 3, figsize=(14, 4))
     for dataset, traces in report["traces"].items():

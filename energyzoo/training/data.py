@@ -13,6 +13,8 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
+from ..extras import needs_extra
+
 SPECIAL_TOKENS = {"pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
 
 
@@ -206,7 +208,8 @@ def image_processor_for(data, config):
 def digits_split(validation_fraction: float, seed: int):
     """scikit-learn's 8x8 digits as (N, 1, 8, 8) images scaled to [-1, 1], split by a seeded permutation:
     (train images, train labels, validation images, validation labels)."""
-    from sklearn.datasets import load_digits
+    with needs_extra("vision"):
+        from sklearn.datasets import load_digits
 
     digits = load_digits()
     images = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 8.0 - 1.0
@@ -223,7 +226,8 @@ MASK_SCHEDULES = ("cosine", "bernoulli-0.4")
 
 def shuffled_digit_images(seed: int) -> torch.Tensor:
     """scikit-learn's 8x8 digits, (N, 8, 8) intensities 0..16, in a seeded order (splits cut it)."""
-    from sklearn.datasets import load_digits
+    with needs_extra("vision"):
+        from sklearn.datasets import load_digits
 
     images = torch.tensor(load_digits().images, dtype=torch.float32)
     return images[torch.randperm(len(images), generator=torch.Generator().manual_seed(seed))]

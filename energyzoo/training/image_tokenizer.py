@@ -14,9 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from skimage.metrics import peak_signal_noise_ratio, structural_similarity
-from sklearn.cluster import KMeans
 
+from ..extras import needs_extra
 from .data import masked_codes, shuffled_digit_images
 
 DIGIT_PATCH_CODES = 64  # codebook of the digits' 2x2 patches: an 8x8 digit becomes a 4x4 grid of 64 codes
@@ -43,6 +42,8 @@ class PatchKMeansTokenizer:
 
     def fit(self, images) -> "PatchKMeansTokenizer":
         patches, _ = self._patches(images)
+        with needs_extra("vision"):
+            from sklearn.cluster import KMeans
         self._centres = KMeans(self.codebook_size, n_init=1, random_state=self.seed).fit(patches).cluster_centers_
         return self
 
@@ -118,6 +119,8 @@ def load_image_tokenizer(name: str | Path, subfolder: str | None = None):
 def reconstruction_metrics(reference, reconstructed) -> dict[str, float]:
     """Mean PSNR and SSIM (scikit-image) over images, each pair min-max normalised to [0, 1] by the reference's
     range first (the paper normalises images before scoring, D.4)."""
+    with needs_extra("vision"):
+        from skimage.metrics import peak_signal_noise_ratio, structural_similarity
     psnr, ssim = [], []
     for target, image in zip(np.asarray(reference, dtype=np.float64), np.asarray(reconstructed, dtype=np.float64)):
         low, span = target.min(), max(target.max() - target.min(), 1e-12)

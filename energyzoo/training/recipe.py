@@ -23,7 +23,6 @@ import math
 import types
 import typing
 from dataclasses import asdict, dataclass, field, fields
-from importlib import resources
 from pathlib import Path
 
 import yaml
@@ -33,6 +32,7 @@ from transformers import CONFIG_MAPPING, PretrainedConfig
 from ..modeling.checks import require
 from ..presets import config_with_overrides, preset_card, preset_config_fields
 from .data import MASK_SCHEDULES
+from .recipe_files import shipped_recipe_path, shipped_recipes
 from .tasks import TRAINING_TASKS, training_task
 
 logger = logging.getLogger(__name__)
@@ -341,22 +341,6 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
             target = target.setdefault(key, {})
         target[leaf] = yaml.safe_load(value)
     return raw
-
-
-def shipped_recipe_path(name: str) -> Path:
-    """A recipe shipped in `energyzoo/configs/` by name (``fem-lm-tiny`` or ``fem-lm-tiny.yaml``)."""
-    file = name if name.endswith(".yaml") else f"{name}.yaml"
-    return Path(str(resources.files("energyzoo") / "configs" / file))
-
-
-def shipped_recipes() -> dict[str, tuple[str, Path]]:
-    """name -> (the first line of its header comment, path) of every recipe in `energyzoo/configs/`."""
-    recipes = {}
-    for path in sorted(shipped_recipe_path("fem-lm-tiny").parent.glob("*.yaml")):
-        if not path.stem.startswith("accelerate-"):
-            header = next((line for line in path.read_text().splitlines() if line.startswith("#")), "#")
-            recipes[path.stem] = (header.lstrip("# "), path)
-    return recipes
 
 
 def load_recipe(path_or_name: str | Path, overrides: list[str] = ()) -> Recipe:

@@ -25,6 +25,7 @@ take. Every folder is written whole or not at all (`checkpoints.publish`), so a 
 its newest complete checkpoint with the weights an uninterrupted run would have.
 """
 
+import importlib.util
 import json
 import logging
 import math
@@ -475,7 +476,10 @@ def _train(recipe: Recipe, resume: bool, overwrite: bool, stop_after: int | None
     _saved_whole(accelerator, model_dir,
                  lambda folder: save_model_folder(accelerator, model, folder, tokenizer, output_dir, metrics))
     if is_main:
-        plot_loss_curve(metrics_path, output_dir / LOSS_CURVE)
+        if importlib.util.find_spec("matplotlib"):
+            plot_loss_curve(metrics_path, output_dir / LOSS_CURVE)
+        else:
+            logger.info("no loss curve drawn: matplotlib comes with energyzoo's [plots] extra")
     accelerator.wait_for_everyone()
     return TrainingResult(output_dir, model_dir, last_step, losses, final_metrics)
 
