@@ -9,11 +9,7 @@ so no loop's attention map outlives the loop unless the caller asks for the maps
 import torch
 
 from .configuration_eer import EERConfig
-
-
-def widened(tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor`` in float32, or its own type where wider (half-precision runs reduce in float32)."""
-    return tensor.to(torch.promote_types(tensor.dtype, torch.float32))
+from .numerics import widened
 
 
 def tsallis_entropy(probabilities: torch.Tensor, q: float, dim: int = -1) -> torch.Tensor:
@@ -43,14 +39,6 @@ def attention_probabilities(query: torch.Tensor, key: torch.Tensor, mask: torch.
     if mask is not None:
         logits = logits + mask.to(logits.dtype)
     return logits.softmax(-1), logits.logsumexp(-1) if with_log_partition else None
-
-
-def effective_weight(projection: torch.nn.Module, reference: torch.Tensor) -> torch.Tensor:
-    """The (out, in) matrix of an affine projection as it acts, read off its outputs on the identity: peft's LoRA
-    wrappers (W + s B A) and other wrappers of a Linear included, where ``.weight`` would be the base weight alone.
-    ``reference`` gives the dtype and device."""
-    identity = torch.eye(projection.in_features, dtype=reference.dtype, device=reference.device)
-    return (projection(identity) - projection(torch.zeros_like(identity[:1]))).T
 
 
 def attention_energy_gradient(probabilities: torch.Tensor, key: torch.Tensor, query_weight: torch.Tensor,

@@ -25,14 +25,10 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
 from .configuration_eqt import EqTLlamaConfig
+from .numerics import widened
 
 TERMS = ("reverse", "masked", "confidence", "memory")
 _HASH_MULTIPLIER = 0x9E3779B1  # Knuth's multiplicative hash (golden ratio * 2^32), for the position-keyed mask
-
-
-def widened(x: torch.Tensor) -> torch.Tensor:
-    """x in float32, or float64 if it is float64: norms and softmaxes never run in half precision."""
-    return x.to(torch.promote_types(x.dtype, torch.float32))
 
 
 def rms_normalise(x: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:

@@ -46,6 +46,8 @@ import torch
 import torch.nn.functional as F
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
+from .numerics import widened, work_dtype
+
 EXP_ARGUMENT_CAP = 40.0
 # A cached shift stays while new values exceed it by at most this much: exp(beta v - M) <= e^20 is far from
 # overflow, and since |beta v| <= 40 the shift then moves only a few times in a whole generation.
@@ -110,17 +112,6 @@ def chunk_slices(length: int, chunk_size: int | None) -> list[slice]:
     if chunk_size is None:
         return [slice(None)]
     return [slice(start, start + chunk_size) for start in range(0, length, chunk_size)]
-
-
-def work_dtype(dtype: torch.dtype) -> torch.dtype:
-    """fp32 for half precision, else the dtype itself (float64 stays float64): where exponentials, logs and
-    normalisations are computed."""
-    return torch.promote_types(dtype, torch.float32)
-
-
-def widened(tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor`` in `work_dtype`: half precision goes to fp32, wider floats stay as they are."""
-    return tensor.to(work_dtype(tensor.dtype))
 
 
 def read_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -33,8 +33,8 @@ from .fem_free_energy import (
     log_decay,
     normalized_free_energy,
     unit_inverse_temperature,
-    work_dtype,
 )
+from .numerics import work_dtype
 
 # Logit given to padded positions: far below any real logit, yet finite so that differences stay defined.
 PADDING_LOGIT = -1e4

@@ -34,9 +34,9 @@ from .fem_free_energy import (
     read_kernel,
     rotated_query_key,
     unit_inverse_temperature,
-    work_dtype,
 )
 from .fem_prior_softmax import add_query_key
+from .numerics import work_dtype
 
 
 class FEMGLACacheLayer(FEMRecurrentCacheLayer):

@@ -23,8 +23,8 @@ from .fem_free_energy import (
     read_dtype,
     restore_free_energy,
     rotated_query_key,
-    work_dtype,
 )
+from .numerics import work_dtype
 
 
 class FEMSoftmaxCacheLayer(FEMStateMixin, DynamicLayer):

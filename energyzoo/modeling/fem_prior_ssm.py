@@ -36,9 +36,8 @@ from .fem_free_energy import (
     normalized_free_energy,
     read_kernel,
     unit_inverse_temperature,
-    widened,
-    work_dtype,
 )
+from .numerics import widened, work_dtype
 
 INITIAL_STEP = 0.01  # Delta at initialisation (the middle of Mamba's [0.001, 0.1])
 MAMBA_CHUNK_SIZE = 256  # Mamba-2's chunk length for its SSD kernel (speed only; the result does not depend on it)

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .fem_free_energy import widened
+from .numerics import widened, work_dtype
 
 
 def decayed_cumsum(
@@ -38,10 +38,10 @@ def decayed_cumsum(
         ``(states, final_state)``: (batch, length, channels) and (batch, channels).
     """
     batch, length, channels = inputs.shape
-    work_dtype = torch.promote_types(inputs.dtype, torch.float32)
-    log_decay, inputs = log_decay.to(work_dtype), inputs.to(work_dtype)
+    work = work_dtype(inputs.dtype)
+    log_decay, inputs = log_decay.to(work), inputs.to(work)
     if length == 1 and initial_state is not None:  # one decoding step: the recurrence itself
-        state = torch.exp(log_decay[:, 0]) * initial_state.to(work_dtype) + inputs[:, 0]
+        state = torch.exp(log_decay[:, 0]) * initial_state.to(work) + inputs[:, 0]
         return state[:, None], state
     chunk = max(2, min(chunk_size, length))  # chunks of one would carry their ends up forever
     num_chunks = -(-length // chunk)
@@ -60,7 +60,7 @@ def decayed_cumsum(
 
     if initial_state is None:
         initial_state = inputs.new_zeros(batch, channels)
-    initial_state = initial_state.to(work_dtype)
+    initial_state = initial_state.to(work)
     if num_chunks == 1:
         carried = initial_state[:, None]
     else:

@@ -23,6 +23,7 @@ from torch import nn
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 from .configuration_hyperset import HyperSETConfig
+from .numerics import applied_weight
 
 
 def sinusoid(positions: torch.Tensor, dim: int) -> torch.Tensor:
@@ -32,16 +33,6 @@ def sinusoid(positions: torch.Tensor, dim: int) -> torch.Tensor:
     frequencies = torch.exp(-math.log(1e4) * torch.arange(half, dtype=torch.float32) / max(half - 1, 1))
     angles = positions.float()[:, None] * frequencies.to(positions.device)[None]
     return torch.cat([angles.sin(), angles.cos()], dim=-1)
-
-
-def effective_weight(linear: nn.Module) -> torch.Tensor:
-    """The (out, in) weight a linear module applies. A plain `nn.Linear` gives its weight; a wrapped one (peft's
-    LoRA layer adds its update in `forward` only) is read through its forward on the identity, so the update
-    also reaches the transposed use."""
-    if type(linear) is nn.Linear:
-        return linear.weight
-    weight = linear.get_base_layer().weight if hasattr(linear, "get_base_layer") else linear.weight
-    return linear(torch.eye(weight.shape[1], dtype=weight.dtype, device=weight.device)).T
 
 
 def split_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
@@ -141,7 +132,7 @@ class HyperSETLayer(GradientCheckpointingLayer):
 
     def weights(self, lora: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(W, D) as (out, in) weights, with an iteration's depth-wise LoRA updates added."""
-        w, d = effective_weight(self.qkv_proj), effective_weight(self.ff_proj)
+        w, d = applied_weight(self.qkv_proj), applied_weight(self.ff_proj)
         if lora is not None:
             w, d = w + lora[0], d + lora[1]
         return w, d

@@ -45,14 +45,13 @@ from .eer_energy import (
     attention_energy_gradient,
     attention_probabilities,
     contraction_bound,
-    effective_weight,
     loop_terms,
     regularised_loss,
-    widened,
 )
 from .inputs import CausalLMLossMixin, check_labels, check_token_inputs
+from .numerics import applied_weight, widened
 from .outputs import EnergyTrace, record_energies, recording_energies, records_energies
-from .positions import sinusoidal_positions
+from .positions import positions_from_mask, sinusoidal_positions
 from .refinement import refine, refinement_steps, takes_refinement_steps
 
 REGULARISERS = ("kinetic", "potential", "entropy")
@@ -191,7 +190,7 @@ class EERHamiltonianBlock(GradientCheckpointingLayer):
         config = self.config
         attended, probabilities, log_partition = self.self_attn(latent, attention_mask, (key, value), statistics_mask,
                                                                 True, with_log_partition)
-        query_weight = effective_weight(self.self_attn.q_proj, latent)  # W_Q as q_proj acts, LoRA included
+        query_weight = applied_weight(self.self_attn.q_proj, latent)  # W_Q as q_proj acts, LoRA included
         gradient = attention_energy_gradient(probabilities, key, query_weight, self.self_attn.head_dim)
         velocity = (config.hamiltonian_momentum * velocity + config.hamiltonian_coupling * (attended - latent)
                     - config.hamiltonian_gravity * gradient.to(latent.dtype))
@@ -339,7 +338,7 @@ class EERModel(EERPreTrainedModel):
     def _position_ids(attention_mask, past_seen: int, length: int, device) -> torch.Tensor:
         """Each token's index among the real tokens when a 2-D mask is given; past_seen + arange otherwise."""
         if attention_mask is not None and attention_mask.dim() == 2:
-            return (attention_mask.long().cumsum(-1) - 1).clamp_min(0)[:, -length:]
+            return positions_from_mask(attention_mask, length)
         return torch.arange(past_seen, past_seen + length, device=device).unsqueeze(0)
 
     def _dynamics(self, inputs, masks, cache, valid, with_statistics: bool, regularisers: bool, tracing: bool):
@@ -352,7 +351,7 @@ class EERModel(EERPreTrainedModel):
         attention = self.block.self_attn
         # the projections as they act (LoRA included), read once per forward for the trace's contraction bound
         projections = (attention.q_proj, attention.k_proj, attention.v_proj)
-        weights = [effective_weight(projection, inputs) for projection in projections] if tracing else None
+        weights = [applied_weight(projection, inputs) for projection in projections] if tracing else None
 
         def loop_records(previous, following, probabilities, log_partition):
             if not (regularisers or tracing):

@@ -33,8 +33,9 @@ from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_eqt import EqTLlamaConfig
 from .eqt_cache import EqTContextLayer
-from .eqt_energy import TERMS, EnergyContext, EqTEnergyNetwork, widened
+from .eqt_energy import TERMS, EnergyContext, EqTEnergyNetwork
 from .inputs import CausalLMLossMixin, check_labels, check_token_inputs
+from .numerics import widened, work_dtype
 from .outputs import (
     BaseModelOutputWithEnergies,
     CausalLMOutputWithEnergies,
@@ -101,7 +102,7 @@ class EquilibriumRefinement(nn.Module):
         """(L(h) per position, each term per position, grad_h L or None) for eq. 11's weighted energy."""
         energy = self.energy
         terms, gradient = {}, None
-        total = torch.zeros(hidden.shape[:-1], dtype=torch.promote_types(hidden.dtype, torch.float32),
+        total = torch.zeros(hidden.shape[:-1], dtype=work_dtype(hidden.dtype),
                             device=hidden.device)
         for name, weight in self.weights().items():
             if weight == 0:

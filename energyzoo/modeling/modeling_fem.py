@@ -21,13 +21,19 @@ from transformers.utils.output_capturing import capture_outputs
 
 from .configuration_fem import PRIORS, FEMConfig
 from .fem_cache import own_cache_layer
-from .fem_free_energy import PriorCode, gated_free_energy, inverse_softplus, outer_gate_activation, widened
+from .fem_free_energy import (
+    PriorCode,
+    gated_free_energy,
+    inverse_softplus,
+    outer_gate_activation,
+)
 from .fem_prior_aft import FEMAFTCacheLayer, add_aft_modules, aft_free_energy_read, aft_selection
 from .fem_prior_gla import FEMGLACacheLayer, add_gla_modules, gla_free_energy_read, gla_selection
 from .fem_prior_softmax import FEMSoftmaxCacheLayer, add_query_key, softmax_free_energy_read, softmax_selection
 from .fem_prior_ssm import FEMSSMCacheLayer, add_ssm_modules, init_ssm_parameters, ssm_free_energy_read, ssm_selection
 from .fem_time_decay import TimeDecayConditioner
 from .inputs import CausalLMLossMixin, check_classifier_labels, check_labels, check_token_inputs
+from .numerics import widened
 from .outputs import (
     BaseModelOutputWithEnergies,
     CausalLMOutputWithEnergies,
@@ -36,6 +42,7 @@ from .outputs import (
     recording_energies,
     records_energies,
 )
+from .positions import positions_from_mask
 
 PRIOR_CODE = {
     "softmax": PriorCode(add_query_key, softmax_selection, softmax_free_energy_read, FEMSoftmaxCacheLayer),
@@ -316,7 +323,7 @@ class FEMModel(FEMPreTrainedModel):
             if position_ids is None:
                 # Count real tokens only, as generate() does: RoPE followed by the GLA prior's ReLU features is
                 # not shift-invariant, so a left-padded sequence must see the positions it has alone.
-                position_ids = (attention_mask.long().cumsum(-1) - 1).clamp_min(0)[:, -length:]
+                position_ids = positions_from_mask(attention_mask, length)
         if position_ids is None:
             past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
             position_ids = torch.arange(length, device=inputs_embeds.device)[None] + past_length

@@ -47,6 +47,7 @@ from .inputs import (
     values_checked,
 )
 from .outputs import records_energies
+from .positions import positions_from_mask
 from .refinement import takes_refinement_steps
 from .tel_layer import FP32_PARAMETERS, ThermodynamicRefinement
 
@@ -77,7 +78,7 @@ def gpt2_inputs(arguments: dict) -> None:
     check_labels(owner, arguments.get("labels"), config.vocab_size, tokens.shape[:2])
     if arguments.get("position_ids") is not None or mask is None or mask.dim() != 2:
         return
-    arguments["position_ids"] = (mask.long().cumsum(-1) - 1).clamp_min(0)[:, -tokens.shape[1]:]
+    arguments["position_ids"] = positions_from_mask(mask, tokens.shape[1])
 
 
 def vit_inputs(arguments: dict) -> None:

@@ -1,5 +1,6 @@
-"""The fixed sinusoidal position encoding (Vaswani et al. 2017, §3.5), shared by the families that use it
-(Hyper-SET's classifier, EER's 0.15-scaled inputs). Pure torch: this file imports no family file."""
+"""Positions every family shares: the positions of the real tokens under a padding mask, and the fixed sinusoidal
+position encoding (Vaswani et al. 2017, §3.5; Hyper-SET's classifier, EER's 0.15-scaled inputs). Pure torch: this
+file imports no family file."""
 
 import math
 
@@ -16,3 +17,9 @@ def sinusoidal_positions(positions: torch.Tensor, width: int) -> torch.Tensor:
     table[..., 0::2] = torch.sin(angles)
     table[..., 1::2] = torch.cos(angles[..., : width // 2])
     return table
+
+
+def positions_from_mask(attention_mask: torch.Tensor, length: int) -> torch.Tensor:
+    """The position of each of the last ``length`` tokens among the real tokens of its row (0 at padding), as
+    `generate` counts them: a left-padded sequence sees the positions it has alone."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp_min(0)[:, -length:]

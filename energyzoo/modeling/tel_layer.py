@@ -45,6 +45,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .checks import require
+from .numerics import widened, work_dtype
 from .outputs import record_energies, recording_energies
 from .refinement import EarlyExit, refine, refinement_steps
 
@@ -267,7 +268,7 @@ class EntropyEstimator(nn.Module):
 
     def forward(self, z: torch.Tensor, channel_dim: int) -> torch.Tensor:
         z = z.detach().movedim(channel_dim, -1)
-        z = z.to(torch.promote_types(z.dtype, torch.float32))
+        z = z.to(work_dtype(z.dtype))
         if self.pooling == "batch":
             return self._estimate(z.reshape(-1, z.shape[-1]), dim=0)
         return self._estimate(z, dim=-1, keepdim=True).movedim(-1, channel_dim)
@@ -361,7 +362,7 @@ class ThermodynamicRefinement(nn.Module):
     def step_sizes(self) -> torch.Tensor:
         """eta_i = exp(learned), clipped to [eta_min, min(1, 2 / (1 + T_max L_phi))] (eq. 30, 31, 13), in fp32
         (or wider)."""
-        return _widened(self.tel_log_step_sizes).exp().clamp(*self.step_size_bounds)
+        return widened(self.tel_log_step_sizes).exp().clamp(*self.step_size_bounds)
 
     def _per_channel(self, value: torch.Tensor, ndim: int) -> torch.Tensor:
         """Broadcast a scalar or per-channel (channels,) value against a tensor of `ndim` dims."""
@@ -370,13 +371,13 @@ class ThermodynamicRefinement(nn.Module):
         return value.view(-1, *([1] * (ndim - 1 - self.channel_dim % ndim)))
 
     def _channel_norm(self, value: torch.Tensor) -> torch.Tensor:
-        wide = torch.promote_types(value.dtype, torch.float32)
+        wide = work_dtype(value.dtype)
         return torch.linalg.vector_norm(value, dim=self.channel_dim, dtype=wide)
 
     def free_energy(self, y: torch.Tensor, anchor: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
         """G(y; x, T) = 1/2 ||y - Wx||^2 - T S(y) per position (TEL eq. 2-3), where S has a closed form;
         ``temperature`` broadcasts against y."""
-        wide = torch.promote_types(y.dtype, torch.float32)
+        wide = work_dtype(y.dtype)
         enthalpy = 0.5 * (y - anchor).to(wide).square()
         entropy = self.entropy_force.entropy(y.to(wide))
         return (enthalpy - temperature.to(wide) * entropy).sum(dim=self.channel_dim)
@@ -403,7 +404,7 @@ class ThermodynamicRefinement(nn.Module):
 
     def _diagnostics(self, y, y_next, anchor, temperature, force, with_energy: bool) -> dict[str, torch.Tensor]:
         """Per-position quantities of one step (§3.4, App. H.7): ||g_G||, rho, kappa and G, Delta G."""
-        wide = torch.promote_types(y.dtype, torch.float32)
+        wide = work_dtype(y.dtype)
         enthalpy_gradient = (y - anchor).to(wide)  # g_H, Algorithm 1 line 6
         entropy_term = temperature.to(wide) * force.to(wide)  # T g_S
         enthalpy_norm = self._channel_norm(enthalpy_gradient)
@@ -427,7 +428,7 @@ class ThermodynamicRefinement(nn.Module):
         with_energy = s.tel_activation != "silu" and (record or early_exit is not None and s.tel_exit_rule == "energy")
         exit_rule = "residual" if s.tel_exit_rule == "gradient" else "free_energy_change"
         etas = self.step_sizes()
-        tau = _widened(self.tel_log_temperature if s.tel_temperature == "channel" else self.tel_log_temperature[0])
+        tau = widened(self.tel_log_temperature if s.tel_temperature == "channel" else self.tel_log_temperature[0])
         tau = tau.clamp(*self.log_temperature_bounds)  # Algorithm 1 line 2
         tau = self._per_channel(tau, anchor.dim())
 
@@ -480,10 +481,6 @@ class ThermodynamicEquilibriumLayer(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.refinement(self.anchor(x))
 
-
-def _widened(tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor`` in fp32 when it is in half precision: the temperature and step sizes never round to bf16."""
-    return tensor.to(torch.promote_types(tensor.dtype, torch.float32))
 
 
 def _output_width(anchor: nn.Module) -> int:
