@@ -9,6 +9,8 @@ import argparse
 import json
 import sys
 
+from .reproduce.experiments import EXPERIMENTS  # a table of names: no torch before the arguments are parsed
+
 # bad values and types, missing files and folders (the library's own errors name the field or input)
 USER_ERRORS = (ValueError, TypeError, OSError, ImportError)
 
@@ -109,41 +111,19 @@ def _available_device(name: str) -> str:
 
 
 def _bench(args) -> int:
-    from .eval.speed import (
-        BenchSettings,
-        format_eqt_table,
-        format_scaling_table,
-        format_table,
-        format_tel_table,
-        run_eqt_vs_llama,
-        run_fem_vs_llama,
-        run_length_scaling,
-        run_tel_vs_vanilla,
-    )
+    from .eval.speed import BenchSettings, format_table, run_bench, run_length_scaling
 
     _available_device(args.device)
-    if args.tel:
-        result = run_tel_vs_vanilla(batch_size=args.batch_size, seq_len=args.seq_len, repeats=args.repeats,
-                                    device=args.device)
-        _print_and_save(format_tel_table(result), result, args.output)
-        return 0
-    if args.eqt:
-        result = run_eqt_vs_llama(args.preset or "eqt-llama-340m", steps=tuple(args.steps),
-                                  batch_size=args.batch_size, seq_len=args.seq_len, repeats=args.repeats,
-                                  device=args.device)
-        _print_and_save(format_eqt_table(result), result, args.output)
-        return 0
     if args.scaling:
-        result = run_length_scaling(args.preset or "fem-lm-tiny",
-                                    priors=tuple(args.priors), repeats=args.repeats, device=args.device)
-        _print_and_save(format_scaling_table(result), result, args.output)
-        return 0
-    preset = {"preset": args.preset} if args.preset else {}
-    settings = BenchSettings(**preset, baseline=args.baseline, batch_size=args.batch_size,
-                             seq_len=args.seq_len, repeats=args.repeats, device=args.device, dtype=args.dtype,
-                             compile=args.compile, prior=args.prior, kernel=args.kernel,
-                             attn_implementation=args.attn_implementation)
-    result = run_fem_vs_llama(settings)
+        result = run_length_scaling(args.name or "fem-lm-tiny", priors=tuple(args.priors), repeats=args.repeats,
+                                    device=args.device)
+    else:
+        overrides = {key: value for key, value in (("prior", args.prior), ("kernel", args.kernel)) if value}
+        settings = BenchSettings(batch_size=args.batch_size, seq_len=args.seq_len, repeats=args.repeats,
+                                 device=args.device, dtype=args.dtype, compile=args.compile,
+                                 attn_implementation=args.attn_implementation, overrides=overrides)
+        result = run_bench(args.name or "fem", settings, baseline=args.baseline,
+                           sweep=tuple(args.sweep) if args.sweep else None)
     _print_and_save(format_table(result), result, args.output)
     return 0
 
@@ -161,35 +141,17 @@ def _doctor(args) -> int:
 
 
 def _reproduce(args) -> int:
-    if args.experiment == "hyperset":
-        from .reproduce.hyperset import HypersetSettings, format_markdown, run_hyperset, write_report
+    from .reproduce.report import write_report
+    from .training.recipe import typed_settings
 
-        settings = HypersetSettings(sudoku_steps=args.sudoku_steps, classification_steps=args.classification_steps,
-                                    maskgit_steps=args.maskgit_steps)
-        output_dir = args.output_dir or "runs/hyperset"
-        report = run_hyperset(settings, output_dir)
-    elif args.experiment == "eer-induction":
-        from .reproduce.eer_induction import InductionSettings, format_markdown, run_induction, write_report
-
-        settings = InductionSettings(seeds=list(range(args.induction_seeds)), steps=args.induction_steps,
-                                     eval_every=args.induction_eval_every)
-        output_dir = args.output_dir or "runs/eer-induction"
-        report = run_induction(settings, output_dir)
-    elif args.experiment == "eqt-parity":
-        from .reproduce.eqt_parity import ParitySettings, format_markdown, run_parity, write_report
-
-        settings = ParitySettings(lengths=args.lengths, seeds=list(range(args.parity_seeds)), steps=args.parity_steps)
-        output_dir = args.output_dir or "runs/eqt-parity"
-        report = run_parity(settings, output_dir)
-    else:
-        from .reproduce.tel_stage1 import StageOneSettings, format_markdown, run_stage_one, write_report
-
-        settings = StageOneSettings(datasets=tuple(args.datasets), widths=tuple(args.widths), seeds=args.seeds,
-                                    epochs=args.epochs)
-        output_dir = args.output_dir or "runs/tel-stage1"
-        report = run_stage_one(settings)
-    paths = write_report(report, output_dir)
-    print(format_markdown(report))
+    experiment = EXPERIMENTS[args.experiment]
+    code = experiment.code()
+    settings = typed_settings(getattr(code, experiment.settings), args.overrides, owner=f"{args.experiment} settings")
+    output_dir = args.output_dir or f"runs/{args.experiment}"
+    run = getattr(code, experiment.run)
+    report = run(settings, output_dir) if experiment.trains_models else run(settings)
+    paths = write_report(args.experiment, report, output_dir)
+    print(code.format_markdown(report))
     print(f"\n{report['seconds']:.0f} s; wrote " + ", ".join(str(path) for path in paths.values()))
     return 0
 
@@ -251,36 +213,37 @@ def build_parser() -> argparse.ArgumentParser:
     recipes = commands.add_parser("recipes", help="list the shipped recipes and where the accelerate configs are")
     recipes.set_defaults(run=_recipes, loads_models=False)
 
-    bench = commands.add_parser("bench", help="FEM-LM vs its Llama baseline: forward, train step, peak memory")
-    bench.add_argument("--preset", default=None,
-                       help="FEM preset (default: the registry's FEM bench preset, fem.txt Table 5 shape)")
-    bench.add_argument("--baseline", default=None, help="Llama preset (default: the preset card's baseline)")
-    bench.add_argument("--batch-size", type=int, default=4)
-    bench.add_argument("--seq-len", type=int, default=1024)
+    bench = commands.add_parser(
+        "bench", help="an architecture vs its baseline: forward, train step, peak memory, decoding",
+        description="Time an architecture (the registry's bench entry: its presets, workloads and targets) or one "
+                    "preset against the baseline of the same shape its card names, in one paired run.")
+    bench.add_argument("name", nargs="?", default=None,
+                       help="an architecture (fem, tel-gpt2, tel-vit, tel-resnet, eqt-llama) or a preset "
+                            "(e.g. fem-lm-table7); default fem (with --scaling: the preset fem-lm-tiny)")
+    bench.add_argument("--baseline", default=None, help="baseline preset (default: the one the presets' cards name)")
+    bench.add_argument("--batch-size", type=int, default=None, help="default: the bench entry's")
+    bench.add_argument("--seq-len", type=int, default=None, help="default: the bench entry's (language models)")
     bench.add_argument("--repeats", type=int, default=9)
     bench.add_argument("--device", default="cpu")
     bench.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     bench.add_argument("--output", default="bench.json", help="JSON file for the results ('' to skip)")
     bench.add_argument("--prior", default=None, choices=["softmax", "gla", "aft", "ssm"],
-                       help="FEM's prior (default: the preset's)")
-    bench.add_argument("--kernel", default="auto", choices=["auto", "torch", "fla", "mamba"],
-                       help="FEMConfig.kernel: auto (the GPU kernel libraries on CUDA when installed), torch, fla "
-                            "(GLA prior), mamba (SSM prior)")
+                       help="FEM: the measured presets' prior (default: the preset's)")
+    bench.add_argument("--kernel", default=None, choices=["auto", "torch", "fla", "mamba"],
+                       help="FEM: FEMConfig.kernel of the measured presets: auto (the GPU kernel libraries on CUDA "
+                            "when installed), torch, fla (GLA prior), mamba (SSM prior)")
     bench.add_argument("--attn-implementation", default="sdpa", choices=["sdpa", "flash_attention_2"],
                        help="the baseline's and FEM softmax prior's attention (flash_attention_2 needs --dtype "
                             "bfloat16)")
     bench.add_argument("--compile", action="store_true",
-                       help="compile both models' forward with torch.compile (inductor) before timing")
+                       help="compile every model's forward with torch.compile (inductor) before timing")
+    bench.add_argument("--sweep", type=int, nargs="+", default=None,
+                       help="values of the entry's swept forward keyword (eqt-llama: refinement steps K, default "
+                            "0 1 2 4 8 16)")
     bench.add_argument("--scaling", action="store_true",
-                       help="instead: forward time at T=1024 vs T=4096 per prior (default preset fem-lm-tiny)")
+                       help="instead: FEM's forward time at T=1024 vs T=4096 per prior (NAME: a FEM preset, default "
+                            "fem-lm-tiny)")
     bench.add_argument("--priors", nargs="+", default=["softmax", "gla", "aft", "ssm"], help="priors for --scaling")
-    bench.add_argument("--tel", action="store_true",
-                       help="instead: TEL-head and TEL-full GPT-2 (124M) vs GPT-2 forward time (e.g. --batch-size 2"
-                            " --seq-len 512)")
-    bench.add_argument("--eqt", action="store_true",
-                       help="instead: EqT-LLaMA (default eqt-llama-340m) at each K of --steps vs its base Llama, "
-                            "inference forward (e.g. --batch-size 1 --seq-len 512)")
-    bench.add_argument("--steps", type=int, nargs="+", default=[0, 1, 2, 4, 8, 16], help="K values for --eqt")
     bench.set_defaults(run=_bench)
 
     doctor = commands.add_parser("doctor", help="check the GPU kernels (fla, mamba-ssm, flash-attn) against the "
@@ -290,28 +253,17 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--output", default="", help="JSON file for the results (default: none)")
     doctor.set_defaults(run=_doctor)
 
-    reproduce = commands.add_parser("reproduce", help="a CPU-scale rerun of a paper experiment, with a report")
-    reproduce.add_argument("experiment", choices=["tel-stage1", "hyperset", "eqt-parity", "eer-induction"],
-                           help="tel-stage1: tel.txt Stage I, Linear vs MLP vs TEL at matched width; hyperset: "
-                                "Sudoku test-time scaling, digits vs a matched ViT, energy curves; eqt-parity: EqT vs "
-                                "Llama on cumulative parity; eer-induction: EER vs cross-entropy on induction heads, "
-                                "trained at L 16-64, evaluated at L 10 / 100 / 1000")
+    reproduce = commands.add_parser(
+        "reproduce", help="a CPU-scale rerun of a paper experiment, with a report",
+        description="Run an experiment of the table in energyzoo/reproduce/experiments.py and write its report "
+                    "(markdown, JSON, PNG). Settings are the fields of the experiment's settings class, overridden "
+                    "as field=value (typed by the field: seeds=[0,1,2], epochs=30).")
+    reproduce.add_argument("experiment", choices=sorted(EXPERIMENTS), help="; ".join(
+        f"{name}: {experiment.description}" for name, experiment in EXPERIMENTS.items()))
+    reproduce.add_argument("overrides", nargs="*",
+                           help="settings, e.g. seeds=3 epochs=30 (tel-stage1), sudoku_steps=400 (hyperset), "
+                                "lengths=[16,32] seeds=[0,1,2] (eqt-parity), steps=1000 (eer-induction)")
     reproduce.add_argument("--output-dir", default=None, help="default: runs/<experiment>")
-    reproduce.add_argument("--datasets", nargs="+", default=["digits", "wine", "diabetes", "swiss_roll", "s_curve"])
-    reproduce.add_argument("--widths", nargs="+", type=int, default=[16, 64, 256])
-    reproduce.add_argument("--seeds", type=int, default=5)
-    reproduce.add_argument("--epochs", type=int, default=60)
-    reproduce.add_argument("--sudoku-steps", type=int, default=2000, help="hyperset: Sudoku training steps")
-    reproduce.add_argument("--classification-steps", type=int, default=2000, help="hyperset: digits training steps")
-    reproduce.add_argument("--maskgit-steps", type=int, default=1500, help="hyperset: MaskGIT training steps")
-    reproduce.add_argument("--lengths", type=int, nargs="+", default=[16, 32, 64], help="eqt-parity: lengths L")
-    reproduce.add_argument("--parity-seeds", type=int, default=3, help="eqt-parity: seeds per length")
-    reproduce.add_argument("--parity-steps", type=int, default=600, help="eqt-parity: training steps per model")
-    reproduce.add_argument("--induction-seeds", type=int, default=3, help="eer-induction: seeds per loss")
-    reproduce.add_argument("--induction-steps", type=int, default=3000,
-                           help="eer-induction: training steps per model (the paper: 20000)")
-    reproduce.add_argument("--induction-eval-every", type=int, default=500,
-                           help="eer-induction: steps between evaluations at L = 10, 100, 1000")
     reproduce.set_defaults(run=_reproduce)
     return parser
 

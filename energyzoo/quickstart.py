@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from .eval.harness import evaluate_folder
+from .eval.harness import evaluate_folder, scores
 from .hub_cards import export_folder
 from .training.recipe import load_recipe
 from .training.run import run_training
@@ -51,9 +51,9 @@ def run_quickstart(output_dir: str | Path = "runs/quickstart", steps: int = 500,
                                          f"output_dir={output_dir / 'train'}"])
     trained = run_training(recipe, overwrite=True, progress=progress)  # its own folder, redone each call
     results = evaluate_folder(trained.model_dir)["local"]
-    local = {task: {key.split(",")[0]: value for key, value in metrics.items()
-                    if "," in key and "_stderr" not in key}
-             for task, metrics in results["results"].items()}
+    local = {}
+    for score in scores(results):
+        local.setdefault(score.task, {})[score.metric] = score.value
     export_dir = export_folder(trained.model_dir, output_dir / "export")
     model = AutoModelForCausalLM.from_pretrained(export_dir)
     tokenizer = AutoTokenizer.from_pretrained(export_dir)

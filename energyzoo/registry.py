@@ -72,12 +72,35 @@ TASKS = {
 
 
 @dataclass(frozen=True)
+class Bench:
+    """What `energyzoo bench` measures for an architecture (DESIGN.md performance targets).
+
+    presets: measured together, in one paired run, against the one baseline their cards name.
+    workloads: among "forward", "train_step", "peak_memory" and, for language models, "decode".
+    targets(config, call): the bound on each workload's ratio (arm / baseline) for a model of that config run with
+    the forward keywords ``call``: an upper bound, a lower one for "decode" (tokens/s).
+    sweep: a forward keyword measured at each of its values, an arm per value (EqT-LLaMA's refinement steps K).
+    batch_size, seq_len: the default shape (images take the config's image size).
+    """
+
+    presets: tuple[str, ...]
+    workloads: tuple[str, ...]
+    targets: Callable[[PretrainedConfig, dict], dict[str, float]] = field(default=lambda config, call: {})
+    sweep: tuple[str, tuple[int, ...]] | None = None
+    batch_size: int = 4
+    seq_len: int = 1024
+
+
+FEM_TARGETS = {"forward": 1.10, "train_step": 1.20, "peak_memory": 1.20, "decode": 0.85}
+
+
+@dataclass(frozen=True)
 class Architecture:
     """One architecture of the zoo.
 
     heads: task -> head model class (the first is the architecture's main head); each task is a `TASKS` key.
     card_template: the model-card template in ``hub_cards/``; card_facts(config) gives its own variables.
-    bench_presets: presets `energyzoo bench` measures against the baseline their cards name.
+    bench: what `energyzoo bench` measures against the baseline the presets' cards name (None: not benched yet).
     """
 
     config_class: type
@@ -85,7 +108,7 @@ class Architecture:
     heads: dict[str, type]
     card_template: str
     card_facts: Callable[[PretrainedConfig], dict] = field(default=lambda config: {})
-    bench_presets: tuple[str, ...] = ()
+    bench: Bench | None = None
 
     @property
     def model_classes(self) -> dict[type, type]:
@@ -108,6 +131,10 @@ def _tel_card_facts(backbone: str):
     return facts
 
 
+def _tel_head_targets(config, call) -> dict[str, float]:
+    return {"forward": 1.05} if config.tel_placement == "head" else {}
+
+
 ARCHITECTURES = {
     "fem": Architecture(
         FEMConfig,
@@ -115,15 +142,23 @@ ARCHITECTURES = {
         {"causal-lm": FEMForCausalLM, "sequence-classification": FEMForSequenceClassification},
         "fem.md",
         card_facts=lambda config: dict(prior=config.prior),
-        bench_presets=("fem-lm-table5", "fem-lm-table7"),
+        # fem.txt Table 7's GPT-2 size is `energyzoo bench fem-lm-table7` (against llama-table7)
+        bench=Bench(("fem-lm-table5",), ("forward", "train_step", "peak_memory", "decode"),
+                    targets=lambda config, call: FEM_TARGETS),
     ),
     "tel-gpt2": Architecture(TELGPT2Config, TELGPT2Model, {"causal-lm": TELGPT2LMHeadModel}, "tel.md",
-                             card_facts=_tel_card_facts("GPT-2"), bench_presets=("tel-gpt2-head", "tel-gpt2-full")),
+                             card_facts=_tel_card_facts("GPT-2"),
+                             bench=Bench(("tel-gpt2-head", "tel-gpt2-full"), ("forward",), targets=_tel_head_targets,
+                                         batch_size=2, seq_len=512)),
     "tel-vit": Architecture(TELViTConfig, TELViTModel, {"image-classification": TELViTForImageClassification},
-                            "tel.md", card_facts=_tel_card_facts("ViT")),
+                            "tel.md", card_facts=_tel_card_facts("ViT"),
+                            bench=Bench(("tel-vit-base-patch32-head", "tel-vit-base-patch32-full"),
+                                        ("forward", "train_step", "peak_memory"), batch_size=8)),
     "tel-resnet": Architecture(TELResNetConfig, TELResNetModel,
                                {"image-classification": TELResNetForImageClassification}, "tel.md",
-                               card_facts=_tel_card_facts("ResNet")),
+                               card_facts=_tel_card_facts("ResNet"),
+                               bench=Bench(("tel-resnet18-head", "tel-resnet18-full"),
+                                           ("forward", "train_step", "peak_memory"), batch_size=8)),
     "hyperset": Architecture(
         HyperSETConfig,
         HyperSETModel,
@@ -140,7 +175,9 @@ ARCHITECTURES = {
         "eqt.md",
         card_facts=lambda config: dict(sites=config.erm_sites, steps=config.erm_num_steps,
                                        train_steps=config.erm_num_steps_train),
-        bench_presets=("eqt-llama-340m",),
+        bench=Bench(("eqt-llama-340m",), ("forward",), sweep=("refinement_steps", (0, 1, 2, 4, 8, 16)),
+                    targets=lambda config, call: {"forward": 2.0} if call.get("refinement_steps") == 8 else {},
+                    batch_size=1, seq_len=512),
     ),
     "eer-looped": Architecture(
         EERConfig,

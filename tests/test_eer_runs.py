@@ -9,7 +9,8 @@ import torch
 from transformers import Trainer, TrainingArguments
 
 from energyzoo import EERConfig, EERForCausalLM, config_from_preset
-from energyzoo.reproduce.eer_induction import InductionSettings, run_induction, write_report
+from energyzoo.reproduce.eer_induction import InductionSettings, run_induction
+from energyzoo.reproduce.report import write_report
 from energyzoo.training.induction import (
     BLANK,
     HOP,
@@ -149,7 +150,7 @@ def test_reproduction_writes_its_tables_from_one_initialisation_per_seed(tmp_pat
     accuracies per length and the over-training table with S, P, K."""
     settings = InductionSettings(seeds=[0], steps=4, eval_every=2, eval_lengths=[10, 30], eval_sequences=8)
     report = run_induction(settings, tmp_path, progress=lambda message: None)
-    paths = write_report(report, tmp_path)
+    paths = write_report("eer-induction", report, tmp_path)
     table = report["summary"]["table"]
     assert [entry["step"] for entry in table["eer"]] == [0, 2, 4]
     assert table["eer"][0]["L30_accuracy"] == table["ce"][0]["L30_accuracy"]

@@ -6,8 +6,9 @@ from types import SimpleNamespace
 import torch
 
 from energyzoo.eval import speed
-from energyzoo.eval.speed import format_eqt_table, run_eqt_vs_llama
-from energyzoo.reproduce.eqt_parity import ParitySettings, per_token_accuracy, run_parity, write_report
+from energyzoo.eval.speed import BenchSettings, format_table, run_bench
+from energyzoo.reproduce.eqt_parity import ParitySettings, per_token_accuracy, run_parity
+from energyzoo.reproduce.report import write_report
 from energyzoo.training.data import PARITY_END_TOKEN, cumulative_parity_split
 
 
@@ -44,7 +45,7 @@ def test_per_token_accuracy_counts_the_positions_whose_parity_the_logits_predict
 def test_parity_reproduction_writes_its_table(tmp_path):
     settings = ParitySettings(lengths=[8], seeds=[0], steps=20, eqt_steps=[0, 2], test_sequences=64)
     report = run_parity(settings, tmp_path, progress=lambda message: None)
-    paths = write_report(report, tmp_path)
+    paths = write_report("eqt-parity", report, tmp_path)
     row = report["rows"][0]
     assert set(row) == {"length", "seed", "llama", "eqt_K0", "eqt_K2"}
     summary = json.loads(paths["json"].read_text())["summary"][0]
@@ -54,11 +55,16 @@ def test_parity_reproduction_writes_its_table(tmp_path):
 
 
 def test_eqt_bench_gives_the_median_paired_ratio_at_every_k_and_its_linear_fit(monkeypatch):
-    scripted = {"llama": [1.0, 2.0, 1.0], "K=0": [1.0, 2.0, 1.0], "K=2": [2.0, 6.0, 2.0], "K=4": [3.0, 6.0, 5.0]}
+    scripted = {"llama-tiny (baseline)": [1.0, 2.0, 1.0], "eqt-llama-tiny refinement_steps=0": [1.0, 2.0, 1.0],
+                "eqt-llama-tiny refinement_steps=2": [2.0, 6.0, 2.0],
+                "eqt-llama-tiny refinement_steps=4": [3.0, 6.0, 5.0]}
     monkeypatch.setattr(speed, "_paired_times", lambda fns, repeats, device: {key: scripted[key] for key in fns})
-    result = run_eqt_vs_llama("eqt-llama-tiny", steps=(0, 2, 4), batch_size=1, seq_len=8, repeats=3)
-    assert result["ratios"] == {0: 1.0, 2: 2.0, 4: 3.0}  # medians of (1, 1, 1), (2, 3, 2), (3, 3, 5)
-    fit = result["linear_fit"]
-    assert (fit["intercept"], fit["slope_per_step"], fit["max_deviation"]) == (1.0, 0.5, 0.0)
-    assert result["meets_target"] is None  # K = 8 was not measured
-    assert "linear fit" in format_eqt_table(result)
+    result = run_bench("eqt-llama-tiny", BenchSettings(batch_size=1, seq_len=8, repeats=3), sweep=(0, 2, 4))
+    # medians of (1, 1, 1), (2, 3, 2), (3, 3, 5): on the line 1 + 0.5 K exactly
+    assert [(row["arm"], row["ratio"]) for row in result["rows"]] == [
+        ("eqt-llama-tiny refinement_steps=0", 1.0), ("eqt-llama-tiny refinement_steps=2", 2.0),
+        ("eqt-llama-tiny refinement_steps=4", 3.0)]
+    assert [row["target"] for row in result["rows"]] == [None, None, None]  # K = 8 (the target's) was not measured
+    assert result["notes"] == ["linear fit of the forward ratio: 1.000 + 0.5000 refinement_steps (largest deviation "
+                               "0.000)"]
+    assert result["notes"][0] in format_table(result)

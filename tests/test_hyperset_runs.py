@@ -26,8 +26,8 @@ def test_recipes_train_and_report_their_task_metrics(recipe, metric, tmp_path):
 
 
 def test_reproduce_hyperset_writes_scaling_classification_and_energies(tmp_path):
-    code = main(["reproduce", "hyperset", "--output-dir", str(tmp_path), "--sudoku-steps", "40",
-                 "--classification-steps", "30", "--maskgit-steps", "30"])
+    code = main(["reproduce", "hyperset", "sudoku_steps=40", "classification_steps=30", "maskgit_steps=30",
+                 "--output-dir", str(tmp_path)])
     assert code == 0
     report = json.loads((tmp_path / "hyperset.json").read_text())
     trained = report["trained_iterations"]
@@ -42,7 +42,7 @@ def test_reproduce_hyperset_writes_scaling_classification_and_energies(tmp_path)
     ceiling, decoded, floor = report["maskgit"]
     assert ceiling["psnr"] > decoded["psnr"] and ceiling["ssim"] > 0.9  # the tokenizer bounds any decoding
     assert 0 < floor["ssim"] < ceiling["ssim"]
-    assert (tmp_path / "hyperset_energies.png").read_bytes()[:4] == b"\x89PNG"
+    assert (tmp_path / "hyperset.png").read_bytes()[:4] == b"\x89PNG"
     assert "| 16 | 2.0 |" in (tmp_path / "hyperset.md").read_text()
 
 

@@ -2,16 +2,21 @@
 
 import json
 import time
+from dataclasses import asdict
+
+import pytest
 
 from energyzoo.cli import main
 from energyzoo.eval import speed
 from energyzoo.eval.speed import (
     LINEAR_SCALING_TARGET,
+    Arm,
     BenchSettings,
     _paired_times,
     format_table,
     measure_peak_memory,
-    run_fem_vs_llama,
+    run_bench,
+    timed_row,
 )
 from energyzoo.training.data import pack_into_blocks, python_docs_corpus, train_bpe_tokenizer
 
@@ -45,39 +50,85 @@ def test_bench_reports_medians_of_paired_ratios_against_the_targets(monkeypatch)
     scripted = {"forward": ([3.0, 5.0, 2.0], [1.0, 1.0, 1.0]), "train_step": ([2.0, 2.0, 2.0], [2.0, 1.0, 4.0]),
                 "decode": ([4.0, 4.0, 4.0], [2.0, 2.0, 2.0])}
     workloads = iter(scripted)
-    monkeypatch.setattr(speed, "_paired_times", lambda fns, repeats, device: dict(zip(fns, scripted[next(workloads)])))
-    monkeypatch.setattr(speed, "measure_peak_memory", lambda preset, settings: 3 * 2**20 if "fem" in preset else 2**21)
-    settings = BenchSettings(preset="fem-lm-tiny", batch_size=1, seq_len=16, repeats=3, decode_tokens=8)
-    result = run_fem_vs_llama(settings)
-    rows = result["rows"]
-    assert (rows["forward"]["fem"], rows["forward"]["llama"], rows["forward"]["ratio"]) == (3.0, 1.0, 3.0)
-    assert rows["train_step"]["ratio"] == 1.0  # median of 1, 2, 0.5
-    assert (rows["peak_memory"]["fem"], rows["peak_memory"]["ratio"]) == (3.0, 1.5)
-    assert (rows["decode_tokens_per_s"]["fem"], rows["decode_tokens_per_s"]["ratio"]) == (2.0, 0.5)
-    assert [rows[name]["meets_target"] for name in ("forward", "train_step", "peak_memory", "decode_tokens_per_s")] \
+
+    def paired_times(fns, repeats, device):
+        fem, llama = scripted[next(workloads)]
+        return {label: llama if "(baseline)" in label else fem for label in fns}
+
+    monkeypatch.setattr(speed, "_paired_times", paired_times)
+    monkeypatch.setattr(speed, "measure_peak_memory", lambda arm, settings: 2**21 if arm.baseline else 3 * 2**20)
+    settings = BenchSettings(batch_size=1, seq_len=16, repeats=3, decode_tokens=8)
+    result = run_bench("fem-lm-tiny", settings)
+    rows = {row["workload"]: row for row in result["rows"]}
+    assert (rows["forward"]["value"], rows["forward"]["baseline"], rows["forward"]["ratio"]) == (3.0, 1.0, 3.0)
+    assert rows["forward"]["spread"] == (2.0, 5.0) and rows["forward"]["busy"]
+    assert rows["train_step"]["ratio"] == 1.0 and rows["train_step"]["spread"] == (0.5, 2.0)  # median of 1, 2, 0.5
+    assert (rows["peak_memory"]["value"], rows["peak_memory"]["ratio"]) == (3.0, 1.5)
+    assert (rows["decode"]["value"], rows["decode"]["ratio"]) == (2.0, 0.5)  # 8 tokens in 4 s; tokens/s FEM / Llama
+    assert rows["decode"]["spread"] == (0.5, 0.5) and not rows["decode"]["busy"]
+    assert [rows[name]["meets_target"] for name in ("forward", "train_step", "peak_memory", "decode")] \
         == [False, True, False, False]
-    assert "| forward (s)" in format_table(result)
+    table = format_table(result)
+    assert "| fem-lm-tiny | forward (s) | 3 | 1 | 3.000 | 2.000-5.000 | <= 1.10 | NO |" in table
+    assert "WARNING" in table and "fem-lm-tiny forward" in table.splitlines()[-1]
+
+
+def test_a_quiet_run_carries_no_warning_and_a_target_bounds_tokens_per_second_from_below():
+    quiet = timed_row("a", "decode", seconds=[1.0, 1.0, 1.0], baseline=[0.9, 0.9, 0.9], target=0.85, per_call=10)
+    assert (quiet.value, quiet.baseline, quiet.ratio, quiet.meets_target, quiet.busy) == (10.0, 10 / 0.9, 0.9, True,
+                                                                                          False)
+    result = {"title": "t", "rows": [asdict(quiet)], "notes": []}
+    assert "WARNING" not in format_table(result) and "| >= 0.85 | yes |" in format_table(result)
+
+
+def test_bench_refuses_architectures_without_an_entry_and_presets_of_other_models():
+    with pytest.raises(ValueError, match="'hyperset' has no bench entry in the registry; benched: eqt-llama, fem"):
+        run_bench("hyperset")
+    with pytest.raises(ValueError, match="'llama-tiny' is a 'llama' preset"):
+        run_bench("llama-tiny")
+    with pytest.raises(ValueError, match="fem-lm-tiny sweeps no forward keyword"):
+        run_bench("fem-lm-tiny", sweep=(1, 2))
+
+
+def test_bench_times_image_classifiers_on_images_of_their_size(monkeypatch):
+    seen = []
+    forward_fn = speed._forward_fn
+
+    def recording_forward_fn(model, inputs, call):
+        seen.append((type(model).__name__, tuple(inputs["pixel_values"].shape), tuple(inputs["labels"].shape)))
+        return forward_fn(model, inputs, call)
+
+    monkeypatch.setattr(speed, "_forward_fn", recording_forward_fn)
+    monkeypatch.setattr(speed, "measure_peak_memory", lambda arm, settings: 2**20)
+    result = run_bench("tel-vit-tiny", BenchSettings(batch_size=2, repeats=1), baseline="tel-vit-tiny")
+    assert seen == [("TELViTForImageClassification", (2, 1, 8, 8), (2,))] * 2
+    assert [row["workload"] for row in result["rows"]] == ["forward", "train_step", "peak_memory"]
+    assert "seq" not in result["title"] and result["rows"][2]["ratio"] == 1.0
 
 
 def test_peak_memory_grows_with_the_model():
-    small = measure_peak_memory("fem-lm-tiny", BenchSettings(batch_size=1, seq_len=16))
-    large = measure_peak_memory("fem-lm-table5", BenchSettings(batch_size=1, seq_len=16))
+    settings = BenchSettings(batch_size=1, seq_len=16)
+    small = measure_peak_memory(Arm("fem-lm-tiny", "fem-lm-tiny"), settings)
+    large = measure_peak_memory(Arm("fem-lm-table5", "fem-lm-table5"), settings)
     # fem-lm-table5 has 42M parameters: weights, gradients and two AdamW moments take 4 x 4 bytes each
     assert large > 4 * 42e6 * 4 and small < 0.2 * large
 
 
 def test_bench_command_writes_json(tmp_path):
     output = tmp_path / "bench.json"
-    code = main(["bench", "--preset", "fem-lm-tiny", "--seq-len", "16", "--batch-size", "1", "--repeats", "1",
-                 "--output", str(output)])
-    assert code == 0 and json.loads(output.read_text())["rows"]["forward"]["ratio"] > 0
+    code = main(["bench", "fem-lm-tiny", "--seq-len", "16", "--batch-size", "1", "--repeats", "1", "--output",
+                 str(output)])
+    saved = json.loads(output.read_text())
+    assert code == 0 and saved["baseline"] == "llama-tiny" and saved["settings"]["seq_len"] == 16
+    assert [row["workload"] for row in saved["rows"]] == ["forward", "train_step", "peak_memory", "decode"]
 
 
 def test_bench_builds_fem_with_the_requested_prior_and_kernel_and_leaves_the_baseline_alone():
     from energyzoo.eval.speed import _build
 
-    settings = BenchSettings(preset="fem-lm-tiny", prior="ssm", kernel="torch", seq_len=16)
-    fem, llama = _build("fem-lm-tiny", settings), _build("llama-tiny", settings)
+    settings = BenchSettings(overrides={"prior": "ssm", "kernel": "torch"}, seq_len=16)
+    fem, llama = _build(Arm("fem-lm-tiny", "fem-lm-tiny"), settings), _build(Arm("b", "llama-tiny", baseline=True),
+                                                                             settings)
     assert (fem.config.prior, fem.config.kernel) == ("ssm", "torch")
     assert fem.config._attn_implementation == "sdpa" and llama.config._attn_implementation == "sdpa"
     assert type(fem.model.layers[0].self_attn).__name__ == "FEMAttention"
@@ -86,7 +137,7 @@ def test_bench_builds_fem_with_the_requested_prior_and_kernel_and_leaves_the_bas
 
 
 def test_length_scaling_reports_the_time_ratio_of_the_two_lengths_per_prior(monkeypatch):
-    from energyzoo.eval.speed import format_scaling_table, run_length_scaling
+    from energyzoo.eval.speed import run_length_scaling
 
     # a scripted timer: seconds = the number of tokens the forward saw, squared for the softmax prior
     def timed(fn, device):
@@ -96,17 +147,18 @@ def test_length_scaling_reports_the_time_ratio_of_the_two_lengths_per_prior(monk
     seen, seen_prior = [], []
     forward_fn = speed._forward_fn
 
-    def recording_forward_fn(model, ids):
+    def recording_forward_fn(model, inputs, call):
         def forward():
-            seen.append(ids.shape[1])
+            seen.append(inputs["input_ids"].shape[1])
             seen_prior.append(model.config.prior)
-            return forward_fn(model, ids)()
+            return forward_fn(model, inputs, call)()
         return forward
 
     monkeypatch.setattr(speed, "_timed", timed)
     monkeypatch.setattr(speed, "_forward_fn", recording_forward_fn)
     result = run_length_scaling(priors=("softmax", "gla"), lengths=(32, 128), repeats=1)
-    assert result["rows"]["softmax"]["ratio"] == 16.0 and result["rows"]["softmax"]["target"] is None
+    softmax, gla = result["rows"]
+    assert (softmax["arm"], softmax["ratio"], softmax["target"]) == ("softmax", 16.0, None)
     assert LINEAR_SCALING_TARGET > 4.0  # the linear prior's 4x is within the target
-    assert result["rows"]["gla"]["ratio"] == 4.0 and result["rows"]["gla"]["meets_target"] is True
-    assert "| gla" in format_scaling_table(result)
+    assert (gla["ratio"], gla["meets_target"]) == (4.0, True)
+    assert "| gla | forward T=128 / T=32 (s) | 128 | 32 | 4.000 |" in format_table(result)

@@ -61,11 +61,15 @@ def test_unknown_architectures_are_refused_by_name():
 
 @pytest.mark.parametrize("model_type", sorted(ARCHITECTURES))
 def test_every_bench_preset_is_the_architecture_and_names_a_baseline(model_type):
-    for preset in ARCHITECTURES[model_type].bench_presets:
-        assert preset in preset_names()
-        card = preset_card(preset)
-        assert card["baseline"] in preset_names()
+    entry = ARCHITECTURES[model_type].bench
+    if entry is None:
+        return
+    baselines = {preset_card(preset)["baseline"] for preset in entry.presets}
+    assert len(baselines) == 1 and baselines <= set(preset_names())  # one paired run against one baseline
+    for preset in entry.presets:
         assert type(config_from_preset(preset)) is ARCHITECTURES[model_type].config_class
+    assert set(entry.workloads) <= {"forward", "train_step", "peak_memory", "decode"}
+    assert "decode" not in entry.workloads or preset_card(entry.presets[0])["task"] == "causal-lm"
 
 
 @pytest.mark.parametrize("tester", [t for t in TESTERS if t.task == next(iter(ARCHITECTURES[t.model_type].heads))],

@@ -4,15 +4,17 @@ import json
 import statistics
 
 import pytest
+import torch
 
+from energyzoo import model_from_preset
 from energyzoo.cli import main
-from energyzoo.eval.speed import format_tel_table, run_tel_vs_vanilla
+from energyzoo.eval.speed import BenchSettings, format_table, run_bench
 from energyzoo.reproduce.tel_stage1 import MODELS, load_task
 
 
 def test_reproduce_tel_stage1_writes_a_consistent_report(tmp_path):
-    code = main(["reproduce", "tel-stage1", "--output-dir", str(tmp_path), "--datasets", "wine", "swiss_roll",
-                 "--widths", "8", "--seeds", "2", "--epochs", "30"])
+    code = main(["reproduce", "tel-stage1", "datasets=[wine,swiss_roll]", "widths=[8]", "seeds=2", "epochs=30",
+                 "--output-dir", str(tmp_path)])
     assert code == 0
     report = json.loads((tmp_path / "tel_stage1.json").read_text())
     records = report["records"]
@@ -29,7 +31,7 @@ def test_reproduce_tel_stage1_writes_a_consistent_report(tmp_path):
     assert roll["metric"] == "mse" and roll["tel"]["mean"] < 1.0  # below predicting the (standardised) mean
     markdown = (tmp_path / "tel_stage1.md").read_text()
     assert markdown.count("| wine |") == 1 and markdown.count("| swiss_roll |") == 1
-    assert (tmp_path / "tel_stage1_traces.png").read_bytes()[:4] == b"\x89PNG"
+    assert (tmp_path / "tel_stage1.png").read_bytes()[:4] == b"\x89PNG"
     trace = report["traces"]["wine"]
     assert len(trace["train"]["temperature"]) == 5
     assert len(set(trace["eval"]["temperature"])) == 1  # frozen at inference (Algorithm 1 line 14)
@@ -44,9 +46,14 @@ def test_stage1_datasets_are_the_embedded_ones():
 
 
 def test_tel_bench_rows_compare_equal_size_models():
-    result = run_tel_vs_vanilla(baseline="gpt2-tiny", variants=("tel-gpt2-tiny",), batch_size=1, seq_len=16, repeats=2)
-    baseline, head = result["rows"]["gpt2-tiny"], result["rows"]["tel-gpt2-tiny"]
-    assert baseline["ratio"] == 1.0 and head["ratio"] > 0 and head["target"] == 1.05
-    assert 0 < head["parameters"] - baseline["parameters"] < 0.005 * baseline["parameters"]
-    table = format_tel_table(result)
-    assert "| tel-gpt2-tiny |" in table and "<= 1.05" in table
+    result = run_bench("tel-gpt2-tiny", BenchSettings(batch_size=1, seq_len=16, repeats=2), baseline="gpt2-tiny")
+    (head,) = result["rows"]
+    assert (head["arm"], head["workload"], head["target"]) == ("tel-gpt2-tiny", "forward", 1.05)
+    seconds = result["raw_seconds"]["forward"]
+    paired = zip(seconds["tel-gpt2-tiny"], seconds["gpt2-tiny (baseline)"])
+    assert head["ratio"] == statistics.median(tel / gpt2 for tel, gpt2 in paired)
+    with torch.device("meta"):
+        models = [model_from_preset(name) for name in ("gpt2-tiny", "tel-gpt2-tiny")]
+    sizes = [sum(p.numel() for p in model.parameters()) for model in models]
+    assert 0 < sizes[1] - sizes[0] < 0.005 * sizes[0]  # equal size: TEL adds its few temperatures and gates
+    assert "| tel-gpt2-tiny | forward (s) |" in format_table(result) and "<= 1.05" in format_table(result)

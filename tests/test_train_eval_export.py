@@ -78,7 +78,8 @@ def test_shipped_recipes_validate_and_follow_the_papers():
     ("training.gradient_accumulation=3", "training.gradient_accumulation"),
     ("data.source=web", "data.source"),
     ("training.mixed_precision=fp8", "training.mixed_precision"),
-    ("training.learning_rte=0.1", "unknown keys"),
+    ("training.learning_rte=0.1", "Key 'learning_rte' not in 'TrainingSection'"),
+    ("trainig.steps=3", "Key 'trainig' not in 'Recipe'"),
 ])
 def test_bad_recipe_values_name_the_field(override, message):
     with pytest.raises(ValueError, match=message):
@@ -207,12 +208,23 @@ def test_local_tasks_are_well_formed():
     assert len({item["label"] for item in items}) == 4  # the answer is not always in one place
 
 
+def lm_eval_rows(text: str) -> list[list[str]]:
+    """The cells of each row of lm-eval's markdown table in ``text`` (task, version, filter, n-shot, metric, arrow,
+    value, ±, stderr); the task is named on its first row only."""
+    lines = [line for line in text.splitlines() if line.startswith("|")]
+    start = next(index for index, line in enumerate(lines) if line.replace(" ", "").startswith("|Tasks|Version|"))
+    return [[cell.strip() for cell in line.split("|")[1:-1]] for line in lines[start + 2:]]
+
+
 def test_eval_local_suite_writes_lm_eval_json_and_markdown(trained_model):
     results = json.loads((trained_model / "eval" / "local.json").read_text())["results"]
     assert 0 <= results["energyzoo_pydoc_mc"]["acc,none"] <= 1
     assert results["energyzoo_pydoc_ppl"]["bits_per_byte,none"] > 0
-    markdown = (trained_model / "eval" / "local.md").read_text()
-    assert "| energyzoo_pydoc_mc | acc |" in markdown and "| energyzoo_pydoc_ppl | bits_per_byte |" in markdown
+    rows = lm_eval_rows((trained_model / "eval" / "local.md").read_text())
+    assert [row[0] for row in rows if row[0]] == ["energyzoo_pydoc_mc", "energyzoo_pydoc_ppl"]
+    shown = {row[4]: float(row[6]) for row in rows}
+    assert shown["acc"] == pytest.approx(results["energyzoo_pydoc_mc"]["acc,none"], abs=5e-4)
+    assert shown["bits_per_byte"] == pytest.approx(results["energyzoo_pydoc_ppl"]["bits_per_byte,none"], abs=5e-4)
 
 
 # export ----------------------------------------------------------------------------------------------
@@ -251,7 +263,8 @@ def test_export_folder_card_and_push(trained_model, tmp_path):
         ("allenai/ai2_arc", "ARC-Easy", "arc_easy", "acc", 0.31)]
     # the local tasks (no Hub dataset) stay in the text, with lm-eval's settings
     mc = local["results"]["energyzoo_pydoc_mc"]["acc,none"]
-    assert f"| energyzoo_pydoc_mc | acc | {mc:.4f} |" in card.text
+    (row,) = [row for row in lm_eval_rows(card.text) if row[0] == "energyzoo_pydoc_mc"]
+    assert row[4] == "acc" and float(row[6]) == pytest.approx(mc, abs=5e-4)
     assert "lm-evaluation-harness 0.4.13" in card.text and "energyzoo_pydoc_mc 0-shot" in card.text
     assert "dtype torch.float32, batch size 8, device cpu" in card.text
     assert "`transformers>=5.23`" in card.text
@@ -449,7 +462,9 @@ def test_short_quickstart_trains_evaluates_and_exports(tmp_path):
     assert report.sample.startswith("The assert statement")
     assert 0 <= report.local_results["energyzoo_pydoc_mc"]["acc"] <= 1
     card = ModelCard.load(report.export_dir / "README.md")
-    assert card.data.language == ["en"] and "| energyzoo_pydoc_mc | acc |" in card.text  # local results: in the text
+    assert card.data.language == ["en"]
+    rows = lm_eval_rows(card.text)  # the local results (no Hub dataset): in the text
+    assert [row[0] for row in rows if row[0]] == ["energyzoo_pydoc_mc", "energyzoo_pydoc_ppl"]
     model = AutoModelForCausalLM.from_pretrained(report.export_dir, trust_remote_code=True)
     assert model.config.model_type == "fem"
     assert report.energy_plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -17,6 +17,7 @@ OUTPUT: ``MODEL_DIR/eval``), which `energyzoo export` turns into the card's `mod
 import json
 import random
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -98,18 +99,39 @@ def write_local_tasks(directory: str | Path) -> Path:
     return directory
 
 
-def format_results_table(results: dict) -> str:
-    """Markdown table of lm-eval's `results` (task, metric, value, stderr)."""
-    lines = ["| task | metric | value | stderr |", "|---|---|---|---|"]
-    for task, metrics in results["results"].items():
+@dataclass(frozen=True)
+class Score:
+    """One value of lm-eval's results: ``task``'s ``metric`` under its ``filter`` ("none" unless the task filters)."""
+
+    task: str
+    metric: str
+    filter: str
+    value: float
+    stderr: float | None
+
+
+def scores(results: dict) -> list[Score]:
+    """Every numeric metric of lm-eval's results (what `simple_evaluate` returns, or its saved JSON): lm-eval keys a
+    task's values ``"metric,filter"`` and their standard errors ``"metric_stderr,filter"``; aliases and stderrs are
+    not scores."""
+    found = []
+    for task, metrics in results.get("results", {}).items():
         for key, value in metrics.items():
-            if "," not in key or key.startswith("alias") or "_stderr" in key or not isinstance(value, (int, float)):
+            metric, _, filter_name = key.partition(",")
+            if not filter_name or metric.endswith("_stderr") or not isinstance(value, (int, float)):
                 continue
-            metric = key.split(",")[0]
-            stderr = metrics.get(f"{metric}_stderr,{key.split(',', 1)[1]}")
-            stderr_text = f"{stderr:.4f}" if isinstance(stderr, (int, float)) else ""
-            lines.append(f"| {task} | {metric} | {value:.4f} | {stderr_text} |")
-    return "\n".join(lines)
+            stderr = metrics.get(f"{metric}_stderr,{filter_name}")
+            found.append(Score(task, metric, filter_name, float(value),
+                               float(stderr) if isinstance(stderr, (int, float)) else None))
+    return found
+
+
+def format_results_table(results: dict) -> str:
+    """lm-eval's own markdown table of its results (`lm_eval.utils.make_table`)."""
+    with needs_extra("eval"):
+        from lm_eval.utils import make_table
+
+    return make_table(results)
 
 
 def require_causal_lm(model_dir: Path) -> None:

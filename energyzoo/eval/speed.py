@@ -1,23 +1,28 @@
-"""`energyzoo bench`: FEM-LM against the Llama baseline of the same shape, TEL GPT-2 against GPT-2 (DESIGN.md
-performance targets).
+"""`energyzoo bench NAME`: an architecture against the baseline of the same shape, as the registry's `Bench` entry
+declares it (presets, workloads, targets), in one table format (DESIGN.md performance targets).
 
-Rows: forward time (full sequence, no cache), train-step time (forward + backward + AdamW step), peak
-memory of a train step, and cached greedy decoding throughput. FEM and Llama run in pairs, back to back
-in one process and in alternating order, ``repeats`` times; the times are medians, and the ratio is the
-median of the per-pair ratios FEM / Llama (for decoding, tokens/s FEM / Llama), which cancels the slow
-drifts of a shared machine. On CPU, peak memory is the peak resident set of a fresh process that
-builds the model and runs train steps, minus that process's footprint before the model exists; on CUDA it
-is the allocator's peak. (Linux: the resident high-water mark is reset after imports.)
+Workloads: ``forward`` (full sequence, no cache, eval mode), ``train_step`` (forward with the model's own loss,
+backward, AdamW step), ``peak_memory`` (of a train step) and, for language models, ``decode`` (cached greedy
+decoding, tokens/s). Every arm (a preset, or one value of the entry's swept keyword) and the baseline run back to
+back in one process, in an order that rotates every repeat, ``repeats`` times after a warm-up; a row gives the
+medians and the median of the per-repeat ratios arm / baseline (baseline / arm for tokens/s), which cancels the
+slow drifts of a shared machine, with the spread (min-max) of those ratios. A spread wider than `BUSY_SPREAD` of
+the ratio says the machine was busy: such a run is no measurement. On CPU, peak memory is the peak resident set of a
+fresh process that builds the model and runs train steps, minus that process's footprint before the model exists;
+on CUDA it is the allocator's peak. (Linux: the resident high-water mark is reset after imports.)
 
-FEM options: ``prior`` replaces the preset's prior, ``kernel`` is `FEMConfig.kernel` ("auto" runs fla / mamba-ssm
-on CUDA when installed; "torch" the PyTorch reads), and ``attn_implementation`` ("sdpa" or "flash_attention_2",
-which needs bfloat16) is that of the baseline and of FEM's softmax prior (the recurrent priors run their own read).
-fem.txt Table 7 (GPT-2 size, seq 1024, batch 8, L40S) is ``preset="fem-lm-table7"`` against its "llama-table7":
-FEM-SM +L,T,G at 1.07x the forward and 1.10x the train step of flash softmax attention.
+FEM options: ``overrides`` such as ``prior`` or ``kernel`` (`FEMConfig.kernel`: "auto" runs fla / mamba-ssm on
+CUDA when installed) apply to the measured presets, never to the baseline; ``attn_implementation`` ("sdpa" or
+"flash_attention_2", which needs bfloat16) is that of the baseline and of FEM's softmax prior. fem.txt Table 7 (GPT-2
+size, seq 1024, batch 8, L40S) is ``energyzoo bench fem-lm-table7``: FEM-SM +L,T,G at 1.07x the forward and 1.10x the
+train step of flash softmax attention.
 
-``compile=True`` (`energyzoo bench --compile`) runs both models' forward through ``torch.compile`` (the default
-inductor backend, also inside the memory probe) and warms every workload up before timing, so compilation
-and recompilation for new shapes are not timed.
+``compile=True`` (`energyzoo bench --compile`) runs every model's forward through ``torch.compile`` (the default
+inductor backend, also inside the memory probe) and warms every workload up before timing, so compilation and
+recompilation for new shapes are not timed.
+
+`run_length_scaling` (`energyzoo bench --scaling`) times FEM's base model at two lengths per prior, in the same
+table: the long length is the arm, the short one its baseline.
 """
 
 import json
@@ -25,69 +30,106 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 from transformers import AutoModel
 
 from ..presets import config_from_preset, model_from_preset, preset_card
-from ..registry import ARCHITECTURES
+from ..registry import ARCHITECTURES, Bench
 
-TARGETS = {"forward": 1.10, "train_step": 1.20, "peak_memory": 1.20, "decode_tokens_per_s": 0.85}
+BUSY_SPREAD = 0.15  # (max - min) / median of the per-repeat ratios above which a run is flagged
 LINEAR_SCALING_TARGET = 4.5  # time(T=4096) / time(T=1024) for O(T) priors (DESIGN.md)
-TEL_HEAD_FORWARD_TARGET = 1.05  # TEL-head GPT-2 / GPT-2 forward time (DESIGN.md)
-EQT_FORWARD_TARGET = 2.0  # EqT-LLaMA at K = 8 / its base Llama, forward (DESIGN.md)
-
-
-def card_baseline(preset: str) -> str:
-    baseline = preset_card(preset).get("baseline")
-    if baseline is None:
-        raise ValueError(f"preset {preset!r} names no baseline in its card; pass baseline=")
-    return baseline
+UNITS = {"forward": "s", "train_step": "s", "peak_memory": "MiB", "decode": "tok/s"}
 
 
 @dataclass
 class BenchSettings:
-    preset: str = ARCHITECTURES["fem"].bench_presets[0]
-    baseline: str | None = None  # None: the preset card's baseline
-    batch_size: int = 4
-    seq_len: int = 1024
+    batch_size: int | None = None  # None: the entry's
+    seq_len: int | None = None  # None: the entry's (language models)
     repeats: int = 5
     decode_tokens: int = 64
     device: str = "cpu"
     dtype: str = "float32"
     seed: int = 0
     compile: bool = False
-    prior: str | None = None  # None: the preset's
-    kernel: str = "auto"
     attn_implementation: str = "sdpa"
-
-    def resolved_baseline(self) -> str:
-        return self.baseline or card_baseline(self.preset)
+    overrides: dict = field(default_factory=dict)  # config fields of the measured presets (FEM: prior, kernel)
 
 
-def _build(preset: str, settings: BenchSettings):
+@dataclass(frozen=True)
+class Arm:
+    """One measured model: a preset (``overrides`` applied unless it is the baseline), run with forward keywords
+    ``call``."""
+
+    label: str
+    preset: str
+    call: dict = field(default_factory=dict)
+    baseline: bool = False
+
+
+def bench_entry(name: str) -> tuple[Bench, tuple[str, ...]]:
+    """(the registry's bench entry, the presets to measure) for an architecture or one of its presets."""
+    model_type = name if name in ARCHITECTURES else config_from_preset(name).model_type
+    if model_type not in ARCHITECTURES:
+        raise ValueError(f"{name!r} is a {model_type!r} preset; energyzoo bench measures zoo architectures")
+    entry = ARCHITECTURES[model_type].bench
+    if entry is None:
+        benched = sorted(key for key, value in ARCHITECTURES.items() if value.bench is not None)
+        raise ValueError(f"{model_type!r} has no bench entry in the registry; benched: {', '.join(benched)}")
+    return entry, entry.presets if name in ARCHITECTURES else (name,)
+
+
+def card_baseline(presets: tuple[str, ...]) -> str:
+    """The one baseline the presets' cards name."""
+    baselines = {preset: preset_card(preset).get("baseline") for preset in presets}
+    if None in baselines.values() or len(set(baselines.values())) != 1:
+        raise ValueError(f"the presets' cards must name one baseline (got {baselines}); pass baseline=")
+    return next(iter(baselines.values()))
+
+
+def bench_arms(entry: Bench, presets: tuple[str, ...], baseline: str) -> list[Arm]:
+    arms = [Arm(f"{baseline} (baseline)", baseline, baseline=True)]
+    for preset in presets:
+        if entry.sweep is None:
+            arms.append(Arm(preset, preset))
+        else:
+            keyword, values = entry.sweep
+            arms += [Arm(f"{preset} {keyword}={value}", preset, {keyword: value}) for value in values]
+    return arms
+
+
+def _build(arm: Arm, settings: BenchSettings):
     torch.manual_seed(settings.seed)
-    overrides = {"max_position_embeddings": max(4096, settings.seq_len + settings.decode_tokens)}
-    if config_from_preset(preset).model_type == "fem":
-        overrides.update(kernel=settings.kernel, **({} if settings.prior is None else {"prior": settings.prior}))
-    model = model_from_preset(preset, **overrides)
-    if getattr(model.config, "prior", "softmax") == "softmax":
+    overrides = {} if arm.baseline else dict(settings.overrides)
+    if preset_card(arm.preset)["task"] == "causal-lm":
+        needed = settings.seq_len + settings.decode_tokens
+        overrides["max_position_embeddings"] = max(needed, config_from_preset(arm.preset).max_position_embeddings)
+    model = model_from_preset(arm.preset, **overrides)
+    if settings.attn_implementation != "sdpa" and getattr(model.config, "prior", "softmax") == "softmax":
         model.set_attn_implementation(settings.attn_implementation)
     model = model.to(device=settings.device, dtype=getattr(torch, settings.dtype))
     if settings.compile:  # the forward, so that generate() and train steps run the compiled model too
-        # Both models' forwards are transformers' `can_return_tuple` wrapper, one code object: their graphs
-        # (eval, train, prefill, decode, each per model) share dynamo's per-code cache, whose default of 8
-        # entries would send the rest back to eager.
+        # Every model's forward is transformers' `can_return_tuple` wrapper, one code object: their graphs (eval,
+        # train, prefill, decode, each per model) share dynamo's per-code cache, whose default of 8 entries would
+        # send the rest back to eager.
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
         model.forward = torch.compile(model.forward)
     return model
 
 
-def _batch(model, settings: BenchSettings) -> torch.Tensor:
+def _inputs(model, settings: BenchSettings) -> dict[str, torch.Tensor]:
+    """A seeded batch of the model's task, with labels: token ids for language models, images for classifiers."""
     generator = torch.Generator().manual_seed(settings.seed)
-    ids = torch.randint(0, model.config.vocab_size, (settings.batch_size, settings.seq_len), generator=generator)
-    return ids.to(settings.device)
+    config = model.config
+    if hasattr(config, "num_channels"):
+        side = getattr(config, "image_size", 224)
+        pixels = torch.randn(settings.batch_size, config.num_channels, side, side, generator=generator)
+        labels = torch.randint(0, config.num_labels, (settings.batch_size,), generator=generator)
+        return {"pixel_values": pixels.to(settings.device, getattr(torch, settings.dtype)),
+                "labels": labels.to(settings.device)}
+    ids = torch.randint(0, config.vocab_size, (settings.batch_size, settings.seq_len), generator=generator)
+    return {"input_ids": ids.to(settings.device), "labels": ids.to(settings.device)}
 
 
 def _synchronize(device: str) -> None:
@@ -103,44 +145,57 @@ def _timed(fn, device: str) -> float:
     return time.perf_counter() - start
 
 
-def _forward_fn(model, ids):
+def _forward_fn(model, inputs: dict, call: dict):
+    features = {key: value for key, value in inputs.items() if key != "labels"}
+
     def forward():
         model.eval()
         with torch.no_grad():
-            model(input_ids=ids, use_cache=False)
+            model(**features, **call, **({"use_cache": False} if "input_ids" in features else {}))
 
     return forward
 
 
-def _train_step_fn(model, ids):
+def _train_step_fn(model, inputs: dict, call: dict):
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
     def train_step():
         model.train()
-        model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+        model(**inputs, **call, **({"use_cache": False} if "input_ids" in inputs else {})).loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
     return train_step
 
 
-def _decode_fn(model, ids, tokens: int):
-    prompt = ids[:1, :32]
+def _decode_fn(model, inputs: dict, call: dict, tokens: int):
+    prompt = inputs["input_ids"][:1, :32]
 
     def decode():
         model.eval()
         model.generate(prompt, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False, use_cache=True,
-                       pad_token_id=0)
+                       pad_token_id=0, **call)
 
     return decode
 
 
-def _status_bytes(field: str) -> int:
+TIMED = ("forward", "train_step", "decode")
+
+
+def _workload_fn(workload: str, model, inputs: dict, arm: Arm, settings: BenchSettings):
+    if workload == "forward":
+        return _forward_fn(model, inputs, arm.call)
+    if workload == "train_step":
+        return _train_step_fn(model, inputs, arm.call)
+    return _decode_fn(model, inputs, arm.call, settings.decode_tokens)
+
+
+def _status_bytes(field_name: str) -> int:
     with open("/proc/self/status") as handle:
         for line in handle:
-            if line.startswith(field + ":"):
+            if line.startswith(field_name + ":"):
                 return int(line.split()[1]) * 1024
-    raise RuntimeError(f"{field} not in /proc/self/status")
+    raise RuntimeError(f"{field_name} not in /proc/self/status")
 
 
 def _reset_peak_resident() -> None:
@@ -149,20 +204,20 @@ def _reset_peak_resident() -> None:
         handle.write("5")
 
 
-def measure_peak_memory(preset: str, settings: BenchSettings) -> int:
-    """Peak bytes a train step of ``preset`` needs (parameters, gradients, optimiser state, activations)."""
+def measure_peak_memory(arm: Arm, settings: BenchSettings) -> int:
+    """Peak bytes a train step of ``arm`` needs (parameters, gradients, optimiser state, activations)."""
     if settings.device.startswith("cuda"):
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
         before = torch.cuda.memory_allocated()
-        model = _build(preset, settings)
-        step = _train_step_fn(model, _batch(model, settings))
+        model = _build(arm, settings)
+        step = _train_step_fn(model, _inputs(model, settings), arm.call)
         step()
         step()
         peak = torch.cuda.max_memory_allocated() - before
         del model, step
         return peak
-    probe = json.dumps({"preset": preset, "settings": asdict(settings)})
+    probe = json.dumps({"arm": asdict(arm), "settings": asdict(settings)})
     result = subprocess.run([sys.executable, "-m", "energyzoo.eval.speed", probe], capture_output=True, text=True,
                             check=True)
     return int(result.stdout.strip().splitlines()[-1])
@@ -170,13 +225,13 @@ def measure_peak_memory(preset: str, settings: BenchSettings) -> int:
 
 def _memory_probe(payload: str) -> None:
     request = json.loads(payload)
-    settings = BenchSettings(**request["settings"])
+    arm, settings = Arm(**request["arm"]), BenchSettings(**request["settings"])
     with torch.device("meta"):  # import every module the model needs before taking the baseline
-        _train_step_fn(model_from_preset(request["preset"]), None)
+        _train_step_fn(model_from_preset(arm.preset), {}, {})
     before = _status_bytes("VmRSS")
     _reset_peak_resident()
-    model = _build(request["preset"], settings)
-    step = _train_step_fn(model, _batch(model, settings))
+    model = _build(arm, settings)
+    step = _train_step_fn(model, _inputs(model, settings), arm.call)
     step()
     step()
     print(_status_bytes("VmHWM") - before)
@@ -196,106 +251,117 @@ def _paired_times(fns: dict, repeats: int, device: str) -> dict[str, list[float]
     return times
 
 
-def run_fem_vs_llama(settings: BenchSettings) -> dict:
-    """Measure the preset and its baseline; returns a JSON-ready dict of medians, ratios and targets."""
+@dataclass
+class BenchRow:
+    """One line of the bench table: ``arm``'s ``workload`` against its baseline's."""
+
+    arm: str
+    workload: str
+    unit: str
+    value: float
+    baseline: float
+    ratio: float  # the median per-repeat ratio (arm / baseline; baseline / arm for tokens/s)
+    spread: tuple[float, float]  # min and max of the per-repeat ratios
+    target: float | None  # an upper bound on the ratio, a lower one for decode
+    meets_target: bool | None = None
+    busy: bool = False
+
+    def __post_init__(self):
+        if self.target is not None:
+            self.meets_target = self.ratio >= self.target if self.workload == "decode" else self.ratio <= self.target
+        self.busy = (self.spread[1] - self.spread[0]) > BUSY_SPREAD * self.ratio
+
+
+def timed_row(arm: str, workload: str, seconds: list[float], baseline: list[float], target: float | None,
+              per_call: float = 1.0) -> BenchRow:
+    """A row from paired per-repeat seconds; ``per_call`` > 1 turns seconds into a rate (tokens per call)."""
+    if workload == "decode":
+        ratios = [base / own for own, base in zip(seconds, baseline)]
+        value, reference = per_call / statistics.median(seconds), per_call / statistics.median(baseline)
+    else:
+        ratios = [own / base for own, base in zip(seconds, baseline)]
+        value, reference = statistics.median(seconds), statistics.median(baseline)
+    return BenchRow(arm, workload, UNITS.get(workload, "s"), value, reference, statistics.median(ratios),
+                    (min(ratios), max(ratios)), target)
+
+
+def sweep_fit(entry: Bench, rows: list[BenchRow], workload: str = "forward") -> str | None:
+    """The swept keyword's cost: ratio = intercept + slope x value by least squares, with the largest deviation of a
+    measured ratio from the line (linear in the keyword when it is small)."""
+    if entry.sweep is None:
+        return None
+    keyword, _ = entry.sweep
+    points = [(int(row.arm.rsplit("=", 1)[1]), row.ratio) for row in rows if row.workload == workload]
+    if len(points) < 2:
+        return None
+    slope, intercept = statistics.linear_regression(*zip(*points))
+    deviation = max(abs(ratio - (intercept + slope * value)) for value, ratio in points)
+    return (f"linear fit of the {workload} ratio: {intercept:.3f} + {slope:.4f} {keyword} (largest deviation "
+            f"{deviation:.3f})")
+
+
+def run_bench(name: str, settings: BenchSettings | None = None, baseline: str | None = None,
+              sweep: tuple[int, ...] | None = None) -> dict:
+    """Measure an architecture (its entry's presets) or one preset against the baseline; a JSON-ready dict with
+    the rows (`BenchRow`), notes and the raw seconds. ``sweep`` replaces the values of the entry's swept keyword."""
+    entry, presets = bench_entry(name)
+    if sweep is not None:
+        if entry.sweep is None:
+            raise ValueError(f"{name} sweeps no forward keyword; drop --sweep")
+        entry = replace(entry, sweep=(entry.sweep[0], tuple(sweep)))
+    settings = replace(settings or BenchSettings(), batch_size=(settings and settings.batch_size) or entry.batch_size,
+                       seq_len=(settings and settings.seq_len) or entry.seq_len)
+    for preset in presets:  # refuse a field the measured presets do not have before building anything
+        config_from_preset(preset, **settings.overrides)
     torch.set_grad_enabled(True)
-    names = {"fem": settings.preset, "llama": settings.resolved_baseline()}
-    models = {key: _build(name, settings) for key, name in names.items()}
-    ids = _batch(models["fem"], settings)
-    workloads = {
-        "forward": {key: _forward_fn(model, ids) for key, model in models.items()},
-        "train_step": {key: _train_step_fn(model, ids) for key, model in models.items()},
-        "decode": {key: _decode_fn(model, ids, settings.decode_tokens) for key, model in models.items()},
-    }
-    times = {workload: _paired_times(fns, settings.repeats, settings.device) for workload, fns in workloads.items()}
-    del models, workloads
-    memory = {key: measure_peak_memory(name, settings) for key, name in names.items()}
-
-    def timed_row(workload: str) -> dict:
-        per = times[workload]
-        paired = [fem / llama for fem, llama in zip(per["fem"], per["llama"])]
-        return {"unit": "s", "fem": statistics.median(per["fem"]), "llama": statistics.median(per["llama"]),
-                "ratio": statistics.median(paired)}
-
-    rows = {
-        "forward": timed_row("forward"),
-        "train_step": timed_row("train_step"),
-        "peak_memory": {"unit": "MiB", "fem": memory["fem"] / 2**20, "llama": memory["llama"] / 2**20,
-                        "ratio": memory["fem"] / memory["llama"]},
-    }
-    decode = timed_row("decode")
-    rows["decode_tokens_per_s"] = {"unit": "tok/s", "fem": settings.decode_tokens / decode["fem"],
-                                   "llama": settings.decode_tokens / decode["llama"], "ratio": 1 / decode["ratio"]}
-    for name, row in rows.items():
-        row["target"] = TARGETS[name]
-        higher_is_better = name == "decode_tokens_per_s"
-        row["meets_target"] = row["ratio"] >= row["target"] if higher_is_better else row["ratio"] <= row["target"]
-    prior = settings.prior or config_from_preset(settings.preset).prior
-    return {"settings": asdict(settings), "models": names, "prior": prior, "torch": torch.__version__,
-            "threads": torch.get_num_threads(), "rows": rows, "raw_seconds": times}
+    arms = bench_arms(entry, presets, baseline or card_baseline(presets))
+    models = {preset: _build(Arm(preset, preset, baseline=preset == arms[0].preset), settings)
+              for preset in dict.fromkeys(arm.preset for arm in arms)}
+    inputs = _inputs(models[arms[0].preset], settings)
+    times = {workload: _paired_times({arm.label: _workload_fn(workload, models[arm.preset], inputs, arm, settings)
+                                      for arm in arms}, settings.repeats, settings.device)
+             for workload in entry.workloads if workload in TIMED}
+    configs = {preset: model.config for preset, model in models.items()}
+    del models
+    base = arms[0]
+    rows = []
+    for workload in entry.workloads:
+        if workload == "peak_memory":
+            memory = {arm.label: measure_peak_memory(arm, settings) / 2**20 for arm in arms}
+        for arm in arms[1:]:
+            target = entry.targets(configs[arm.preset], arm.call).get(workload)
+            if workload == "peak_memory":
+                ratio = memory[arm.label] / memory[base.label]
+                rows.append(BenchRow(arm.label, workload, UNITS[workload], memory[arm.label], memory[base.label],
+                                     ratio, (ratio, ratio), target))
+            else:
+                rows.append(timed_row(arm.label, workload, times[workload][arm.label], times[workload][base.label],
+                                      target, per_call=settings.decode_tokens if workload == "decode" else 1.0))
+    shape = (f"batch {settings.batch_size}" + (f", seq {settings.seq_len}" if "input_ids" in inputs else "")
+             + f", {settings.dtype} on {settings.device}" + (", torch.compile" if settings.compile else ""))
+    title = f"{', '.join(presets)} vs {base.preset} ({shape}, median of {settings.repeats} paired repeats)"
+    notes = [note for note in [sweep_fit(entry, rows)] if note]
+    return {"title": title, "settings": asdict(settings), "baseline": base.preset, "presets": list(presets),
+            "torch": torch.__version__, "threads": torch.get_num_threads(), "rows": [asdict(row) for row in rows],
+            "notes": notes, "raw_seconds": times}
 
 
 def format_table(result: dict) -> str:
-    models = result["models"]
-    settings = result["settings"]
-    compiled = ", torch.compile" if settings.get("compile") else ""
-    lines = [
-        f"{models['fem']} vs {models['llama']}  (batch {settings['batch_size']}, seq {settings['seq_len']}, "
-        f"{settings['dtype']} on {settings['device']}{compiled}, median of {settings['repeats']}; FEM prior "
-        f"{result['prior']}, kernel {settings['kernel']}, attention {settings['attn_implementation']})",
-        f"| {'metric':<20} | {'FEM':>10} | {'Llama':>10} | {'ratio':>6} | {'target':>7} | ok  |",
-        f"|{'-' * 22}|{'-' * 12}|{'-' * 12}|{'-' * 8}|{'-' * 9}|-----|",
-    ]
-    for name, row in result["rows"].items():
-        bound = ">=" if name == "decode_tokens_per_s" else "<="
-        lines.append(
-            f"| {name + ' (' + row['unit'] + ')':<20} | {row['fem']:>10.4g} | {row['llama']:>10.4g} | "
-            f"{row['ratio']:>6.3f} | {bound}{row['target']:>5.2f} | {'yes' if row['meets_target'] else 'NO':<3} |"
-        )
-    return "\n".join(lines)
-
-
-def run_tel_vs_vanilla(
-    variants: tuple[str, ...] = ARCHITECTURES["tel-gpt2"].bench_presets,
-    baseline: str | None = None,
-    batch_size: int = 2,
-    seq_len: int = 512,
-    repeats: int = 9,
-    device: str = "cpu",
-) -> dict:
-    """Forward time of TEL models against their vanilla baseline of equal size (DESIGN.md: TEL-head GPT-2 <=
-    1.05x GPT-2); ratio = median over repeats of the per-repeat ratio variant / baseline. ``baseline`` None: the
-    first variant's card baseline."""
-    baseline = baseline or card_baseline(variants[0])
-    names = {"baseline": baseline, **{variant: variant for variant in variants}}
-    models, sizes = {}, {}
-    for key, name in names.items():
-        torch.manual_seed(0)
-        models[key] = model_from_preset(name).to(device)
-        sizes[key] = sum(p.numel() for p in models[key].parameters())
-    ids = torch.randint(0, models["baseline"].config.vocab_size, (batch_size, seq_len), device=device)
-    times = _paired_times({key: _forward_fn(model, ids) for key, model in models.items()}, repeats, device)
-    rows = {}
-    for key in names:
-        ratio = statistics.median(t / b for t, b in zip(times[key], times["baseline"]))
-        target = TEL_HEAD_FORWARD_TARGET if getattr(models[key].config, "tel_placement", None) == "head" else None
-        rows[names[key]] = {"seconds": statistics.median(times[key]), "parameters": sizes[key], "ratio": ratio,
-                            "target": target, "meets_target": None if target is None else ratio <= target}
-    return {"baseline": baseline, "batch_size": batch_size, "seq_len": seq_len, "repeats": repeats, "device": device,
-            "threads": torch.get_num_threads(), "rows": rows, "raw_seconds": times}
-
-
-def format_tel_table(result: dict) -> str:
-    lines = [
-        f"TEL vs {result['baseline']} forward (batch {result['batch_size']}, seq {result['seq_len']}, "
-        f"{result['device']}, median of {result['repeats']} paired repeats)",
-        "| model | parameters | forward (s) | ratio | target |",
-        "|---|---|---|---|---|",
-    ]
-    for name, row in result["rows"].items():
-        target = "" if row["target"] is None else f"<= {row['target']} ({'met' if row['meets_target'] else 'NOT met'})"
-        lines.append(f"| {name} | {row['parameters'] / 1e6:.2f}M | {row['seconds']:.4f} | {row['ratio']:.3f} "
-                     f"| {target} |")
+    """The one bench table: a row per arm and workload, then the notes and a warning for a busy machine."""
+    lines = [result["title"],
+             "| model | metric | value | baseline | ratio | spread (min-max) | target | ok |",
+             "|---|---|---|---|---|---|---|---|"]
+    for row in result["rows"]:
+        bound = "" if row["target"] is None else f"{'>=' if row['workload'] == 'decode' else '<='} {row['target']:.2f}"
+        ok = {None: "", True: "yes", False: "NO"}[row["meets_target"]]
+        low, high = row["spread"]
+        lines.append(f"| {row['arm']} | {row['workload']} ({row['unit']}) | {row['value']:.4g} | {row['baseline']:.4g} "
+                     f"| {row['ratio']:.3f} | {low:.3f}-{high:.3f} | {bound} | {ok} |")
+    lines += result["notes"]
+    busy = sorted({f"{row['arm']} {row['workload']}" for row in result["rows"] if row["busy"]})
+    if busy:
+        lines.append(f"WARNING: the per-repeat ratios spread over more than {BUSY_SPREAD:.0%} of the ratio ("
+                     f"{', '.join(busy)}): the machine was busy; rerun on a quiet machine before quoting the ratios")
     return "\n".join(lines)
 
 
@@ -307,97 +373,25 @@ def run_length_scaling(
     batch_size: int = 2,
     device: str = "cpu",
 ) -> dict:
-    """Forward time of the base model (no LM head, whose cost is linear in T for every prior) at two
-    lengths, per prior: the ratio is ~(long/short)^2 for softmax and ~long/short for recurrent priors."""
+    """Forward time of the base model (no LM head, whose cost is linear in T for every prior) at two lengths, per
+    prior, paired: the ratio is ~(long/short)^2 for softmax and ~long/short for recurrent priors."""
     short, long = lengths
-    rows = {}
+    rows, times = [], {}
     for prior in priors:
         torch.manual_seed(0)
         config = config_from_preset(preset, prior=prior, max_position_embeddings=max(lengths))
-        model = AutoModel.from_config(config).to(device).eval()
-        seconds = {}
-        for length in lengths:
-            ids = torch.randint(0, config.vocab_size, (batch_size, length), device=device)
-            fn = _forward_fn(model, ids)
-            fn()
-            seconds[length] = statistics.median(_timed(fn, device) for _ in range(repeats))
-        ratio = seconds[long] / seconds[short]
+        model = AutoModel.from_config(config).to(device)
+        fns = {length: _forward_fn(model, {"input_ids": torch.randint(0, config.vocab_size, (batch_size, length),
+                                                                      device=device)}, {})
+               for length in lengths}
+        times[prior] = _paired_times(fns, repeats, device)
         target = None if prior == "softmax" else LINEAR_SCALING_TARGET
-        rows[prior] = {"seconds": seconds, "ratio": ratio, "target": target,
-                       "meets_target": None if target is None else ratio <= target}
-    return {"preset": preset, "lengths": list(lengths), "batch_size": batch_size, "repeats": repeats, "rows": rows}
-
-
-def format_scaling_table(result: dict) -> str:
-    short, long = result["lengths"]
-    lines = [
-        f"forward time vs sequence length ({result['preset']} base model, batch {result['batch_size']}, "
-        f"median of {result['repeats']})",
-        f"| prior   | T={short} (s) | T={long} (s) | ratio | target  |",
-        "|---------|------------|------------|-------|---------|",
-    ]
-    for prior, row in result["rows"].items():
-        target = "~16 (O(T^2))" if row["target"] is None else f"<= {row['target']}"
-        lines.append(f"| {prior:<7} | {row['seconds'][short]:>10.4f} | {row['seconds'][long]:>10.4f} | "
-                     f"{row['ratio']:>5.2f} | {target} |")
-    return "\n".join(lines)
-
-
-def run_eqt_vs_llama(
-    preset: str = ARCHITECTURES["eqt-llama"].bench_presets[0],
-    steps: tuple[int, ...] = (0, 1, 2, 4, 8, 16),
-    batch_size: int = 1,
-    seq_len: int = 512,
-    repeats: int = 5,
-    device: str = "cpu",
-) -> dict:
-    """Inference forward time of EqT-LLaMA at each K against its base Llama (the card's baseline, whose weights it
-    loads), in one paired run: per repeat, Llama and EqT at every K back to back in rotating order; the ratio at K
-    is the median of the per-repeat ratios. ``linear_fit``: time(K) / Llama = intercept + slope K by least squares
-    over the K's, with the largest deviation of a measured ratio from the line (linear in K when it is small)."""
-    torch.manual_seed(0)
-    baseline = card_baseline(preset)
-    llama = model_from_preset(baseline).to(device).eval()
-    eqt = model_from_preset(preset).to(device).eval()
-    eqt.load_state_dict(llama.state_dict(), strict=False)
-    ids = torch.randint(0, llama.config.vocab_size, (batch_size, seq_len), device=device)
-
-    def forward(model, **options):
-        def run():
-            with torch.no_grad():
-                model(input_ids=ids, use_cache=False, **options)
-        return run
-
-    fns = {"llama": forward(llama), **{f"K={k}": forward(eqt, refinement_steps=k) for k in steps}}
-    times = _paired_times(fns, repeats, device)
-    ratios = {k: statistics.median(e / b for e, b in zip(times[f"K={k}"], times["llama"])) for k in steps}
-    slope, intercept = statistics.linear_regression(list(steps), [ratios[k] for k in steps])
-    deviation = max(abs(ratios[k] - (intercept + slope * k)) for k in steps)
-    at_eight = ratios.get(8)
-    return {"preset": preset, "baseline": baseline, "batch_size": batch_size, "seq_len": seq_len, "repeats": repeats,
-            "device": device, "threads": torch.get_num_threads(), "llama_seconds": statistics.median(times["llama"]),
-            "seconds": {k: statistics.median(times[f"K={k}"]) for k in steps}, "ratios": ratios,
-            "linear_fit": {"intercept": intercept, "slope_per_step": slope, "max_deviation": deviation},
-            "target": EQT_FORWARD_TARGET, "meets_target": None if at_eight is None else at_eight <= EQT_FORWARD_TARGET,
-            "raw_seconds": times}
-
-
-def format_eqt_table(result: dict) -> str:
-    fit = result["linear_fit"]
-    lines = [
-        f"{result['preset']} vs {result['baseline']} inference forward (batch {result['batch_size']}, seq "
-        f"{result['seq_len']}, {result['device']}, median of {result['repeats']} paired repeats; Llama "
-        f"{result['llama_seconds']:.3f} s)",
-        "| K | EqT (s) | EqT / Llama |",
-        "|---|---|---|",
-    ]
-    for k, ratio in result["ratios"].items():
-        lines.append(f"| {k} | {result['seconds'][k]:.3f} | {ratio:.3f} |")
-    verdict = "" if result["meets_target"] is None else (
-        f"; K = 8 target <= {result['target']}: {'met' if result['meets_target'] else 'NOT met'}")
-    lines.append(f"linear fit: ratio = {fit['intercept']:.3f} + {fit['slope_per_step']:.4f} K (largest deviation "
-                 f"{fit['max_deviation']:.3f}){verdict}")
-    return "\n".join(lines)
+        rows.append(timed_row(prior, f"forward T={long} / T={short}", times[prior][long], times[prior][short], target))
+    title = (f"forward time vs sequence length per prior ({preset} base model, batch {batch_size}, {device}, median of "
+             f"{repeats} paired repeats; softmax grows ~{(long / short) ** 2:.0f}x, O(T) priors ~{long / short:.0f}x)")
+    return {"title": title, "preset": preset, "lengths": list(lengths), "rows": [asdict(row) for row in rows],
+            "notes": [], "raw_seconds": {prior: {str(k): v for k, v in seconds.items()} for prior, seconds in
+                                         times.items()}}
 
 
 if __name__ == "__main__":

@@ -14,18 +14,19 @@ folder holding other files; it is written beside its final place and renamed int
 
 import json
 import shutil
+from dataclasses import asdict
 from importlib import resources
 from pathlib import Path
 
-import yaml
 from huggingface_hub import EvalResult, HfApi, ModelCard, ModelCardData
 from transformers import AutoConfig, AutoTokenizer
 
+from ..eval.harness import scores
 from ..modeling.checks import MINIMUM_TRANSFORMERS
 from ..registry import ARCHITECTURES, TASKS, architecture, auto_map_for
-from ..training.checkpoints import write_folder_whole
+from ..training.checkpoints import RECIPE, write_folder_whole
 from ..training.data import image_processor_for
-from ..training.recipe import DataSection
+from ..training.recipe import Recipe, read_recipe
 from ..training.tasks import training_task
 
 SKIPPED_CONFIG_KEYS = {"auto_map", "architectures", "transformers_version", "id2label", "label2id", "dtype"}
@@ -69,9 +70,10 @@ def hub_dataset_id(name: str | None) -> str | None:
     return None if name in PACKAGED_BUILDERS else hub_repository_id(name)
 
 
-def _recipe(model_dir: Path) -> dict | None:
-    path = model_dir / "recipe.yaml"
-    return yaml.safe_load(path.read_text()) if path.exists() else None
+def _recipe(model_dir: Path) -> Recipe | None:
+    """The recipe an `energyzoo train` run saved beside its model, read as a typed `Recipe`; None without one."""
+    path = model_dir / RECIPE
+    return read_recipe(path) if path.exists() else None
 
 
 def eval_results(model_dir: Path, pipeline_tag: str) -> list[EvalResult]:
@@ -81,36 +83,33 @@ def eval_results(model_dir: Path, pipeline_tag: str) -> list[EvalResult]:
     its ``dataset_name`` as the config). Results on local or generated data stay in the card's tables."""
     results = []
     recipe, metrics_path = _recipe(model_dir), model_dir / "training_metrics.json"
-    streamed = recipe and recipe["data"]["source"].startswith("hf")
-    source = hub_dataset_id(recipe["data"].get("name")) if streamed else None
+    streamed = recipe and recipe.data.source.startswith("hf")
+    source = hub_dataset_id(recipe.data.name) if streamed else None
     if source and metrics_path.exists():
         for key, value in json.loads(metrics_path.read_text()).items():
             if key.startswith("validation_") and key != "validation_loss":
                 results.append(EvalResult(task_type=pipeline_tag, dataset_type=source, dataset_name=source,
-                                          dataset_config=recipe["data"].get("subset"), dataset_split="validation",
+                                          dataset_config=recipe.data.subset, dataset_split="validation",
                                           metric_type=key.removeprefix("validation_"), metric_value=value))
     for path in sorted((model_dir / "eval").glob("*.json")):
         evaluation = json.loads(path.read_text())
-        for task, metrics in evaluation.get("results", {}).items():
-            task_config = evaluation.get("configs", {}).get(task, {})
+        for score in scores(evaluation):
+            task_config = evaluation.get("configs", {}).get(score.task, {})
             dataset = hub_dataset_id(task_config.get("dataset_path"))
-            if dataset is None:
-                continue
-            for key, value in metrics.items():
-                if "," in key and "_stderr" not in key and isinstance(value, (int, float)):
-                    results.append(EvalResult(
-                        task_type=pipeline_tag, dataset_type=dataset, dataset_name=task,
-                        dataset_config=task_config.get("dataset_name"), dataset_split=task_config.get("test_split"),
-                        metric_type=key.split(",")[0], metric_value=float(value),
-                        task_name=f"{task} ({evaluation.get('n-shot', {}).get(task, 0)}-shot, lm-eval)"))
+            if dataset is not None:
+                results.append(EvalResult(
+                    task_type=pipeline_tag, dataset_type=dataset, dataset_name=score.task,
+                    dataset_config=task_config.get("dataset_name"), dataset_split=task_config.get("test_split"),
+                    metric_type=score.metric, metric_value=score.value,
+                    task_name=f"{score.task} ({evaluation.get('n-shot', {}).get(score.task, 0)}-shot, lm-eval)"))
     return results
 
 
 def card_datasets(model_dir: Path) -> list[str]:
     """The Hub ids of the datasets the model was trained or evaluated on."""
     recipe, names = _recipe(model_dir), []
-    if recipe and recipe["data"]["source"].startswith("hf"):
-        names.append(recipe["data"].get("name"))
+    if recipe and recipe.data.source.startswith("hf"):
+        names.append(recipe.data.name)
     for path in sorted((model_dir / "eval").glob("*.json")):
         names.extend(task.get("dataset_path") for task in json.loads(path.read_text()).get("configs", {}).values())
     return sorted({hub_dataset_id(name) for name in names} - {None})
@@ -125,19 +124,18 @@ def _config_table(config) -> str:
 
 
 def _training_data(model_dir: Path, task: str) -> str:
-    recipe_path = model_dir / "recipe.yaml"
-    if not recipe_path.exists():
+    recipe = _recipe(model_dir)
+    if recipe is None:
         return "No training recipe in the folder: the weights were initialised or trained outside `energyzoo train`."
-    recipe = yaml.safe_load(recipe_path.read_text())
-    data, training = recipe["data"], recipe["training"]
-    source = training_task(task).sources[data["source"]].format(**data)
+    training = recipe.training
+    source = training_task(task).sources[recipe.data.source].format(**asdict(recipe.data))
     metrics_path = model_dir / "training_metrics.json"
     metrics = json.loads(metrics_path.read_text()) if metrics_path.exists() else {}
     validation = ", ".join(f"{key.removeprefix('validation_')} {value:.4f}" for key, value in metrics.items()
                            if key.startswith("validation_"))
-    return (f"Trained with `energyzoo train` on {source}: {training['steps']} steps of {training['batch_size']} "
-            f"examples, AdamW lr {training['learning_rate']}, weight decay {training['weight_decay']}, seed "
-            f"{training['seed']}. The full recipe is `recipe.yaml` in this repository."
+    return (f"Trained with `energyzoo train` on {source}: {training.steps} steps of {training.batch_size} "
+            f"examples, AdamW lr {training.learning_rate}, weight decay {training.weight_decay}, seed "
+            f"{training.seed}. The full recipe is `{RECIPE}` in this repository."
             + (f" Held-out validation at the end: {validation}." if validation else ""))
 
 
@@ -177,8 +175,8 @@ def render_card(model, model_dir: Path, task: str, repo_id: str | None = None,
     pipeline_tag = runnable_pipeline(task, exported or model_dir)
     results = eval_results(model_dir, TASKS[task].pipeline_tag)
     recipe = _recipe(model_dir)
-    language = recipe["data"].get("language") if recipe else None
-    base_model = hub_repository_id(recipe["model"].get("init_from")) if recipe else None
+    language = recipe.data.language if recipe else None
+    base_model = hub_repository_id(recipe.model.init_from) if recipe else None
     card_data = ModelCardData(library_name="transformers", pipeline_tag=pipeline_tag, license="apache-2.0",
                               tags=["energyzoo", model_type, "custom_code"], model_name=name, base_model=base_model,
                               datasets=card_datasets(model_dir) or None, language=language,
@@ -232,9 +230,9 @@ def export_folder(model_dir: str | Path, output_dir: str | Path, push_to: str | 
         export_model(model, folder, tokenizer)
         if task == "image-classification":
             recipe = _recipe(model_dir)
-            image_processor_for(DataSection(**recipe["data"]) if recipe else None, model.config).save_pretrained(folder)
+            image_processor_for(recipe.data if recipe else None, model.config).save_pretrained(folder)
         render_card(model, model_dir, task, push_to, exported=folder).save(folder / "README.md")
-        for extra in ("recipe.yaml", "training_metrics.json"):
+        for extra in (RECIPE, "training_metrics.json"):
             if (model_dir / extra).exists():
                 shutil.copy(model_dir / extra, folder / extra)
         if (model_dir / "eval").exists():

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import torch
 
-from ..extras import needs_extra
 from ..training.induction import induction_batch, induction_metrics
 from ..training.recipe import load_recipe
 from ..training.run import run_training
@@ -148,16 +147,10 @@ def format_markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
-def write_report(report: dict, output_dir: str | Path) -> dict[str, Path]:
-    with needs_extra("plots"):
-        from matplotlib.figure import Figure
+def plot(report: dict, path: Path) -> None:
+    """Accuracy at each evaluation length and S, P, K over training, per loss."""
+    from matplotlib.figure import Figure
 
-    output_dir = Path(output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    paths = {"markdown": output_dir / "eer_induction.md", "json": output_dir / "eer_induction.json",
-             "plot": output_dir / "eer_induction.png"}
-    paths["markdown"].write_text(format_markdown(report) + "\n")
-    paths["json"].write_text(json.dumps(report, indent=2))
     lengths = report["settings"]["eval_lengths"]
     figure = Figure(figsize=(4.0 * (len(lengths) + len(TERMS)), 3.4))
     axes = figure.subplots(1, len(lengths) + len(TERMS))
@@ -176,5 +169,4 @@ def write_report(report: dict, output_dir: str | Path) -> dict[str, Path]:
         axis.legend(fontsize=7)
     figure.suptitle("EER vs cross-entropy on induction heads (eer.txt App. C, CPU scale)")
     figure.tight_layout()
-    figure.savefig(paths["plot"], dpi=110)
-    return paths
+    figure.savefig(path, dpi=110)

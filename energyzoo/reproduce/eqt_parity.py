@@ -9,7 +9,6 @@ on. Differences from the paper, by necessity of a CPU run: a 0.2M-parameter mode
 batch 64 instead of 3,200 of 256, lengths up to 64.
 """
 
-import json
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -18,7 +17,6 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
-from ..extras import needs_extra
 from ..training.data import cumulative_parity_split
 from ..training.recipe import load_recipe
 from ..training.run import run_training
@@ -106,16 +104,10 @@ def format_markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
-def write_report(report: dict, output_dir: str | Path) -> dict[str, Path]:
-    with needs_extra("plots"):
-        from matplotlib.figure import Figure
+def plot(report: dict, path: Path) -> None:
+    """Per-token accuracy against L per model, mean and std over seeds."""
+    from matplotlib.figure import Figure
 
-    output_dir = Path(output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    paths = {"markdown": output_dir / "eqt_parity.md", "json": output_dir / "eqt_parity.json",
-             "plot": output_dir / "eqt_parity.png"}
-    paths["markdown"].write_text(format_markdown(report) + "\n")
-    paths["json"].write_text(json.dumps(report, indent=2))
     figure = Figure(figsize=(5.5, 3.8))
     axis = figure.subplots()
     lengths = [entry["length"] for entry in report["summary"]]
@@ -130,5 +122,4 @@ def write_report(report: dict, output_dir: str | Path) -> dict[str, Path]:
     axis.set_title("cumulative parity (eqt.txt Table 2, CPU scale)")
     axis.legend()
     figure.tight_layout()
-    figure.savefig(paths["plot"], dpi=110)
-    return paths
+    figure.savefig(path, dpi=110)

@@ -15,7 +15,6 @@ Differences from the paper, by necessity of a CPU run: 4x4 instead of 9x9 Sudoku
 CIFAR/ImageNet, tiny models and minutes of training; the numbers test the direction of the claims, not their size.
 """
 
-import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -137,12 +136,6 @@ def format_markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
-def write_report(report: dict, output_dir: str | Path) -> dict[str, Path]:
-    output_dir = Path(output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    paths = {"markdown": output_dir / "hyperset.md", "json": output_dir / "hyperset.json",
-             "plot": output_dir / "hyperset_energies.png"}
-    paths["markdown"].write_text(format_markdown(report) + "\n")
-    paths["json"].write_text(json.dumps({k: v for k, v in report.items() if k != "trace"}, indent=2))
-    report["trace"].plot(paths["plot"], names=("attention_energy", "feedforward_energy", "residual"))
-    return paths
+def plot(report: dict, path: Path) -> None:
+    """The Sudoku model's energies and residual over its iterations."""
+    report["trace"].plot(path, names=("attention_energy", "feedforward_energy", "residual"))

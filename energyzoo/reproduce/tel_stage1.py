@@ -11,7 +11,6 @@ Differences from the paper, by necessity of a CPU run: small embedded datasets i
 fewer epochs (no 1000-epoch budget), one learning rate (3e-3) instead of the G.1 grid, batch 128.
 """
 
-import json
 import math
 import statistics
 import time
@@ -261,15 +260,12 @@ def format_markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
-def plot_traces(report: dict, path: Path) -> None:
+def plot(report: dict, path: Path) -> None:
     """TEL's temperature T_i and free-energy gradient norm ||g_G|| over the refinement steps (seed 0)."""
-    with needs_extra("plots"):
-        import matplotlib
+    from matplotlib.figure import Figure
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-    figure, axes = plt.subplots(1, 3, figsize=(14, 4))
+    figure = Figure(figsize=(14, 4))
+    axes = figure.subplots(1, 3)
     for dataset, traces in report["traces"].items():
         steps = range(1, len(traces["train"]["temperature"]) + 1)
         axes[0].plot(steps, traces["train"]["temperature"], marker="o", label=dataset)
@@ -285,15 +281,5 @@ def plot_traces(report: dict, path: Path) -> None:
     figure.suptitle(f"TEL (width {report['trace_width']}, first TEL layer) on the test split")
     figure.tight_layout()
     figure.savefig(path, dpi=120)
-    plt.close(figure)
 
 
-def write_report(report: dict, output_dir: str | Path) -> dict[str, Path]:
-    output_dir = Path(output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    paths = {"json": output_dir / "tel_stage1.json", "markdown": output_dir / "tel_stage1.md",
-             "png": output_dir / "tel_stage1_traces.png"}
-    paths["json"].write_text(json.dumps(report, indent=2))
-    paths["markdown"].write_text(format_markdown(report) + "\n")
-    plot_traces(report, paths["png"])
-    return paths

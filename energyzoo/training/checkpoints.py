@@ -17,9 +17,7 @@ import re
 import shutil
 from pathlib import Path
 
-import yaml
-
-from .recipe import flat_settings
+from .recipe import flat_settings, read_recipe
 
 logger = logging.getLogger(__name__)
 
@@ -101,7 +99,7 @@ def run_files(output_dir: Path) -> list[str]:
 def changed_settings(saved: dict, recipe: dict) -> list[str]:
     """``name (saved -> new)`` for every setting of ``recipe`` that differs from the ``saved`` run's and changes what
     the run computes (all but `RESUMABLE_CHANGES`)."""
-    saved, recipe = (flat_settings(yaml.safe_load(yaml.safe_dump(settings))) for settings in (saved, recipe))
+    saved, recipe = flat_settings(saved), flat_settings(recipe)
     return [f"{name} ({saved.get(name)!r} -> {recipe.get(name)!r})" for name in sorted(saved.keys() | recipe.keys())
             if name not in RESUMABLE_CHANGES and saved.get(name) != recipe.get(name)]
 
@@ -120,7 +118,7 @@ def claim_run_folder(output_dir: Path, recipe: dict, resume: bool, overwrite: bo
     if not (output_dir / RECIPE).exists():
         raise ValueError(f"--resume: {output_dir} holds run files ({', '.join(found)}) but no {RECIPE}; start it "
                          "over with --overwrite")
-    changes = changed_settings(yaml.safe_load((output_dir / RECIPE).read_text()), recipe)
+    changes = changed_settings(read_recipe(output_dir / RECIPE).to_dict(), recipe)
     if changes:
         raise ValueError(f"--resume: this recipe changes {'; '.join(changes)} from the run in {output_dir}, which "
                          "would mix two runs: resume with the run's settings, or start a new run (--overwrite or "

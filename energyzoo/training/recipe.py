@@ -9,25 +9,23 @@ A recipe is YAML with four sections and an output folder::
     training:  {steps: 500, batch_size: 16, learning_rate: 3.0e-3, ...}
     output_dir: runs/fem-lm-tiny
 
-Command-line overrides are dotted ``key=value`` pairs parsed as YAML values (``training.steps=20``). A value is
-then read as the type its field is annotated with (the recipe section's, or for ``model.overrides`` the model
-config's), so ``1e-5``, which YAML 1.1 reads as a string, is the float a float field takes.
+The sections are dataclasses read as OmegaConf structured configs: command-line overrides are dotted
+``key=value`` pairs (``training.steps=20``, ``training.adam_betas=[0.9,0.98]``), every value is converted to its
+field's annotation (``1e-5`` is the float a float field takes) and an unknown key is refused by name.
 Token budgets (``total_tokens``, ``batch_tokens``, ``warmup_tokens``) may replace steps, batch size and
 warmup steps for language models: they are converted with the block size.
 """
 
-import dataclasses
 import importlib.util
 import logging
 import math
-import types
-import typing
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import yaml
 from accelerate.utils import LoggerType
-from transformers import CONFIG_MAPPING, PretrainedConfig
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+from transformers import PretrainedConfig
 
 from ..modeling.checks import require
 from ..presets import config_with_overrides, preset_card, preset_config_fields
@@ -67,11 +65,6 @@ class ModelSection:
         require_folder_or_hub_id(owner, "init_from", self.init_from)
         require(owner, isinstance(self.overrides, dict), "overrides", "a mapping of config fields to values",
                 self.overrides)
-        model_type = self.base_fields().get("model_type")
-        config_class = CONFIG_MAPPING[model_type] if model_type in CONFIG_MAPPING else None
-        if dataclasses.is_dataclass(config_class):
-            annotations = {f.name: f.type for f in dataclasses.fields(config_class)}
-            self.overrides = {key: typed(annotations.get(key), value) for key, value in self.overrides.items()}
         try:
             self.build_config()
         except (TypeError, ValueError) as error:
@@ -285,66 +278,30 @@ def flat_settings(recipe: dict) -> dict[str, object]:
     return flat
 
 
-SECTIONS = {"model": ModelSection, "data": DataSection, "tokenizer": TokenizerSection, "training": TrainingSection}
-
-
-def _admits(annotation, kind: type) -> bool:
-    """Whether a field annotated ``annotation`` (a type, a union, or its string) takes values of ``kind``."""
-    if isinstance(annotation, str):
-        return kind.__name__ in annotation
-    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
-        return any(_admits(member, kind) for member in typing.get_args(annotation))
-    return annotation is kind
-
-
-def typed(annotation, value):
-    """A YAML value as the number its field is annotated with, where YAML gave a string: YAML 1.1 reads ``1e-5`` (no
-    dot) as one. Other values are left for the field's own check."""
-    if not isinstance(value, str) or annotation is None or _admits(annotation, str):
-        return value
-    for kind in (int, float):
-        if _admits(annotation, kind):
-            try:
-                return kind(value)
-            except ValueError:
-                continue
-    return value
-
-
-def _section(cls, values: dict, name: str):
-    known = {f.name: f.type for f in fields(cls)}
-    unknown = set(values) - set(known)
-    if unknown:
-        raise ValueError(f"recipe section {name!r} has unknown keys {sorted(unknown)}; known: {sorted(known)}")
-    return cls(**{key: typed(known[key], value) for key, value in values.items()})
-
-
-def recipe_from_dict(raw: dict) -> Recipe:
-    unknown = set(raw) - {*SECTIONS, "output_dir"}
-    if unknown:
-        raise ValueError(f"recipe has unknown sections {sorted(unknown)}; known: {sorted(SECTIONS)} and output_dir")
-    sections = {name: _section(cls, raw.get(name) or {}, name) for name, cls in SECTIONS.items()}
-    if isinstance(sections["training"].adam_betas, list):
-        sections["training"].adam_betas = tuple(sections["training"].adam_betas)
-    return Recipe(**sections, output_dir=raw.get("output_dir", "runs/train")).validate()
-
-
-def apply_overrides(raw: dict, overrides: list[str]) -> dict:
-    """Apply dotted ``key=value`` overrides (values parsed as YAML) to a raw recipe dict."""
+def typed_settings(schema: type, overrides: list[str] = (), path: str | Path | None = None, owner: str = "recipe"):
+    """An instance of the dataclass ``schema`` from a YAML file (``path``) and dotted ``key=value`` overrides, read as
+    an OmegaConf structured config: every key is checked against its dataclass (an unknown one is refused by name,
+    with the closest known key) and every value converted to its field's annotation (``1e-5`` for a float field,
+    ``[0.9, 0.95]`` for a pair of floats). Errors are one-line `ValueError`s naming ``owner`` and the key."""
     for override in overrides:
         if "=" not in override:
-            raise ValueError(f"override {override!r} must look like section.key=value")
-        path, value = override.split("=", 1)
-        target = raw
-        *parents, leaf = path.split(".")
-        for key in parents:
-            target = target.setdefault(key, {})
-        target[leaf] = yaml.safe_load(value)
-    return raw
+            raise ValueError(f"override {override!r} must look like key=value (in a recipe: section.key=value)")
+    sources = [OmegaConf.load(path)] if path is not None else []
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(schema), *sources, OmegaConf.from_dotlist(list(overrides)))
+        return OmegaConf.to_object(merged)
+    except OmegaConfBaseException as error:
+        raise ValueError(f"{owner} {error.full_key}: {str(error.msg).splitlines()[0]}") from None
+
+
+def read_recipe(path: str | Path, overrides: list[str] = ()) -> Recipe:
+    """A recipe file as a typed `Recipe`, overrides applied (`typed_settings`), not yet validated. A run folder's
+    ``recipe.yaml`` is read this way too."""
+    return typed_settings(Recipe, overrides, path)
 
 
 def load_recipe(path_or_name: str | Path, overrides: list[str] = ()) -> Recipe:
-    """Read a recipe file (or a shipped one by name) and apply overrides."""
+    """Read a recipe file (or a shipped one by name), apply overrides and validate it."""
     path = Path(path_or_name)
     if not path.is_file():
         path = shipped_recipe_path(str(path_or_name))
@@ -353,5 +310,4 @@ def load_recipe(path_or_name: str | Path, overrides: list[str] = ()) -> Recipe:
                 f"no recipe file {str(path_or_name)!r} and no shipped recipe of that name; shipped: "
                 f"{', '.join(shipped_recipes())}"
             )
-    raw = yaml.safe_load(path.read_text()) or {}
-    return recipe_from_dict(apply_overrides(raw, list(overrides)))
+    return read_recipe(path, overrides).validate()

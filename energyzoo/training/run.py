@@ -352,97 +352,166 @@ def _resumed_step(accelerator: Accelerator, output_dir: Path, resume: bool) -> t
     return start_step, checkpoint
 
 
-def _train(recipe: Recipe, resume: bool, overwrite: bool, stop_after: int | None, progress: bool,
-           evaluation_hook: Callable | None) -> TrainingResult:
-    settings = recipe.training
-    accelerator = _accelerator(recipe)
-    processes, rank, accumulation = accelerator.num_processes, accelerator.process_index, settings.gradient_accumulation
-    if settings.batch_size % (processes * accumulation):
+def _micro_batch_size(recipe: Recipe, accelerator: Accelerator) -> int:
+    """Examples per forward pass of one process: the global batch over processes and accumulation steps."""
+    settings, processes = recipe.training, accelerator.num_processes
+    if settings.batch_size % (processes * settings.gradient_accumulation):
         raise ValueError(f"training.batch_size {settings.batch_size} must divide into {processes} "
-                         f"processes x {accumulation} accumulation steps")
-    micro = settings.batch_size // (processes * accumulation)  # examples per forward pass of one process
-    is_main = accelerator.is_main_process
-    output_dir = _claim_output_dir(accelerator, recipe, resume, overwrite)
-    set_seed(settings.seed)
-    task = training_task(recipe.task)
-    data, tokenizer = prepare_data(recipe, output_dir, is_main, accelerator)
-    if len(data.validation_inputs) < processes:
-        raise ValueError(f"{len(data.validation_inputs)} validation examples cannot be shared by {processes} processes")
-    model = build_model(recipe, tokenizer)
-    if settings.activation_checkpointing:
-        require("recipe training", model.supports_gradient_checkpointing, "activation_checkpointing",
-                f"false for {type(model).__name__}, which has no checkpointed blocks", True)
-        model.activation_checkpointing_enable({"use_reentrant": False})
+                         f"processes x {settings.gradient_accumulation} accumulation steps")
+    return settings.batch_size // (processes * settings.gradient_accumulation)
+
+
+def _optimizer_and_schedule(model, recipe: Recipe):
+    """AdamW with weight decay on the matrices only, and the recipe's learning-rate schedule."""
+    settings = recipe.training
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": settings.weight_decay},
                                    {"params": no_decay, "weight_decay": 0.0}],
                                   lr=settings.learning_rate, betas=settings.adam_betas)
-    scheduler = get_scheduler(settings.lr_schedule, optimizer, settings.warmup_steps, settings.steps)
-    if data.train_stream is None:
-        # accelerate gives process p every p-th micro-batch of this loader, so the micro-batches of one step are
-        # the step's global batch in any number of processes (and DeepSpeed reads its micro-batch size here)
-        loader = DataLoader(ScheduledExamples(data, settings.batch_size, settings.steps, settings.seed),
-                            batch_size=micro, collate_fn=_fetched_batch)
-        model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
-    else:
-        if accelerator.state.deepspeed_plugin is not None:  # a stream has no DataLoader to read it from
-            accelerator.state.deepspeed_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = micro
-        model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    return optimizer, get_scheduler(settings.lr_schedule, optimizer, settings.warmup_steps, settings.steps)
 
-    start_step, checkpoint = _resumed_step(accelerator, output_dir, resume)
-    stream = None
-    if data.train_stream is None:
-        batches = iter(accelerator.skip_first_batches(loader, start_step * accumulation) if start_step else loader)
-    else:
+
+@dataclass
+class _Run:
+    """One training session's state, from the prepared model to the last step: the phases of `_train` are its
+    methods."""
+
+    recipe: Recipe
+    accelerator: Accelerator
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: object
+    data: TrainingData
+    task: TrainingTask
+    tokenizer: object
+    output_dir: Path
+    micro: int
+    loader: DataLoader | None = None
+    stream: object = None
+
+    @classmethod
+    def prepare(cls, recipe: Recipe, resume: bool, overwrite: bool) -> "_Run":
+        """Claim the folder, read the data, build the model and hand it to accelerate."""
+        settings = recipe.training
+        accelerator = _accelerator(recipe)
+        micro = _micro_batch_size(recipe, accelerator)
+        output_dir = _claim_output_dir(accelerator, recipe, resume, overwrite)
+        set_seed(settings.seed)
+        data, tokenizer = prepare_data(recipe, output_dir, accelerator.is_main_process, accelerator)
+        if len(data.validation_inputs) < accelerator.num_processes:
+            raise ValueError(f"{len(data.validation_inputs)} validation examples cannot be shared by "
+                             f"{accelerator.num_processes} processes")
+        model = build_model(recipe, tokenizer)
+        if settings.activation_checkpointing:
+            require("recipe training", model.supports_gradient_checkpointing, "activation_checkpointing",
+                    f"false for {type(model).__name__}, which has no checkpointed blocks", True)
+            model.activation_checkpointing_enable({"use_reentrant": False})
+        optimizer, scheduler = _optimizer_and_schedule(model, recipe)
+        loader = None
+        if data.train_stream is None:
+            # accelerate gives process p every p-th micro-batch of this loader, so the micro-batches of one step
+            # are the step's global batch in any number of processes (and DeepSpeed reads its micro-batch size here)
+            loader = DataLoader(ScheduledExamples(data, settings.batch_size, settings.steps, settings.seed),
+                                batch_size=micro, collate_fn=_fetched_batch)
+            model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
+        else:
+            if accelerator.state.deepspeed_plugin is not None:  # a stream has no DataLoader to read it from
+                accelerator.state.deepspeed_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = micro
+            model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+        return cls(recipe, accelerator, model, optimizer, scheduler, data, training_task(recipe.task), tokenizer,
+                   output_dir, micro, loader)
+
+    def batches(self, start_step: int, checkpoint: Path | None):
+        """(inputs, labels) micro-batches from ``start_step`` on: the scheduled loader skipping what was trained,
+        or the stream from its saved position."""
+        if self.loader is not None:
+            skipped = start_step * self.recipe.training.gradient_accumulation
+            return iter(self.accelerator.skip_first_batches(self.loader, skipped) if start_step else self.loader)
+        rank = self.accelerator.process_index
         state = json.loads((checkpoint / _stream_state_file(rank)).read_text()) if checkpoint else None
-        stream = data.train_stream(rank, processes, state)
-        batches = ((blocks, blocks) for blocks in iter(lambda: stream.next_blocks(micro), None))
-    accelerator.init_trackers(output_dir.name, config=tracker_config(recipe))
-    metrics_path = output_dir / METRICS
+        self.stream = self.data.train_stream(rank, self.accelerator.num_processes, state)
+        return ((blocks, blocks) for blocks in iter(lambda: self.stream.next_blocks(self.micro), None))
 
-    def log(row: dict) -> None:
-        if is_main:
-            _append_metrics(metrics_path, row)
-        accelerator.log({key: value for key, value in row.items() if key != "step"}, step=row["step"])
+    def log(self, row: dict) -> None:
+        if self.accelerator.is_main_process:
+            _append_metrics(self.output_dir / METRICS, row)
+        self.accelerator.log({key: value for key, value in row.items() if key != "step"}, step=row["step"])
 
-    def save_checkpoint(folder: Path, step: int, metrics: dict) -> None:
-        accelerator.save_state(str(folder))  # optimiser, scheduler, RNG states; the weights go to model/
-        save_model_folder(accelerator, model, folder / MODEL, tokenizer, output_dir,
-                          {"steps": step, "processes": processes, **metrics})
-        if stream is not None:
-            (folder / _stream_state_file(rank)).write_text(json.dumps(stream.state_dict()))
-        if is_main:
-            (folder / STATE_FILE).write_text(json.dumps({"step": step}))
-
-    end_step = settings.steps if stop_after is None else min(settings.steps, start_step + stop_after)
-    losses, final_metrics = [], {}
-    started = time.perf_counter()
-    model.train()
-    bar = tqdm(range(start_step, end_step), initial=start_step, total=settings.steps, desc="training",
-               disable=not (progress and is_main))
-    if evaluation_hook is not None and start_step == 0:
-        model.eval()
-        initial = evaluation_hook(accelerator.unwrap_model(model), 0)
-        model.train()
-        log({"step": 0, **initial})
-    for step in bar:
+    def optimizer_step(self, batches) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """One step over the accumulated micro-batches; (this process's loss, the mean of its other scalar
+        outputs)."""
+        accelerator, model, accumulation = self.accelerator, self.model, self.recipe.training.gradient_accumulation
         step_loss = torch.zeros((), device=accelerator.device)
         parts: dict[str, torch.Tensor] = {}
         for _ in range(accumulation):
             inputs, labels = next(batches)
             with accelerator.accumulate(model):  # syncs, clips and steps on the last micro-batch only
-                outputs = model(**task.model_inputs(inputs.to(accelerator.device), labels.to(accelerator.device)),
-                                **task.model_options)
+                outputs = model(**self.task.model_inputs(inputs.to(accelerator.device), labels.to(accelerator.device)),
+                                **self.task.model_options)
                 accelerator.backward(outputs.loss)
                 if accelerator.sync_gradients:
-                    accelerator.clip_grad_norm_(model.parameters(), settings.max_grad_norm)
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
+                    accelerator.clip_grad_norm_(model.parameters(), self.recipe.training.max_grad_norm)
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
             step_loss += outputs.loss.detach() / accumulation
             for name, value in scalar_outputs(outputs).items():
                 parts[name] = parts.get(name, 0) + value / accumulation
-        scheduler.step()
+        self.scheduler.step()
+        return step_loss, parts
+
+    def evaluate(self, step: int, evaluation_hook: Callable | None, held_out: bool = True) -> dict:
+        """The validation metrics (``held_out``) and the hook's, computed in eval mode."""
+        metrics = evaluate(self.model, self.data, self.task, self.accelerator) if held_out else {}
+        if evaluation_hook is not None:
+            self.model.eval()
+            metrics.update(evaluation_hook(self.accelerator.unwrap_model(self.model), step))
+        self.model.train()
+        return metrics
+
+    def save_checkpoint(self, folder: Path, step: int, metrics: dict) -> None:
+        self.accelerator.save_state(str(folder))  # optimiser, scheduler, RNG states; the weights go to model/
+        save_model_folder(self.accelerator, self.model, folder / MODEL, self.tokenizer, self.output_dir,
+                          {"steps": step, "processes": self.accelerator.num_processes, **metrics})
+        if self.stream is not None:
+            (folder / _stream_state_file(self.accelerator.process_index)).write_text(
+                json.dumps(self.stream.state_dict()))
+        if self.accelerator.is_main_process:
+            (folder / STATE_FILE).write_text(json.dumps({"step": step}))
+
+    def save_model(self, metrics: dict) -> Path:
+        """The final model folder and the loss curve."""
+        model_dir = self.output_dir / MODEL
+        metrics = {"steps": self.recipe.training.steps, "processes": self.accelerator.num_processes, **metrics}
+        _saved_whole(self.accelerator, model_dir, lambda folder: save_model_folder(
+            self.accelerator, self.model, folder, self.tokenizer, self.output_dir, metrics))
+        if self.accelerator.is_main_process:
+            if importlib.util.find_spec("matplotlib"):
+                plot_loss_curve(self.output_dir / METRICS, self.output_dir / LOSS_CURVE)
+            else:
+                logger.info("no loss curve drawn: matplotlib comes with energyzoo's [plots] extra")
+        self.accelerator.wait_for_everyone()
+        return model_dir
+
+
+def _train(recipe: Recipe, resume: bool, overwrite: bool, stop_after: int | None, progress: bool,
+           evaluation_hook: Callable | None) -> TrainingResult:
+    settings = recipe.training
+    run = _Run.prepare(recipe, resume, overwrite)
+    accelerator, output_dir = run.accelerator, run.output_dir
+    start_step, checkpoint = _resumed_step(accelerator, output_dir, resume)
+    batches = run.batches(start_step, checkpoint)
+    accelerator.init_trackers(output_dir.name, config=tracker_config(recipe))
+    end_step = settings.steps if stop_after is None else min(settings.steps, start_step + stop_after)
+    losses, final_metrics = [], {}
+    started = time.perf_counter()
+    run.model.train()
+    bar = tqdm(range(start_step, end_step), initial=start_step, total=settings.steps, desc="training",
+               disable=not (progress and accelerator.is_main_process))
+    if evaluation_hook is not None and start_step == 0:
+        run.log({"step": 0, **run.evaluate(0, evaluation_hook, held_out=False)})
+    for step in bar:
+        step_loss, parts = run.optimizer_step(batches)
         global_loss = float(accelerator.reduce(step_loss, reduction="mean"))
         losses.append(global_loss)
         done = step + 1
@@ -450,38 +519,22 @@ def _train(recipe: Recipe, resume: bool, overwrite: bool, stop_after: int | None
         if done % settings.log_every == 0 or done == settings.steps:
             reduced = {name: float(accelerator.reduce(value, reduction="mean"))
                        for name, value in sorted(parts.items())}
-            log({"step": done, "loss": global_loss, **reduced, "learning_rate": scheduler.get_last_lr()[0],
-                 "seconds": time.perf_counter() - started})
+            run.log({"step": done, "loss": global_loss, **reduced, "learning_rate": run.scheduler.get_last_lr()[0],
+                     "seconds": time.perf_counter() - started})
         if done % settings.eval_every == 0 or done == settings.steps:
-            final_metrics = evaluate(model, data, task, accelerator)
-            if evaluation_hook is not None:
-                model.eval()
-                final_metrics.update(evaluation_hook(accelerator.unwrap_model(model), done))
-                model.train()
-            log({"step": done, **final_metrics})
+            final_metrics = run.evaluate(done, evaluation_hook)
+            run.log({"step": done, **final_metrics})
         if done % settings.save_every == 0 and done < settings.steps:
             _saved_whole(accelerator, checkpoint_path(output_dir, done),
-                         partial(save_checkpoint, step=done, metrics=final_metrics))
-            if is_main:
+                         partial(run.save_checkpoint, step=done, metrics=final_metrics))
+            if accelerator.is_main_process:
                 rotate_checkpoints(output_dir, settings.save_total_limit)
     bar.close()
     for tracker in accelerator.trackers:  # not `end_training`, which also ends the distributed state
         tracker.finish()
-    last_step = end_step
-    if last_step < settings.steps:
-        return TrainingResult(output_dir, None, last_step, losses, final_metrics)
-
-    model_dir = output_dir / MODEL
-    metrics = {"steps": settings.steps, "processes": processes, **final_metrics}
-    _saved_whole(accelerator, model_dir,
-                 lambda folder: save_model_folder(accelerator, model, folder, tokenizer, output_dir, metrics))
-    if is_main:
-        if importlib.util.find_spec("matplotlib"):
-            plot_loss_curve(metrics_path, output_dir / LOSS_CURVE)
-        else:
-            logger.info("no loss curve drawn: matplotlib comes with energyzoo's [plots] extra")
-    accelerator.wait_for_everyone()
-    return TrainingResult(output_dir, model_dir, last_step, losses, final_metrics)
+    if end_step < settings.steps:
+        return TrainingResult(output_dir, None, end_step, losses, final_metrics)
+    return TrainingResult(output_dir, run.save_model(final_metrics), end_step, losses, final_metrics)
 
 
 def _stream_state_file(rank: int) -> str:

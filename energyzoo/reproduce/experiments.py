@@ -1,0 +1,38 @@
+"""The experiments table of `energyzoo reproduce NAME [field=value ...]`: each experiment's module, its settings class
+(whose fields the command line overrides, typed by their annotations), the function that runs it, and what it
+compares. Every experiment's report is written by `report.write_report`; adding one adds a row here and a module
+with a settings dataclass, a run function, ``format_markdown(report)`` and ``plot(report, path)``."""
+
+import importlib
+from dataclasses import dataclass
+from types import ModuleType
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """module: energyzoo.reproduce.<module>; settings and run: names in it (run(settings[, output_dir], progress)
+    returns the report, a dict with its ``seconds``); trains_models: whether run keeps trained models in
+    ``output_dir`` (and takes it)."""
+
+    module: str
+    settings: str
+    run: str
+    description: str
+    trains_models: bool = True
+
+    def code(self) -> ModuleType:
+        return importlib.import_module(f"{__package__}.{self.module}")
+
+
+EXPERIMENTS = {
+    "tel-stage1": Experiment("tel_stage1", "StageOneSettings", "run_stage_one",
+                             "tel.txt Stage I: Linear vs MLP vs TEL at matched width on embedded data",
+                             trains_models=False),
+    "hyperset": Experiment("hyperset", "HypersetSettings", "run_hyperset",
+                           "Hyper-SET: Sudoku test-time scaling, digits vs a matched ViT, MaskGIT, energy curves"),
+    "eqt-parity": Experiment("eqt_parity", "ParitySettings", "run_parity",
+                             "EqT-LLaMA vs Llama on cumulative parity (eqt.txt Table 2)"),
+    "eer-induction": Experiment("eer_induction", "InductionSettings", "run_induction",
+                                "EER vs cross-entropy on induction heads, trained at L 16-64, evaluated at L 10 / "
+                                "100 / 1000 (eer.txt App. C)"),
+}
