@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+import yaml
 from sklearn.datasets import load_digits
 
 from energyzoo.training.data import DIGIT_MASK_ID, digit_code_split, masked_codes
@@ -17,7 +18,7 @@ from energyzoo.training.image_tokenizer import (
     digit_patch_tokenizer,
     reconstruction_metrics,
 )
-from energyzoo.training.recipe import DATA_SOURCES, recipe_from_dict
+from energyzoo.training.recipe import DATA_SOURCES, load_recipe
 from energyzoo.training.sudoku import count_solutions, sudoku_solutions, sudoku_split
 from energyzoo.training.tasks import TRAINING_TASKS, training_task
 
@@ -146,20 +147,28 @@ def test_every_data_source_belongs_to_exactly_one_task():
     assert len(owners) == len(DATA_SOURCES)
 
 
-def test_recipe_task_comes_from_the_preset_card_not_from_the_data():
-    recipe = recipe_from_dict({"model": {"preset": "tel-vit-tiny"}, "data": {"source": "digits"}})
+def recipe_from_dict(raw: dict, folder):
+    """The validated recipe of a recipe file holding ``raw``."""
+    path = folder / "recipe.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return load_recipe(path)
+
+
+def test_recipe_task_comes_from_the_preset_card_not_from_the_data(tmp_path):
+    recipe = recipe_from_dict({"model": {"preset": "tel-vit-tiny"}, "data": {"source": "digits"}}, tmp_path)
     assert recipe.task == "image-classification"
     with pytest.raises(ValueError, match=r"recipe data\.source must be one of \['digits', 'hf-images'\]"):
-        recipe_from_dict({"model": {"preset": "tel-vit-tiny"}, "data": {"source": "python-docs"}})
+        recipe_from_dict({"model": {"preset": "tel-vit-tiny"}, "data": {"source": "python-docs"}}, tmp_path)
     with pytest.raises(ValueError, match=r"recipe model\.task must be 'image-classification'"):
-        recipe_from_dict({"model": {"preset": "tel-vit-tiny", "task": "causal-lm"}, "data": {"source": "digits"}})
+        recipe_from_dict({"model": {"preset": "tel-vit-tiny", "task": "causal-lm"}, "data": {"source": "digits"}},
+                         tmp_path)
 
 
-def test_a_raw_config_recipe_must_name_its_task():
+def test_a_raw_config_recipe_must_name_its_task(tmp_path):
     config = {"model_type": "tel-vit", "hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
               "intermediate_size": 32, "image_size": 8, "patch_size": 4, "num_channels": 1, "num_labels": 10}
     with pytest.raises(ValueError, match=r"recipe model\.task must be one of"):
-        recipe_from_dict({"model": {"config": config}, "data": {"source": "digits"}})
+        recipe_from_dict({"model": {"config": config}, "data": {"source": "digits"}}, tmp_path)
     recipe = recipe_from_dict({"model": {"config": config, "task": "image-classification"},
-                               "data": {"source": "digits"}})
+                               "data": {"source": "digits"}}, tmp_path)
     assert recipe.task == "image-classification"
