@@ -76,7 +76,7 @@ class Bench:
     """What `energyzoo bench` measures for an architecture (DESIGN.md performance targets).
 
     presets: measured together, in one paired run, against the one baseline their cards name.
-    workloads: among "forward", "train_step", "peak_memory" and, for language models, "decode".
+    workloads: among "forward", "train_step", "peak_memory" and, for language models, "decode" and "decode_static".
     targets(config, call): the bound on each workload's ratio (arm / baseline) for a model of that config run with
     the forward keywords ``call``: an upper bound, a lower one for "decode" (tokens/s).
     sweep: a forward keyword measured at each of its values, an arm per value (EqT-LLaMA's refinement steps K).
@@ -143,7 +143,7 @@ ARCHITECTURES = {
         "fem.md",
         card_facts=lambda config: dict(prior=config.prior),
         # fem.txt Table 7's GPT-2 size is `energyzoo bench fem-lm-table7` (against llama-table7)
-        bench=Bench(("fem-lm-table5",), ("forward", "train_step", "peak_memory", "decode"),
+        bench=Bench(("fem-lm-table5",), ("forward", "train_step", "peak_memory", "decode", "decode_static"),
                     targets=lambda config, call: FEM_TARGETS),
     ),
     "tel-gpt2": Architecture(TELGPT2Config, TELGPT2Model, {"causal-lm": TELGPT2LMHeadModel}, "tel.md",

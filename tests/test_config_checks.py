@@ -53,7 +53,8 @@ NAN = float("nan")
     ("fem-lm-tiny", "rope_parameters", {"rope_type": "spiral", "rope_theta": 1e4}, "FEMConfig.rope_parameters must "
                                                                                    "be a rope_type of"),
     ("eer-induction", "layer_norm_eps", -1e-5, "EERConfig.layer_norm_eps must be > 0, got -1e-05"),
-    ("fem-gla-tiny", "layer_types", ["fem_softmax"] * 2, "FEMConfig.layer_types must be None or 'fem_gla' for each"),
+    ("fem-gla-tiny", "layer_types", ["fem_softmax"] * 2,
+     "FEMConfig.layer_types must be None or ['fem_gla', 'fem_gla', 'fem_gla', 'fem_gla'] (every FEM layer reads"),
 ])
 def test_inherited_fields_are_refused_out_of_range_in_one_line(preset, field, value, message):
     with pytest.raises(ValueError) as refused:

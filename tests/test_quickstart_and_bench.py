@@ -48,7 +48,7 @@ def test_paired_times_measure_each_function_in_rotating_order():
 def test_bench_reports_medians_of_paired_ratios_against_the_targets(monkeypatch):
     # scripted seconds per call (fem, llama) for each repeat: the rows follow from them alone
     scripted = {"forward": ([3.0, 5.0, 2.0], [1.0, 1.0, 1.0]), "train_step": ([2.0, 2.0, 2.0], [2.0, 1.0, 4.0]),
-                "decode": ([4.0, 4.0, 4.0], [2.0, 2.0, 2.0])}
+                "decode": ([4.0, 4.0, 4.0], [2.0, 2.0, 2.0]), "decode_static": ([1.0, 2.0, 1.0], [2.0, 2.0, 2.0])}
     workloads = iter(scripted)
 
     def paired_times(fns, repeats, device):
@@ -66,6 +66,8 @@ def test_bench_reports_medians_of_paired_ratios_against_the_targets(monkeypatch)
     assert (rows["peak_memory"]["value"], rows["peak_memory"]["ratio"]) == (3.0, 1.5)
     assert (rows["decode"]["value"], rows["decode"]["ratio"]) == (2.0, 0.5)  # 8 tokens in 4 s; tokens/s FEM / Llama
     assert rows["decode"]["spread"] == (0.5, 0.5) and not rows["decode"]["busy"]
+    assert (rows["decode_static"]["value"], rows["decode_static"]["ratio"]) == (8.0, 2.0)  # median 1 s; 2 / 1
+    assert rows["decode_static"]["target"] is None  # reported beside the dynamic cache's, without a target
     assert [rows[name]["meets_target"] for name in ("forward", "train_step", "peak_memory", "decode")] \
         == [False, True, False, False]
     table = format_table(result)
@@ -120,7 +122,8 @@ def test_bench_command_writes_json(tmp_path):
                  str(output)])
     saved = json.loads(output.read_text())
     assert code == 0 and saved["baseline"] == "llama-tiny" and saved["settings"]["seq_len"] == 16
-    assert [row["workload"] for row in saved["rows"]] == ["forward", "train_step", "peak_memory", "decode"]
+    assert [row["workload"] for row in saved["rows"]] == ["forward", "train_step", "peak_memory", "decode",
+                                                          "decode_static"]
 
 
 def test_bench_builds_fem_with_the_requested_prior_and_kernel_and_leaves_the_baseline_alone():

@@ -68,8 +68,9 @@ def test_every_bench_preset_is_the_architecture_and_names_a_baseline(model_type)
     assert len(baselines) == 1 and baselines <= set(preset_names())  # one paired run against one baseline
     for preset in entry.presets:
         assert type(config_from_preset(preset)) is ARCHITECTURES[model_type].config_class
-    assert set(entry.workloads) <= {"forward", "train_step", "peak_memory", "decode"}
-    assert "decode" not in entry.workloads or preset_card(entry.presets[0])["task"] == "causal-lm"
+    assert set(entry.workloads) <= {"forward", "train_step", "peak_memory", "decode", "decode_static"}
+    decodes = {"decode", "decode_static"} & set(entry.workloads)
+    assert not decodes or preset_card(entry.presets[0])["task"] == "causal-lm"
 
 
 @pytest.mark.parametrize("tester", [t for t in TESTERS if t.task == next(iter(ARCHITECTURES[t.model_type].heads))],

@@ -2,13 +2,13 @@
 ``tests/``), run against zoo models the way transformers runs them for Llama and GPT-2. The test bodies are
 transformers'; this file only wires model testers to them.
 
-CI cannot download transformers' repository, so this module runs only when ``ENERGYZOO_TRANSFORMERS_TESTS`` names a
-checkout of transformers' ``tests/`` folder of the installed version (otherwise it is skipped: the one skip of its
-kind in the suite)::
+transformers' sdist does not ship its ``tests/`` folder and CI cannot download it, so this module reads a copy: the one
+``ENERGYZOO_TRANSFORMERS_TESTS`` names, or else ``../shared/transformers-tests/tests`` beside the repository (where CI
+and the project's machines keep one that works with the installed transformers; its README says where each part comes
+from). Without either it is skipped, the one skip of its kind in the suite. To use transformers' own checkout::
 
     git clone --depth 1 --branch v$(python -c "import transformers; print(transformers.__version__)") \\
         https://github.com/huggingface/transformers /tmp/transformers
-    pip install parameterized
     ENERGYZOO_TRANSFORMERS_TESTS=/tmp/transformers/tests python -m pytest -q tests/test_transformers_common.py
 
 Covered: FEM (each prior), TEL-GPT2, TEL-ViT, TEL-ResNet, EqT-LLaMA, EER, and Hyper-SET's three heads (image
@@ -23,11 +23,13 @@ import unittest
 from pathlib import Path
 
 import pytest
+import torch
 
-TRANSFORMERS_TESTS = os.environ.get("ENERGYZOO_TRANSFORMERS_TESTS")
+SHARED_COPY = Path(__file__).resolve().parents[2] / "shared" / "transformers-tests" / "tests"
+TRANSFORMERS_TESTS = os.environ.get("ENERGYZOO_TRANSFORMERS_TESTS") or (SHARED_COPY.is_dir() and str(SHARED_COPY))
 if not TRANSFORMERS_TESTS:
-    pytest.skip("set ENERGYZOO_TRANSFORMERS_TESTS to a checkout of transformers' tests/ (see this module's docstring)",
-                allow_module_level=True)
+    pytest.skip(f"no copy of transformers' tests/: set ENERGYZOO_TRANSFORMERS_TESTS or keep one at {SHARED_COPY} (see "
+                "this module's docstring)", allow_module_level=True)
 sys.path.insert(0, str(Path(TRANSFORMERS_TESTS).resolve().parent))
 
 from tests.generation.test_utils import GenerationTesterMixin  # noqa: E402
@@ -80,6 +82,9 @@ RECURRENT_ATTENTION = ("the GLA, AFT and SSM priors are recurrences, not softmax
                        "attn_implementation='sdpa' for them and refuses 'eager' with a clear error")
 ATTENTIONS_UNDER_SDPA = ("it asks for output_attentions=True under SDPA; FEM refuses that with a clear error (the "
                          "probabilities exist only under attn_implementation='eager') instead of returning none")
+READS_TOKEN_IDS = ("the reverse and masked energies (eqt.txt eq. 12-13) read the token ids: EqT-LLaMA refuses "
+                   "inputs_embeds alone (generate() passes only them for the prompt) with a clear error unless "
+                   "lambda_rev = lambda_mask = 0")
 SKIPS = {  # (family, test name or its parameterized prefix) -> why it does not apply
     ("fem", "test_model_outputs_equivalence"): ATTENTIONS_UNDER_SDPA,
     ("fem", "test_capture_outputs_decorator"): ATTENTIONS_UNDER_SDPA,
@@ -94,9 +99,9 @@ SKIPS = {  # (family, test name or its parameterized prefix) -> why it does not 
     ("vision", "test_inputs_embeds"): (
         "the common test builds inputs_embeds from input_ids, which an image model does not take (transformers' ViT "
         "test skips it too)"),
-    ("eqt", "test_inputs_embeds"): (
-        "the reverse and masked energies (eqt.txt eq. 12-13) read the token ids: EqT-LLaMA refuses inputs_embeds "
-        "alone with a clear error unless lambda_rev = lambda_mask = 0"),
+    **{("eqt", name): READS_TOKEN_IDS for name in (
+        "test_inputs_embeds", "test_generate_from_inputs_embeds", "test_generate_continue_from_inputs_embeds",
+        "test_generate_from_random_inputs_embeds")},
     ("eqt", "test_init_weights_can_init_buffers"): (
         "the memory banks (eq. 15-16) are N(0, 1) prototypes by design, so two initialisations differ; "
         "`_init_weights` draws them (the test expects deterministic buffers)"),
@@ -170,11 +175,43 @@ def fem_test_case(prior: str):
         def setUp(self):
             self.model_tester = TinyCausalLMTester(self, make_config)
 
+        def _check_past_key_values_for_generate(self, batch_size, past_key_values, seq_length, config):
+            """A recurrent prior's layers keep fixed-size states instead of keys and values (as transformers' Mamba
+            tests check their own states): each state has the shape its read documents, whatever the length."""
+            if prior == "softmax":
+                return super()._check_past_key_values_for_generate(batch_size, past_key_values, seq_length, config)
+            self.assertEqual(len(past_key_values), config.num_hidden_layers)
+            expected = recurrent_state_shapes(config, batch_size)
+            for layer in past_key_values.layers:
+                self.assertIsNone(layer.keys)
+                self.assertEqual([tuple(state.shape) for state in layer.prior_state], expected)
+                self.assertEqual(tuple(layer.time_decay_state.shape), (batch_size, config.time_decay_rank))
+
+        def _check_caches_are_equal(self, cache1, cache2):
+            if prior == "softmax":
+                return super()._check_caches_are_equal(cache1, cache2)
+            self.assertEqual(len(cache1), len(cache2))
+            for layer1, layer2 in zip(cache1.layers, cache2.layers):
+                for state1, state2 in zip((*layer1.prior_state, layer1.time_decay_state),
+                                          (*layer2.prior_state, layer2.time_decay_state), strict=True):
+                    torch.testing.assert_close(state1, state2)
+
     FEMCommonTest.__name__ = FEMCommonTest.__qualname__ = f"FEM{prior.upper()}CommonTest"
     families = {"softmax": ("fem",), "gla": ("fem", "fem-recurrent"),
                 "aft": ("fem", "fem-recurrent", "fem-without-queries"),
                 "ssm": ("fem", "fem-recurrent", "fem-without-queries")}[prior]
     return with_skips(FEMCommonTest, families)
+
+
+def recurrent_state_shapes(config, batch):
+    """The state of a recurrent prior's read, as its docstring gives it (FEM App. H.2-H.4): GLA (S, M) with S
+    (batch, heads, key_dim, 2 v_dim + 1) and M (batch, heads, 1, v_dim); AFT (N, mu, M) with N (batch, 3 channels)
+    and mu, M (batch, channels); SSM (h, M) with h (batch, channels, N, 3) and M (batch, channels)."""
+    heads, channels = config.num_attention_heads, config.value_width
+    return {"gla": [(batch, heads, config.head_dim, 2 * config.value_head_dim + 1),
+                    (batch, heads, 1, config.value_head_dim)],
+            "aft": [(batch, 3 * channels), (batch, channels), (batch, channels)],
+            "ssm": [(batch, channels, config.ssm_state_size, 3), (batch, channels)]}[config.prior]
 
 
 FEMSOFTMAXCommonTest = fem_test_case("softmax")

@@ -3,7 +3,9 @@ declares it (presets, workloads, targets), in one table format (DESIGN.md perfor
 
 Workloads: ``forward`` (full sequence, no cache, eval mode), ``train_step`` (forward with the model's own loss,
 backward, AdamW step), ``peak_memory`` (of a train step) and, for language models, ``decode`` (cached greedy
-decoding, tokens/s). Every arm (a preset, or one value of the entry's swept keyword) and the baseline run back to
+decoding with the dynamic cache, tokens/s) and ``decode_static`` (the same with transformers' static cache and its
+compiled decoding step, `CompileConfig(fullgraph=True)`; compiled on any device, while `generate()` compiles by itself
+only on accelerators). Every arm (a preset, or one value of the entry's swept keyword) and the baseline run back to
 back in one process, in an order that rotates every repeat, ``repeats`` times after a warm-up; a row gives the
 medians and the median of the per-repeat ratios arm / baseline (baseline / arm for tokens/s), which cancels the
 slow drifts of a shared machine, with the spread (min-max) of those ratios. A spread wider than `BUSY_SPREAD` of
@@ -33,14 +35,15 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 
 import torch
-from transformers import AutoModel
+from transformers import AutoModel, CompileConfig
 
 from ..presets import config_from_preset, model_from_preset, preset_card
 from ..registry import ARCHITECTURES, Bench
 
 BUSY_SPREAD = 0.15  # (max - min) / median of the per-repeat ratios above which a run is flagged
 LINEAR_SCALING_TARGET = 4.5  # time(T=4096) / time(T=1024) for O(T) priors (DESIGN.md)
-UNITS = {"forward": "s", "train_step": "s", "peak_memory": "MiB", "decode": "tok/s"}
+UNITS = {"forward": "s", "train_step": "s", "peak_memory": "MiB", "decode": "tok/s", "decode_static": "tok/s"}
+RATES = ("decode", "decode_static")
 
 
 @dataclass
@@ -168,8 +171,12 @@ def _train_step_fn(model, inputs: dict, call: dict):
     return train_step
 
 
-def _decode_fn(model, inputs: dict, call: dict, tokens: int):
+def _decode_fn(model, inputs: dict, call: dict, tokens: int, static: bool = False):
     prompt = inputs["input_ids"][:1, :32]
+    if static:
+        compile_config = CompileConfig(fullgraph=True, dynamic=False)
+        compile_config._compile_all_devices = True  # transformers' own switch for compiling on CPU (its tests use it)
+        call = {**call, "cache_implementation": "static", "compile_config": compile_config}
 
     def decode():
         model.eval()
@@ -179,7 +186,7 @@ def _decode_fn(model, inputs: dict, call: dict, tokens: int):
     return decode
 
 
-TIMED = ("forward", "train_step", "decode")
+TIMED = ("forward", "train_step", *RATES)
 
 
 def _workload_fn(workload: str, model, inputs: dict, arm: Arm, settings: BenchSettings):
@@ -187,7 +194,7 @@ def _workload_fn(workload: str, model, inputs: dict, arm: Arm, settings: BenchSe
         return _forward_fn(model, inputs, arm.call)
     if workload == "train_step":
         return _train_step_fn(model, inputs, arm.call)
-    return _decode_fn(model, inputs, arm.call, settings.decode_tokens)
+    return _decode_fn(model, inputs, arm.call, settings.decode_tokens, static=workload == "decode_static")
 
 
 def _status_bytes(field_name: str) -> int:
@@ -268,14 +275,14 @@ class BenchRow:
 
     def __post_init__(self):
         if self.target is not None:
-            self.meets_target = self.ratio >= self.target if self.workload == "decode" else self.ratio <= self.target
+            self.meets_target = self.ratio >= self.target if self.workload in RATES else self.ratio <= self.target
         self.busy = (self.spread[1] - self.spread[0]) > BUSY_SPREAD * self.ratio
 
 
 def timed_row(arm: str, workload: str, seconds: list[float], baseline: list[float], target: float | None,
               per_call: float = 1.0) -> BenchRow:
     """A row from paired per-repeat seconds; ``per_call`` > 1 turns seconds into a rate (tokens per call)."""
-    if workload == "decode":
+    if workload in RATES:
         ratios = [base / own for own, base in zip(seconds, baseline)]
         value, reference = per_call / statistics.median(seconds), per_call / statistics.median(baseline)
     else:
@@ -336,7 +343,7 @@ def run_bench(name: str, settings: BenchSettings | None = None, baseline: str | 
                                      ratio, (ratio, ratio), target))
             else:
                 rows.append(timed_row(arm.label, workload, times[workload][arm.label], times[workload][base.label],
-                                      target, per_call=settings.decode_tokens if workload == "decode" else 1.0))
+                                      target, per_call=settings.decode_tokens if workload in RATES else 1.0))
     shape = (f"batch {settings.batch_size}" + (f", seq {settings.seq_len}" if "input_ids" in inputs else "")
              + f", {settings.dtype} on {settings.device}" + (", torch.compile" if settings.compile else ""))
     title = f"{', '.join(presets)} vs {base.preset} ({shape}, median of {settings.repeats} paired repeats)"
@@ -352,7 +359,7 @@ def format_table(result: dict) -> str:
              "| model | metric | value | baseline | ratio | spread (min-max) | target | ok |",
              "|---|---|---|---|---|---|---|---|"]
     for row in result["rows"]:
-        bound = "" if row["target"] is None else f"{'>=' if row['workload'] == 'decode' else '<='} {row['target']:.2f}"
+        bound = "" if row["target"] is None else f"{'>=' if row['workload'] in RATES else '<='} {row['target']:.2f}"
         ok = {None: "", True: "yes", False: "NO"}[row["meets_target"]]
         low, high = row["spread"]
         lines.append(f"| {row['arm']} | {row['workload']} ({row['unit']}) | {row['value']:.4g} | {row['baseline']:.4g} "

@@ -179,3 +179,26 @@ def strict_config(cls):
 
     cls.__init__, cls.__setattr__ = __init__, __setattr__
     return cls
+
+
+class OwnCacheLayerTypes:
+    """A config whose ``layer_types`` name the model's own cache layers (registered with transformers' cache tables, so
+    `DynamicCache(config=...)` and `StaticCache(config=...)` build them). They follow from other fields: set by
+    `set_cache_layer_types` in ``__post_init__``, not validated against transformers' attention layer types, and not
+    saved (transformers' generic config, which `AutoTokenizer` reads where it may not run the model's file, rejects
+    layer types it does not know)."""
+
+    def validate_layer_type(self):
+        """The zoo's cache-layer types (set in ``__post_init__``) are not transformers' attention layer types."""
+
+    def to_dict(self) -> dict:
+        output = super().to_dict()
+        output.pop("layer_types", None)
+        return output
+
+
+def set_cache_layer_types(config, owner: str, layer_types: list[str], reason: str) -> None:
+    """Set ``config.layer_types``, refusing a different value a user passed."""
+    require(owner, config.layer_types in (None, layer_types), "layer_types", f"None or {layer_types} ({reason})",
+            config.layer_types)
+    config.layer_types = layer_types

@@ -2,14 +2,24 @@
 
 from transformers import LlamaConfig
 
-from .checks import check_derived_fields, check_transformers_fields, require, require_divisible, strict_config
+from .checks import (
+    OwnCacheLayerTypes,
+    check_derived_fields,
+    check_transformers_fields,
+    require,
+    require_divisible,
+    set_cache_layer_types,
+    strict_config,
+)
 
 OWNER = "EqTLlamaConfig"
+# The cache-layer type of the first decoder layer, whose cache layer also keeps the token window (`eqt_cache`).
+WINDOW_LAYER_TYPE = "eqt_window_attention"
 CHOICES = {"erm_backprop": ("unrolled", "implicit"), "erm_head_vocabulary": ("full", "window")}
 
 
 @strict_config
-class EqTLlamaConfig(LlamaConfig):
+class EqTLlamaConfig(OwnCacheLayerTypes, LlamaConfig):
     r"""A `LlamaConfig` plus the Equilibrium Refinement Module (ERM, eqt.txt §3, Algorithm 1). Every Llama field
     keeps its meaning, so a Llama checkpoint's config loads as it is (`EqTLlamaForCausalLM.from_pretrained(llama_dir,
     **erm_fields)`). Defaults are the paper's (§3.7); where the paper contradicts itself the choice and its reason are
@@ -75,9 +85,12 @@ class EqTLlamaConfig(LlamaConfig):
     erm_memory_topk: int = 8
     erm_memory_ema_decay: float = 0.99
     energy_loss_weight: float = 0.3
+    layer_types: list[str] | None = None
 
     def __post_init__(self, **kwargs):
         check_transformers_fields(self)
+        set_cache_layer_types(self, OWNER, [WINDOW_LAYER_TYPE] + ["full_attention"] * (self.num_hidden_layers - 1),
+                              "the first decoder layer's cache layer also keeps the energies' token window")
         super().__post_init__(**kwargs)
         check_derived_fields(self)
         self._check_llama_fields()

@@ -7,7 +7,14 @@ from dataclasses import field as dataclass_field
 from transformers import PreTrainedConfig
 from transformers.utils import logging
 
-from .checks import check_derived_fields, check_transformers_fields, require, strict_config
+from .checks import (
+    OwnCacheLayerTypes,
+    check_derived_fields,
+    check_transformers_fields,
+    require,
+    set_cache_layer_types,
+    strict_config,
+)
 
 logger = logging.get_logger(__name__)
 
@@ -67,7 +74,7 @@ def fem_layer_type(prior: str) -> str:
 
 
 @strict_config
-class FEMConfig(PreTrainedConfig):
+class FEMConfig(OwnCacheLayerTypes, PreTrainedConfig):
     r"""Configuration of a FEM-LM: a Llama-style pre-norm decoder (RMSNorm, SwiGLU, RoPE) whose attention is
     the two-level gated Free Energy Mixer (FEM eq. 11) on a selection prior.
 
@@ -164,11 +171,8 @@ class FEMConfig(PreTrainedConfig):
             )
         if self.time_decay_rank is None:
             self.time_decay_rank = max(1, self.value_width // 16)
-        own_layer_types = [fem_layer_type(self.prior)] * self.num_hidden_layers
-        require(OWNER, self.layer_types in (None, own_layer_types), "layer_types",
-                f"None or {fem_layer_type(self.prior)!r} for each of the {self.num_hidden_layers} layers (every FEM "
-                f"layer reads with prior {self.prior!r})", self.layer_types)
-        self.layer_types = own_layer_types
+        set_cache_layer_types(self, OWNER, [fem_layer_type(self.prior)] * self.num_hidden_layers,
+                              f"every FEM layer reads with prior {self.prior!r}")
         super().__post_init__(**kwargs)
         check_derived_fields(self)
 
@@ -219,18 +223,6 @@ class FEMConfig(PreTrainedConfig):
         plan.update({"layers.*.mlp.gate_proj": "colwise", "layers.*.mlp.up_proj": "colwise",
                      "layers.*.mlp.down_proj": "rowwise"})
         return plan
-
-    def validate_layer_type(self):
-        """``layer_types`` are FEM cache-layer types, set from the prior in ``__post_init__`` (the base class's
-        validator only knows attention layer types); the one strict class validator of FEMConfig."""
-
-    def to_dict(self) -> dict:
-        """The config as saved, without ``layer_types``: they follow from the prior (rebuilt on load), and
-        transformers' generic config, which `AutoTokenizer` reads when it may not run this file (no
-        ``trust_remote_code``), rejects cache-layer types it does not know."""
-        output = super().to_dict()
-        output.pop("layer_types", None)
-        return output
 
     @property
     def head_dim(self) -> int:

@@ -2,24 +2,32 @@
 
 Eq. 12-13 score the tokens of a window before each refined position, and the reverse encoder's state before the
 window's first token reaches `EqTLlamaConfig.erm_context_length` positions back. A decoding step receives only its
-new tokens, so the cache carries that many recent ids (with their padding flags and their positions among the
-real tokens): `EqTLlamaModel` appends one `EqTContextLayer` after the decoder layers' cache layers, and since it
-lives in the cache, `generate()` (beam search included) and hand-written cached loops need nothing more.
+new tokens, so the cache carries that many recent ids (with their real-token flags and their positions among the real
+tokens) in the first decoder layer's cache layer (`configuration_eqt.WINDOW_LAYER_TYPE` in ``config.layer_types``):
+a cache has one layer per decoder layer, `DynamicCache(config=...)` and `StaticCache(config=...)` build it, and
+`generate()` (beam search included) and hand-written cached loops need nothing more. The window always has
+``erm_context_length`` slots (before that many tokens were seen, the first are empty and flagged as padding), so its
+shape never changes and a static cache keeps it at fixed addresses.
 """
 
 import torch
-from transformers.cache_utils import DummyLayer
+from transformers.cache_utils import DynamicLayer, StaticLayer
+
+from .cache_states import CacheStatesMixin
+from .configuration_eqt import WINDOW_LAYER_TYPE
 
 
-class EqTContextLayer(DummyLayer):
-    """The last `erm_context_length` token ids of each sequence, their real-token flags and keys (index among
-    the real tokens), and the number of real tokens seen. It holds no keys or values, so transformers' cache
-    utilities skip it where they look for attention layers."""
+class TokenWindow(CacheStatesMixin):
+    """The last `erm_context_length` token ids of each sequence, their real-token flags and keys (index among the
+    real tokens), and the number of real tokens seen, beside the layer's keys and values. It cannot be cropped: the
+    tokens before the window are not kept (`generate()` refuses assisted decoding up front, as for other stateful
+    models)."""
 
-    is_croppable = False
+    _layer_type = WINDOW_LAYER_TYPE
+    state_names = ("ids", "valid", "keys_seen", "real_seen")
 
-    def __init__(self):
-        super().__init__()
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
         self.ids: torch.Tensor | None = None
         self.valid: torch.Tensor | None = None
         self.keys_seen: torch.Tensor | None = None
@@ -29,24 +37,18 @@ class EqTContextLayer(DummyLayer):
         return self.ids, self.valid, self.keys_seen, self.real_seen
 
     def store(self, ids, valid, keys, real_seen, keep: int) -> None:
-        self.ids, self.valid, self.keys_seen = ids[:, -keep:], valid[:, -keep:], keys[:, -keep:]
-        self.real_seen = real_seen
+        for name, state in (("ids", ids), ("valid", valid), ("keys_seen", keys)):
+            self.keep(name, state[:, -keep:])
+        self.keep("real_seen", real_seen)
 
-    def _map(self, fn) -> None:
-        if self.ids is not None:
-            self.ids, self.valid, self.keys_seen, self.real_seen = (fn(state) for state in self.states())
 
-    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        self._map(lambda state: state.index_select(0, beam_idx.to(state.device)))
+class EqTWindowLayer(TokenWindow, DynamicLayer):
+    __doc__ = TokenWindow.__doc__
 
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        self._map(lambda state: state.repeat_interleave(repeats, dim=0))
 
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        self._map(lambda state: state[indices])
+class EqTStaticWindowLayer(TokenWindow, StaticLayer):
+    __doc__ = TokenWindow.__doc__
+    keeps_in_place = True
 
-    def reset(self) -> None:
-        self.ids = self.valid = self.keys_seen = self.real_seen = None
 
-    def crop(self, tokens_to_remove: int) -> None:
-        raise NotImplementedError("EqT's token window cannot be cropped: the tokens before it are not kept.")
+WINDOW_LAYERS = (EqTWindowLayer, EqTStaticWindowLayer)

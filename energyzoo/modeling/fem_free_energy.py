@@ -74,14 +74,15 @@ class PriorCode:
     selection(layer, projected, position_embeddings, attention_mask, padding_mask) -> (tensors, options): the
         read's selection arguments from the layer's projections (``projected``: name -> output).
     read(value, beta, *tensors, state=..., **options) -> `FreeEnergyRead` (signature: `fem_free_energy`).
-    cache_layer: the cache layer that keeps the read's state while decoding.
+    cache_layers: the (dynamic, static) cache layers that keep the read's state while decoding (one class twice
+        where the state has a fixed size).
     init_parameters(layer): the initial values of its bare parameters, if it has any.
     """
 
     add_modules: Callable[[torch.nn.Module, Any], None]
     selection: Callable[..., tuple[tuple, dict]]
     read: Callable[..., FreeEnergyRead]
-    cache_layer: type
+    cache_layers: tuple[type, type]
     init_parameters: Callable[[torch.nn.Module], None] | None = None
 
 

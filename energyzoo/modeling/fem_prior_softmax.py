@@ -10,12 +10,12 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import DynamicLayer, StaticLayer
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.llama.modeling_llama import eager_attention_forward
 
+from .cache_states import CacheStatesMixin
 from .configuration_fem import fem_layer_type
-from .fem_cache import FEMStateMixin
 from .fem_free_energy import (
     FreeEnergyRead,
     clip_values_for_exp,
@@ -27,39 +27,61 @@ from .fem_free_energy import (
 from .numerics import work_dtype
 
 
-class FEMSoftmaxCacheLayer(FEMStateMixin, DynamicLayer):
+class SoftmaxPriorCache(CacheStatesMixin):
     """Decoding state of one FEM layer with the softmax prior: the prior's keys, the augmented values
     [v, exp(beta v - M)] of the one-pass read (FEM App. F.4) as ``keys`` / ``values``, the shift M, and the
-    time-decay conditioner's O(H_c) state (App. I, Prop. I.1).
-
-    `softmax_free_energy_read` takes ``prior_state`` and returns the next one (it rescales the cached exp
-    values when M moves, online-softmax style), which ``advance`` stores; so cached decoding computes the
-    read of one full forward while each step only exponentiates its own values. With the default budget
-    (i), [v, exp(beta v)] has the Q/K head width: the value cache has the size of Llama's (fp16 models cache
-    in fp32, since fp16 cannot hold the exp branch)."""
+    time-decay conditioner's O(H_c) state (App. I, Prop. I.1). The layer is its own prior state:
+    `softmax_free_energy_read` extends it (`extend`) before it attends, so cached decoding computes the read of one
+    full forward while each step only exponentiates its own values. With the default budget (i),
+    [v, exp(beta v)] has the Q/K head width: the value cache has the size of Llama's (fp16 models cache in fp32,
+    since fp16 cannot hold the exp branch). `FEMSoftmaxCacheLayer` grows (DynamicCache), `FEMSoftmaxStaticCacheLayer`
+    writes into preallocated buffers (StaticCache, compiled decoding)."""
 
     _layer_type = fem_layer_type("softmax")
-    is_croppable = False
     state_names = ("time_decay_state", "exp_shift")
 
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
         self.time_decay_state: torch.Tensor | None = None
         self.exp_shift: torch.Tensor | None = None
 
     @property
-    def prior_state(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None:
-        """``(keys, augmented values, shift)`` of the cached positions, None before the first tokens."""
-        return (self.keys, self.values, self.exp_shift) if self.is_initialized else None
+    def prior_state(self) -> "SoftmaxPriorCache":
+        return self
 
-    def advance(self, prior_state: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None], new_tokens: int) -> None:
-        keys, values, self.exp_shift = prior_state
-        if not self.is_initialized:
-            self.lazy_initialization(keys, values)
-        self.keys, self.values = keys, values
+    def advance(self, prior_state: "SoftmaxPriorCache", new_tokens: int) -> None:
+        """Nothing left to store: `extend` wrote the keys, values and shift, and `update` counted the tokens."""
 
-    def update(self, key_states, value_states, *args, **kwargs):
-        raise NotImplementedError("FEM softmax layers cache augmented values; FEMAttention advances them")
+    def extend(self, keys: torch.Tensor, values: torch.Tensor, shift: torch.Tensor | None):
+        """Append the new positions' keys (batch, heads, new, qk_dim) and augmented values at shift M (batch, 1,
+        heads, v_dim; None without the LSE branch), and return all keys and augmented values. When M moves (a new
+        value outgrew the cached M by more than the headroom), the cached exp values are rescaled by
+        exp(M_old - M_new) first, online-softmax style. Eager decoding skips that O(cache) rescale when the shift
+        stayed; compiled code keeps one branch-free graph (the factor is 1 there)."""
+        if shift is not None and self.exp_shift is not None and (
+            torch.compiler.is_compiling() or not torch.equal(shift, self.exp_shift)
+        ):
+            self._rescale_exp_values(torch.exp(self.exp_shift - shift).transpose(1, 2).to(self.values.dtype))
+        if shift is not None:
+            self.keep("exp_shift", shift)
+        return self.update(keys, values)
+
+
+class FEMSoftmaxCacheLayer(SoftmaxPriorCache, DynamicLayer):
+    __doc__ = SoftmaxPriorCache.__doc__
+
+    def _rescale_exp_values(self, factor: torch.Tensor) -> None:
+        half = self.values.shape[-1] // 2
+        self.values = torch.cat([self.values[..., :half], self.values[..., half:] * factor], dim=-1)
+
+
+class FEMSoftmaxStaticCacheLayer(SoftmaxPriorCache, StaticLayer):
+    __doc__ = SoftmaxPriorCache.__doc__
+    keeps_in_place = True
+
+    def _rescale_exp_values(self, factor: torch.Tensor) -> None:
+        half = self.values.shape[-1] // 2
+        self.values[..., half:].mul_(factor)  # in place: the buffers keep their addresses for graph capture
 
 
 def add_query_key(layer: nn.Module, config) -> None:
@@ -126,7 +148,7 @@ def softmax_free_energy_read(
     key: torch.Tensor,
     *,
     attention_mask: torch.Tensor | None = None,
-    state: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None,
+    state: SoftmaxPriorCache | None = None,
     attention: AttentionFunction = sdpa_attention,
     scale: float | None = None,
 ) -> FreeEnergyRead:
@@ -138,17 +160,16 @@ def softmax_free_energy_read(
         query, key: (batch, heads, seq, qk_dim), RoPE already applied.
         attention_mask: None (causal, no padding) or a mask over (cached + new) keys as
             `create_causal_mask` builds it for ``attention``: boolean (True = may attend) or additive.
-        state: ``(keys, augmented_values, shift)`` of the cached positions: keys (batch, heads, past, qk_dim),
-            the augmented values [v, exp(beta v - M)] (batch, heads, past, 2 v_dim) and their shift M
-            (batch, 1, heads, v_dim); None when nothing is cached.
+        state: the layer's `SoftmaxPriorCache` (keys (batch, heads, past, qk_dim), augmented values
+            [v, exp(beta v - M)] (batch, heads, past, 2 v_dim) and their shift M (batch, 1, heads, v_dim)), which
+            the read extends with the new positions before attending; None reads without a cache.
         attention: ``f(query, key, value, mask, scale) -> (out (batch, q_len, heads, dim), weights | None)``;
             FEMAttention passes transformers' attention function of ``config._attn_implementation``.
         scale: score scale, default 1/sqrt(qk_dim).
 
     Returns:
-        `FreeEnergyRead` with the new state ``(all keys, all augmented values, M)``. When the shift moves
-        (a new value outgrew the cached M by more than the headroom), the cached exp values are rescaled by
-        exp(M_old - M_new) first (online-softmax style), so cached decoding computes the full forward's read.
+        `FreeEnergyRead` whose state is ``state`` itself, extended (`SoftmaxPriorCache.extend` rescales the
+        cached exp values when the shift moves), so cached decoding computes the full forward's read.
     """
     out_dtype = value.dtype
     dtype = read_dtype(value.dtype)
@@ -158,24 +179,16 @@ def softmax_free_energy_read(
         beta = beta.to(work_dtype(dtype))
         value = clip_values_for_exp(value, beta)
         scaled = beta * value.to(beta.dtype)
-        shift = exp_shift(scaled, dim=1, running_shift=None if state is None else state[2])
+        shift = exp_shift(scaled, dim=1, running_shift=None if state is None else state.exp_shift)
         # In place is safe: the shift is detached and exp keeps its own output for backward.
         value = torch.cat([value, scaled.sub_(shift).exp_().to(dtype)], dim=-1)
     # (batch, seq, heads, dim) memory, the layout q and k have: SDPA is much slower on mixed layouts.
     value = value.transpose(1, 2)
     if state is not None:
-        past_keys, past_values, past_shift = state
-        # The shift rarely moves (headroom): eager decoding skips the O(cache) rescale then; compiled code
-        # keeps one branch-free graph (the factor is 1 where the shift stayed).
-        if shift is not None and (torch.compiler.is_compiling() or not torch.equal(shift, past_shift)):
-            half = value.shape[-1] // 2
-            rescale = torch.exp(past_shift - shift).transpose(1, 2).to(dtype)
-            past_values = torch.cat([past_values[..., :half], past_values[..., half:] * rescale], dim=-1)
-        key = torch.cat([past_keys, key], dim=2)
-        value = torch.cat([past_values, value], dim=2)
+        key, value = state.extend(key, value, shift)
     read, weights = attention(query, key, value, attention_mask, scale)
     if beta is None:
-        return FreeEnergyRead(read.to(out_dtype), None, (key, value, None), weights)
+        return FreeEnergyRead(read.to(out_dtype), None, state, weights)
     mu, shifted_partition = read.split(read.shape[-1] // 2, dim=-1)
     f_max = restore_free_energy(mu, shifted_partition, shift, beta)
-    return FreeEnergyRead(mu.to(out_dtype), f_max.to(out_dtype), (key, value, shift), weights)
+    return FreeEnergyRead(mu.to(out_dtype), f_max.to(out_dtype), state, weights)

@@ -39,6 +39,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils.generic import can_return_tuple
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
+from .cache_kinds import CacheKindsMixin
 from .configuration_eer import EERConfig
 from .eer_energy import (
     additive_mask,
@@ -55,7 +56,6 @@ from .positions import positions_from_mask, sinusoidal_positions
 from .refinement import refine, refinement_steps, takes_refinement_steps
 
 REGULARISERS = ("kinetic", "potential", "entropy")
-SUPPORTED_CACHE_IMPLEMENTATIONS = (None, "dynamic")
 
 
 @dataclass
@@ -323,7 +323,7 @@ class EERModel(EERPreTrainedModel):
 
     def _check_cache(self, cache: Cache | None, past_seen: int, loops: int) -> None:
         """A filled cache must hold every loop this call runs (one layer per loop; one in the Hamiltonian form)."""
-        if cache is None:
+        if cache is None or torch.compiler.is_compiling():  # a compiled step's counts are tensors; eager checked them
             return
         needed = 1 if self.config.loop_dynamics == "hamiltonian" else loops
         fixed = getattr(cache, "layer_class_to_replicate", None) is None
@@ -389,7 +389,7 @@ class EERModel(EERPreTrainedModel):
         return residual_step, (torch.zeros_like(inputs),)
 
 
-class EERForCausalLM(CausalLMLossMixin, EERPreTrainedModel, GenerationMixin):
+class EERForCausalLM(CausalLMLossMixin, CacheKindsMixin, EERPreTrainedModel, GenerationMixin):
     """EER with its LM head (with bias). With ``labels`` the loss is eq. 2, CE + lambda_P L_pot + lambda_K L_kin +
     lambda_S |S_q - eta|, computed here so that plain `Trainer` and peft train it; the parts come back in the output.
     Labels are aligned with the inputs (label i answers input i, the induction task's format) unless
@@ -400,6 +400,7 @@ class EERForCausalLM(CausalLMLossMixin, EERPreTrainedModel, GenerationMixin):
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
     # eq. 2's regularisers are per-batch means: `Trainer` must average the micro-batches of an accumulated step itself
     accepts_loss_kwargs = False
+    other_caches_refused = "its cache holds one layer per loop of the call, and only those two build them so"
 
     def __init__(self, config: EERConfig):
         super().__init__(config)
@@ -463,12 +464,11 @@ class EERForCausalLM(CausalLMLossMixin, EERPreTrainedModel, GenerationMixin):
         )
 
     def _prepare_cache_for_generation(self, generation_config, model_kwargs, *args, **kwargs):
-        """A `DynamicCache()` growing one layer per loop (the config-sized one would fix the loop count); cache kinds
-        other than the dynamic one are refused up front."""
-        if generation_config.cache_implementation not in SUPPORTED_CACHE_IMPLEMENTATIONS:
-            raise ValueError(f"EER supports cache_implementation=None or 'dynamic', got "
-                             f"{generation_config.cache_implementation!r}: its cache holds one layer per loop.")
-        if generation_config.use_cache is not False and model_kwargs.get("past_key_values") is None:
+        """A `DynamicCache()` growing one layer per loop (the config-sized one would fix the loop count), or
+        transformers' `StaticCache` of one layer per configured loop (``num_loops``; decode with that loop count);
+        other cache kinds are refused up front."""
+        if generation_config.cache_implementation in (None, "dynamic") and generation_config.use_cache is not False \
+                and model_kwargs.get("past_key_values") is None:
             model_kwargs["past_key_values"] = DynamicCache()
             return None
         return super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)

@@ -9,8 +9,8 @@ steps on the label-free energy L of `eqt_energy` (eq. 7-8):
 Llama's own weights, names and computations are untouched, so a Llama checkpoint loads directly (only the
 ``model.erm.*`` weights are new), and with K = 0 or every lambda = 0 the logits are Llama's exactly (h_k = f).
 The refinement is per position and reads tokens at or before the position only, so the model stays causal; the
-refined state feeds the next layer, whose keys and values are cached as usual, and the cache also carries the
-token window the energies read (`eqt_cache`), so decoding refines only the new positions.
+refined state feeds the next layer, whose keys and values are cached as usual, and the first layer's cache layer also
+carries the token window the energies read (`eqt_cache`), so decoding refines only the new positions.
 """
 
 from dataclasses import dataclass
@@ -31,8 +31,10 @@ from transformers.models.llama.modeling_llama import (
 from transformers.utils.generic import can_return_tuple
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
+from .cache_kinds import CacheKindsMixin
+from .cache_states import own_cache_layer
 from .configuration_eqt import EqTLlamaConfig
-from .eqt_cache import EqTContextLayer
+from .eqt_cache import WINDOW_LAYERS, TokenWindow
 from .eqt_energy import TERMS, EnergyContext, EqTEnergyNetwork
 from .inputs import CausalLMLossMixin, check_labels, check_token_inputs
 from .numerics import widened, work_dtype
@@ -44,8 +46,6 @@ from .outputs import (
     records_energies,
 )
 from .refinement import EarlyExit, refine, refinement_steps, takes_refinement_steps
-
-SUPPORTED_CACHE_IMPLEMENTATIONS = (None, "dynamic")
 
 
 @dataclass
@@ -199,6 +199,9 @@ class EqTLlamaPreTrainedModel(LlamaPreTrainedModel):
         "attentions": OutputRecorder(LlamaAttention, index=1, layer_name="layers"),
     }
     _supports_flash_attn = False  # the reverse encoder's sliding-window mask is an SDPA / eager mask
+    # The cache's token window cannot be rewound (the tokens before it are not kept): generate() refuses assisted and
+    # prompt-lookup decoding up front, with its message for stateful models, instead of failing when it crops.
+    _is_stateful = True
 
     def set_attn_implementation(self, attn_implementation) -> None:
         """Llama's, and the reverse encoder follows (`EqTEnergyNetwork.follow_attention`)."""
@@ -311,35 +314,29 @@ class EqTLlamaModel(EqTLlamaPreTrainedModel):
         if input_ids is None:
             return valid, None
         input_ids = input_ids.long()  # the window's ids index gathers and one-hot targets, whatever int type came in
-        layer = self._context_layer(past_key_values)
+        keep = config.erm_context_length
+        layer = self._window_layer(past_key_values)
         if layer is not None and layer.ids is not None:
             previous_ids, previous_valid, previous_keys, real_seen = layer.states()
-        else:
-            previous_ids = input_ids[:, :0]
-            previous_valid, previous_keys = valid[:, :0], previous_ids
+        else:  # an empty window when caching (slots flagged as padding, keyed -1 like left padding), else none
+            slots = keep if layer is not None else 0
+            previous_ids = input_ids.new_zeros(batch, slots)
+            previous_valid, previous_keys = valid.new_zeros(batch, slots), previous_ids - 1
             real_seen = torch.zeros(batch, dtype=torch.long, device=device)
         keys = real_seen[:, None] + valid.long().cumsum(-1) - 1
         ids = torch.cat([previous_ids, input_ids], dim=1)
         all_valid = torch.cat([previous_valid, valid], dim=1)
         all_keys = torch.cat([previous_keys, keys], dim=1)
         if layer is not None:
-            layer.store(ids, all_valid, all_keys, real_seen + valid.sum(-1), keep=config.erm_context_length)
+            layer.store(ids, all_valid, all_keys, real_seen + valid.sum(-1), keep=keep)
         if not (config.lambda_rev or config.lambda_mask):
             return valid, None
         return valid, self.erm.energy.context(self.embed_tokens.weight, ids, all_valid, all_keys, length)
 
-    def _context_layer(self, past_key_values: Cache | None) -> EqTContextLayer | None:
-        """The cache's `EqTContextLayer` (appended after the decoder layers' cache layers when missing)."""
-        if past_key_values is None:
-            return None
-        layers = past_key_values.layers
-        if len(layers) == self.config.num_hidden_layers:
-            layers.append(EqTContextLayer())
-        if len(layers) != self.config.num_hidden_layers + 1 or not isinstance(layers[-1], EqTContextLayer):
-            raise ValueError(f"EqT-LLaMA needs a DynamicCache(config=model.config) of {self.config.num_hidden_layers} "
-                             f"layers (it appends its token window as one more); got {type(past_key_values).__name__} "
-                             f"with {len(layers)} layers")
-        return layers[-1]
+    @staticmethod
+    def _window_layer(past_key_values: Cache | None) -> TokenWindow | None:
+        """The first decoder layer's cache layer, which keeps the token window (`eqt_cache`)."""
+        return own_cache_layer(past_key_values, 0, WINDOW_LAYERS, "EqT-LLaMA")
 
     def _site_inputs(self, site: int, proposal: torch.Tensor, context, readout: torch.Tensor) -> SiteInputs:
         config = self.config
@@ -352,7 +349,7 @@ class EqTLlamaModel(EqTLlamaPreTrainedModel):
         return SiteInputs(proposal, context, memories, readout, self.norm.weight, self.norm.variance_epsilon)
 
 
-class EqTLlamaForCausalLM(CausalLMLossMixin, EqTLlamaPreTrainedModel, GenerationMixin):
+class EqTLlamaForCausalLM(CausalLMLossMixin, CacheKindsMixin, EqTLlamaPreTrainedModel, GenerationMixin):
     """EqT-LLaMA with Llama's LM head. Loss (eq. 18): mean next-token cross-entropy + ``energy_loss_weight`` *
     mean L(h*) over the refined sites and real positions, so plain `Trainer` and peft train it.
 
@@ -364,6 +361,8 @@ class EqTLlamaForCausalLM(CausalLMLossMixin, EqTLlamaPreTrainedModel, Generation
     _tp_plan = {"lm_head": "colwise_gather_output"}  # Llama's: a tied checkpoint shards the weight the head reads
     # eq. 18's energy term is a per-batch mean: `Trainer` must average the micro-batches of an accumulated step itself
     accepts_loss_kwargs = False
+    other_caches_refused = ("its first cache layer also keeps the energies' token window, which offloaded and "
+                            "quantized caches would leave behind")
 
     def __init__(self, config: EqTLlamaConfig):
         super().__init__(config)
@@ -418,16 +417,6 @@ class EqTLlamaForCausalLM(CausalLMLossMixin, EqTLlamaPreTrainedModel, Generation
             attentions=outputs.attentions,
             energies=outputs.energies,
         )
-
-    def _prepare_cache_for_generation(self, generation_config, *args, **kwargs):
-        """Refuse cache kinds other than the dynamic one up front: the cache carries EqT's token window."""
-        if generation_config.cache_implementation not in SUPPORTED_CACHE_IMPLEMENTATIONS:
-            raise ValueError(
-                f"EqT-LLaMA supports cache_implementation=None or 'dynamic', got "
-                f"{generation_config.cache_implementation!r}: its cache also carries the token window of the "
-                "energies, which static, offloaded or quantized caches have no place for."
-            )
-        return super()._prepare_cache_for_generation(generation_config, *args, **kwargs)
 
     @classmethod
     def from_llama(cls, llama_model: nn.Module, **erm_fields) -> "EqTLlamaForCausalLM":

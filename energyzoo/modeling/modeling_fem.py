@@ -19,8 +19,9 @@ from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, Lla
 from transformers.utils import can_return_tuple
 from transformers.utils.output_capturing import capture_outputs
 
+from .cache_kinds import CacheKindsMixin
+from .cache_states import own_cache_layer
 from .configuration_fem import PRIORS, FEMConfig
-from .fem_cache import own_cache_layer
 from .fem_free_energy import (
     PriorCode,
     gated_free_energy,
@@ -29,7 +30,13 @@ from .fem_free_energy import (
 )
 from .fem_prior_aft import FEMAFTCacheLayer, add_aft_modules, aft_free_energy_read, aft_selection
 from .fem_prior_gla import FEMGLACacheLayer, add_gla_modules, gla_free_energy_read, gla_selection
-from .fem_prior_softmax import FEMSoftmaxCacheLayer, add_query_key, softmax_free_energy_read, softmax_selection
+from .fem_prior_softmax import (
+    FEMSoftmaxCacheLayer,
+    FEMSoftmaxStaticCacheLayer,
+    add_query_key,
+    softmax_free_energy_read,
+    softmax_selection,
+)
 from .fem_prior_ssm import FEMSSMCacheLayer, add_ssm_modules, init_ssm_parameters, ssm_free_energy_read, ssm_selection
 from .fem_time_decay import TimeDecayConditioner
 from .inputs import CausalLMLossMixin, check_classifier_labels, check_labels, check_token_inputs
@@ -45,10 +52,12 @@ from .outputs import (
 from .positions import positions_from_mask
 
 PRIOR_CODE = {
-    "softmax": PriorCode(add_query_key, softmax_selection, softmax_free_energy_read, FEMSoftmaxCacheLayer),
-    "gla": PriorCode(add_gla_modules, gla_selection, gla_free_energy_read, FEMGLACacheLayer),
-    "aft": PriorCode(add_aft_modules, aft_selection, aft_free_energy_read, FEMAFTCacheLayer),
-    "ssm": PriorCode(add_ssm_modules, ssm_selection, ssm_free_energy_read, FEMSSMCacheLayer, init_ssm_parameters),
+    "softmax": PriorCode(add_query_key, softmax_selection, softmax_free_energy_read,
+                         (FEMSoftmaxCacheLayer, FEMSoftmaxStaticCacheLayer)),
+    "gla": PriorCode(add_gla_modules, gla_selection, gla_free_energy_read, (FEMGLACacheLayer,) * 2),
+    "aft": PriorCode(add_aft_modules, aft_selection, aft_free_energy_read, (FEMAFTCacheLayer,) * 2),
+    "ssm": PriorCode(add_ssm_modules, ssm_selection, ssm_free_energy_read, (FEMSSMCacheLayer,) * 2,
+                     init_ssm_parameters),
 }
 # The projections of a FEM layer, in the order the conditioner's modulators are laid out (FEM eq. 34a-d): a new
 # prior's own projections come last, so the layouts of the others stay as saved.
@@ -60,7 +69,6 @@ OPTIONAL = (*(name for name in PROJECTIONS if name != "v_proj"), "beta_max_raw",
             *(name for spec in PRIORS.values() for name in spec.parameters))
 # The attention functions the softmax prior runs on.
 ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2")
-SUPPORTED_CACHE_IMPLEMENTATIONS = (None, "dynamic")
 # The Llama config fields a FEM-LM upcycled from it (`FEMForCausalLM.from_llama`) keeps as they are.
 LLAMA_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                 "hidden_act", "max_position_embeddings", "rms_norm_eps", "tie_word_embeddings", "attention_bias",
@@ -131,7 +139,7 @@ class FEMAttention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Returns the block output and the prior's probabilities (eager softmax prior only, else None)."""
         batch, length, _ = hidden_states.shape
-        cache_layer = own_cache_layer(past_key_values, self.layer_idx, self.prior.cache_layer)
+        cache_layer = own_cache_layer(past_key_values, self.layer_idx, self.prior.cache_layers, "FEM")
         if self.time_decay is None:
             projections = self._projections(hidden_states)
         else:
@@ -140,7 +148,7 @@ class FEMAttention(nn.Module):
                 self.time_decay, hidden_states, padding_mask, initial_state
             )
             if cache_layer is not None:
-                cache_layer.time_decay_state = final_state
+                cache_layer.keep("time_decay_state", final_state)
             # p (1 + c), eq. 34. Recomputed in backward: the gradient of c needs the unmodulated projections,
             # which would otherwise be kept beside the modulated ones the prior keeps.
             projections = self._recomputed_in_backward(self._modulated_projections, hidden_states, features)
@@ -350,15 +358,20 @@ class FEMModel(FEMPreTrainedModel):
         return BaseModelOutputWithEnergies(last_hidden_state=self.norm(hidden_states), past_key_values=past_key_values)
 
 
-class FEMForCausalLM(CausalLMLossMixin, FEMPreTrainedModel, GenerationMixin):
+class FEMForCausalLM(CausalLMLossMixin, CacheKindsMixin, FEMPreTrainedModel, GenerationMixin):
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
     _tp_plan = {"lm_head": "colwise_gather_output"}
+    other_caches_refused = ("its cache layers keep FEM states (augmented values with their exp shift, recurrent prior "
+                            "states, the conditioner's state) that offloaded and quantized caches would leave behind")
 
     def __init__(self, config: FEMConfig):
         super().__init__(config)
         self.model = FEMModel(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
+
+    def _decodes_with_causal_mask(self) -> bool:
+        return PRIORS[self.config.prior].attention_function
 
     @can_return_tuple
     def forward(
@@ -399,18 +412,6 @@ class FEMForCausalLM(CausalLMLossMixin, FEMPreTrainedModel, GenerationMixin):
             attentions=outputs.attentions,
             energies=outputs.energies,
         )
-
-    def _prepare_cache_for_generation(self, generation_config, *args, **kwargs):
-        """Refuse cache kinds other than the dynamic one up front: FEM layers keep states (augmented values
-        with their exp shift, recurrent prior states, the conditioner's state) that only
-        `DynamicCache(config=...)` builds, through the FEM cache layers."""
-        if generation_config.cache_implementation not in SUPPORTED_CACHE_IMPLEMENTATIONS:
-            raise ValueError(
-                f"FEM-LM supports cache_implementation=None or 'dynamic' (a DynamicCache of FEM cache layers), got "
-                f"{generation_config.cache_implementation!r}: its layers keep FEM states that static, offloaded or "
-                "quantized caches have no place for."
-            )
-        return super()._prepare_cache_for_generation(generation_config, *args, **kwargs)
 
     @classmethod
     def from_llama(cls, llama_model: nn.Module, **fem_overrides) -> "FEMForCausalLM":

@@ -26,6 +26,7 @@ per-step diagnostics (tel.txt §3.4, App. H.7): ``temperature`` T_i, ``step_size
 import inspect
 
 import torch
+from transformers import GenerationMixin
 from transformers.models.gpt2.modeling_gpt2 import GPT2LMHeadModel, GPT2Model, GPT2PreTrainedModel
 from transformers.models.resnet.modeling_resnet import (
     ResNetForImageClassification,
@@ -201,7 +202,7 @@ class TELGPT2Model(TELGPT2PreTrainedModel, GPT2Model):
     forward = forward_with_energies(GPT2Model.forward, prepare=gpt2_inputs)
 
 
-class TELGPT2LMHeadModel(CausalLMLossMixin, TELGPT2PreTrainedModel, GPT2LMHeadModel):
+class TELGPT2LMHeadModel(CausalLMLossMixin, TELGPT2PreTrainedModel, GPT2LMHeadModel, GenerationMixin):
     """GPT-2 LM (tied head, KV cache, generate) with TEL layers in the FFNs of `config.tel_blocks()`."""
 
     _tp_plan = {"lm_head": "colwise_gather_output"}

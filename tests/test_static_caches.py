@@ -1,0 +1,112 @@
+"""generate() with transformers' static cache for every zoo LM (FEM each prior, EqT-LLaMA, EER): the tokens and scores
+of the dynamic cache on a left-padded batch, greedy and beam; the cache has one layer per decoder layer (per loop for
+EER), of the model's own classes where it keeps more than keys and values; offloaded and quantized caches and EqT's
+assisted decoding are refused before anything runs. (Compiled decoding under the static cache is checked by
+transformers' own generation tests, `tests/test_transformers_common.py`.)"""
+
+import pytest
+import torch
+from transformers import StaticCache
+
+from energyzoo.modeling.cache_states import CacheStatesMixin
+from energyzoo.modeling.configuration_eer import EERConfig
+from energyzoo.modeling.configuration_eqt import EqTLlamaConfig
+from energyzoo.modeling.configuration_fem import FEMConfig
+from energyzoo.modeling.eqt_cache import EqTStaticWindowLayer
+from energyzoo.modeling.fem_prior_softmax import FEMSoftmaxStaticCacheLayer
+from energyzoo.modeling.modeling_eer import EERForCausalLM
+from energyzoo.modeling.modeling_eqt import EqTLlamaForCausalLM
+from energyzoo.modeling.modeling_fem import FEMForCausalLM
+
+VOCAB = 61
+SMALL = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_attention_heads=4, pad_token_id=0,
+             bos_token_id=1, eos_token_id=2)
+
+
+def fem(prior):
+    return FEMForCausalLM(FEMConfig(**SMALL, num_hidden_layers=2, prior=prior, time_decay_rank=4))
+
+
+def eqt():
+    return EqTLlamaForCausalLM(EqTLlamaConfig(
+        **SMALL, num_hidden_layers=2, num_key_value_heads=2, erm_num_steps=2, erm_rev_window=4, erm_rev_num_layers=1,
+        erm_rev_num_heads=2, erm_memory_size=16, erm_memory_topk=2))
+
+
+def eer():
+    return EERForCausalLM(EERConfig(**{**SMALL, "num_attention_heads": 1}, num_loops=3))
+
+
+MODELS = {"fem-softmax": lambda: fem("softmax"), "fem-gla": lambda: fem("gla"), "fem-aft": lambda: fem("aft"),
+          "fem-ssm": lambda: fem("ssm"), "eqt-llama": eqt, "eer": eer}
+
+
+def build(name):
+    torch.manual_seed(0)
+    return MODELS[name]().eval()
+
+
+def left_padded_batch():
+    ids = torch.randint(3, VOCAB, (3, 9), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[0, :4] = 0
+    mask[1, :1] = 0
+    ids[0, :4] = 17  # ordinary tokens under the mask: they must not count
+    return ids, mask
+
+
+@pytest.mark.parametrize("num_beams", [1, 2], ids=["greedy", "beam"])
+@pytest.mark.parametrize("name", MODELS)
+def test_static_cache_generates_the_dynamic_caches_tokens_and_scores(name, num_beams):
+    model = build(name)
+    ids, mask = left_padded_batch()
+    settings = dict(attention_mask=mask, max_new_tokens=8, do_sample=False, num_beams=num_beams,
+                    return_dict_in_generate=True, output_scores=True, pad_token_id=0, eos_token_id=None)
+    dynamic = model.generate(ids, **settings)
+    static = model.generate(ids, cache_implementation="static", **settings)
+    assert isinstance(static.past_key_values, StaticCache)
+    assert len(static.past_key_values.layers) == model.config.num_hidden_layers
+    assert torch.equal(static.sequences, dynamic.sequences)
+    for ours, reference in zip(static.scores, dynamic.scores, strict=True):
+        torch.testing.assert_close(ours, reference, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name,own_layer", [("fem-softmax", FEMSoftmaxStaticCacheLayer),
+                                            ("eqt-llama", EqTStaticWindowLayer)])
+def test_static_cache_built_from_the_config_holds_the_models_own_layers(name, own_layer):
+    """`StaticCache(config=...)` builds the layers that keep the states (every FEM layer; EqT's first, which keeps the
+    token window), and a hand-written cached loop over it gives the logits of one forward."""
+    model = build(name)
+    ids, mask = left_padded_batch()
+    cache = StaticCache(config=model.config, max_cache_len=ids.shape[1])
+    assert isinstance(cache.layers[0], own_layer)
+    assert all(isinstance(layer, CacheStatesMixin) == (name == "fem-softmax" or index == 0)
+               for index, layer in enumerate(cache.layers))
+    with torch.no_grad():
+        full = model(ids, attention_mask=mask).logits
+        first = model(ids[:, :6], attention_mask=mask[:, :6], past_key_values=cache).logits
+        steps = [model(ids[:, t : t + 1], attention_mask=mask[:, : t + 1], past_key_values=cache).logits
+                 for t in range(6, 9)]
+    real = mask.bool()
+    torch.testing.assert_close(torch.cat([first, *steps], 1)[real], full[real], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["offloaded", "quantized", "offloaded_static"])
+@pytest.mark.parametrize("name", ["fem-softmax", "fem-gla", "eqt-llama", "eer"])
+def test_other_cache_kinds_are_refused_before_generating(name, kind):
+    model = build(name)
+    with pytest.raises(ValueError, match=f"supports cache_implementation=None, 'dynamic' or 'static', got '{kind}'"):
+        model.generate(torch.randint(3, VOCAB, (1, 4)), max_new_tokens=2, cache_implementation=kind, pad_token_id=0)
+
+
+def test_eqt_refuses_assisted_decoding_up_front_and_its_window_cannot_be_cropped():
+    model = build("eqt-llama")
+    ids = torch.randint(3, VOCAB, (1, 5))
+    with pytest.raises(ValueError, match="assisted generation is not supported with stateful models"):
+        model.generate(ids, max_new_tokens=3, assistant_model=build("eqt-llama"), pad_token_id=0)
+    with pytest.raises(ValueError, match="assisted generation is not supported with stateful models"):
+        model.generate(ids, max_new_tokens=3, prompt_lookup_num_tokens=2, pad_token_id=0)
+    cache = model(ids, use_cache=True).past_key_values
+    assert len(cache.layers) == model.config.num_hidden_layers and not cache.is_croppable
+    with pytest.raises(NotImplementedError, match="cannot be rewound"):
+        cache.crop(1)
