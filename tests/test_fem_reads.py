@@ -9,7 +9,7 @@ from fem_reference import CAP, aft_prior, explicit_read, gla_prior, softmax_prio
 
 from energyzoo.modeling.fem_prior_aft import aft_free_energy_read
 from energyzoo.modeling.fem_prior_gla import gla_free_energy_read
-from energyzoo.modeling.fem_prior_softmax import softmax_free_energy_read
+from energyzoo.modeling.fem_prior_softmax import FEMSoftmaxCacheLayer, softmax_free_energy_read
 from energyzoo.modeling.fem_prior_ssm import ssm_free_energy_read
 
 PRIORS = ("softmax", "gla", "aft", "ssm")
@@ -67,6 +67,7 @@ class Case:
         value = value[:, piece]
         if self.prior == "softmax":
             query, key = (s[:, :, piece] for s in selection)
+            state = FEMSoftmaxCacheLayer() if state is None else state  # the layer is the softmax prior's state
             return softmax_free_energy_read(value, beta, query, key, state=state,
                                             attention_mask=causal_mask(self.valid, start, stop))
         valid = self.valid[:, piece]
@@ -86,6 +87,11 @@ class Case:
         builders = {"softmax": softmax_prior, "gla": gla_prior, "aft": aft_prior, "ssm": ssm_prior}
         p = builders[self.prior](*selection, valid=self.valid)
         return explicit_read(p, value, beta)
+
+
+def state_tensors(state) -> tuple:
+    """The tensors of a read's state: the softmax prior's cache layer holds keys, augmented values and the shift."""
+    return (state.keys, state.values, state.exp_shift) if isinstance(state, FEMSoftmaxCacheLayer) else state
 
 
 def assert_close_to_reference(ours, ref, valid, tolerance):
@@ -192,7 +198,7 @@ def test_half_precision_reads_keep_the_lse_branch(prior, dtype):
     error = (f_max.double() - ref_f).abs()[real]
     assert error.mean() < 0.02 * lse_effect and error.max() < 0.2 * lse_effect, (error.mean(), lse_effect)
     assert ((mu.double() - ref_mu).abs()[real]).mean() < 0.02 * lse_effect
-    assert all(torch.isfinite(t).all() for t in state if t is not None)
+    assert all(torch.isfinite(t).all() for t in state_tensors(state) if t is not None)
 
 
 @pytest.mark.parametrize("prior", PRIORS)
@@ -208,7 +214,7 @@ def test_long_sequences_with_extreme_values_stay_finite_and_in_range(prior, dtyp
     inputs = [t.to(dtype) for t in case.tensors()]
     inputs[1] = case.beta.float()
     mu, f_max, state, _ = case.read(*inputs, chunk_size=256)
-    for tensor in (mu, f_max, *(t for t in state if t is not None)):
+    for tensor in (mu, f_max, *(t for t in state_tensors(state) if t is not None)):
         assert torch.isfinite(tensor).all()
     clipped = torch.minimum(inputs[0].double().abs().amax(dim=1), CAP / case.beta)  # per (batch, head, channel)
     assert (mu.double().abs() <= clipped[:, None] * 1.01 + 1e-6).all()
