@@ -18,7 +18,8 @@ from energyzoo.registry import ARCHITECTURES
 
 PACKAGE = Path(energyzoo.__file__).parent
 MODELING = PACKAGE / "modeling"
-SHARED = {"outputs", "refinement", "checks", "inputs", "positions", "numerics", "image_processing_grayscale"}
+SHARED = {"outputs", "refinement", "checks", "inputs", "positions", "numerics", "image_processing_grayscale",
+          "cache_states", "cache_kinds"}
 FAMILIES = {model_type.split("-")[0] for model_type in ARCHITECTURES}
 
 
