@@ -49,9 +49,6 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 from .numerics import widened, work_dtype
 
 EXP_ARGUMENT_CAP = 40.0
-# A cached shift stays while new values exceed it by at most this much: exp(beta v - M) <= e^20 is far from
-# overflow, and since |beta v| <= 40 the shift then moves only a few times in a whole generation.
-EXP_SHIFT_HEADROOM = 20.0
 
 
 class FreeEnergyRead(NamedTuple):
@@ -127,14 +124,9 @@ def clip_values_for_exp(value: torch.Tensor, beta: torch.Tensor, cap: float = EX
     return torch.clamp(value, -limit, limit)
 
 
-def exp_shift(scaled: torch.Tensor, dim: int, running_shift: torch.Tensor | None = None) -> torch.Tensor:
-    """M: the detached max of beta v over the keys (``dim``). When decoding, ``running_shift`` is the M the
-    cached exp values were taken at; it is kept unless a channel outgrows it by more than
-    ``EXP_SHIFT_HEADROOM``, so the cache rarely needs rescaling."""
-    shift = scaled.detach().amax(dim=dim, keepdim=True)
-    if running_shift is None:
-        return shift
-    return torch.where(shift > running_shift + EXP_SHIFT_HEADROOM, shift, running_shift)
+def exp_shift(scaled: torch.Tensor, dim: int) -> torch.Tensor:
+    """M: the detached max of beta v over the keys (``dim``), the shift of exp(beta v - M) (it cancels in f_max)."""
+    return scaled.detach().amax(dim=dim, keepdim=True)
 
 
 def _restored(mu, shifted_partition, shift, beta):

@@ -54,34 +54,24 @@ class SoftmaxPriorCache(CacheStatesMixin):
 
     def extend(self, keys: torch.Tensor, values: torch.Tensor, shift: torch.Tensor | None):
         """Append the new positions' keys (batch, heads, new, qk_dim) and augmented values at shift M (batch, 1,
-        heads, v_dim; None without the LSE branch), and return all keys and augmented values. When M moves (a new
-        value outgrew the cached M by more than the headroom), the cached exp values are rescaled by
-        exp(M_old - M_new) first, online-softmax style. Eager decoding skips that O(cache) rescale when the shift
-        stayed; compiled code keeps one branch-free graph (the factor is 1 there)."""
-        if shift is not None and self.exp_shift is not None and (
-            torch.compiler.is_compiling() or not torch.equal(shift, self.exp_shift)
-        ):
-            self._rescale_exp_values(torch.exp(self.exp_shift - shift).transpose(1, 2).to(self.values.dtype))
-        if shift is not None:
-            self.keep("exp_shift", shift)
+        heads, v_dim; None without the LSE branch), and return all keys and augmented values. The first call's M
+        stays for the whole generation (`softmax_free_energy_read` reads it back): values are clipped to
+        |beta v| <= EXP_ARGUMENT_CAP, so a later exp(beta v - M) is at most e^80, within the range of the dtypes
+        the read runs in (`read_dtype`), and the cached exp values never need rescaling. A decoding step then writes
+        only its keys and values (a write to M would also trip inductor's CPU outer-loop fusion,
+        pytorch/pytorch#196570)."""
+        if self.exp_shift is None:
+            self.exp_shift = shift
         return self.update(keys, values)
 
 
 class FEMSoftmaxCacheLayer(SoftmaxPriorCache, DynamicLayer):
     __doc__ = SoftmaxPriorCache.__doc__
 
-    def _rescale_exp_values(self, factor: torch.Tensor) -> None:
-        half = self.values.shape[-1] // 2
-        self.values = torch.cat([self.values[..., :half], self.values[..., half:] * factor], dim=-1)
-
 
 class FEMSoftmaxStaticCacheLayer(SoftmaxPriorCache, StaticLayer):
     __doc__ = SoftmaxPriorCache.__doc__
     keeps_in_place = True
-
-    def _rescale_exp_values(self, factor: torch.Tensor) -> None:
-        half = self.values.shape[-1] // 2
-        self.values[..., half:].mul_(factor)  # in place: the buffers keep their addresses for graph capture
 
 
 def add_query_key(layer: nn.Module, config) -> None:
@@ -168,8 +158,8 @@ def softmax_free_energy_read(
         scale: score scale, default 1/sqrt(qk_dim).
 
     Returns:
-        `FreeEnergyRead` whose state is ``state`` itself, extended (`SoftmaxPriorCache.extend` rescales the
-        cached exp values when the shift moves), so cached decoding computes the full forward's read.
+        `FreeEnergyRead` whose state is ``state`` itself, extended (at the shift it keeps,
+        `SoftmaxPriorCache.extend`), so cached decoding computes the full forward's read.
     """
     out_dtype = value.dtype
     dtype = read_dtype(value.dtype)
@@ -179,7 +169,7 @@ def softmax_free_energy_read(
         beta = beta.to(work_dtype(dtype))
         value = clip_values_for_exp(value, beta)
         scaled = beta * value.to(beta.dtype)
-        shift = exp_shift(scaled, dim=1, running_shift=None if state is None else state.exp_shift)
+        shift = exp_shift(scaled, dim=1) if state is None or state.exp_shift is None else state.exp_shift
         # In place is safe: the shift is detached and exp keeps its own output for backward.
         value = torch.cat([value, scaled.sub_(shift).exp_().to(dtype)], dim=-1)
     # (batch, seq, heads, dim) memory, the layout q and k have: SDPA is much slower on mixed layouts.
