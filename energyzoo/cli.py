@@ -110,6 +110,19 @@ def _available_device(name: str) -> str:
     return name
 
 
+def _config_fields(assignments: list[str]) -> dict:
+    """``FIELD=VALUE`` strings as config fields, each value read as YAML (``false``, ``64``, ``[1, 2]``)."""
+    import yaml
+
+    fields = {}
+    for assignment in assignments:
+        field, equals, value = assignment.partition("=")
+        if not equals or not field:
+            raise ValueError(f"--set {assignment!r}: expected FIELD=VALUE, e.g. use_time_decay=false")
+        fields[field] = yaml.safe_load(value)
+    return fields
+
+
 def _bench(args) -> int:
     from .eval.speed import BenchSettings, format_table, run_bench, run_length_scaling
 
@@ -119,9 +132,11 @@ def _bench(args) -> int:
                                     device=args.device)
     else:
         overrides = {key: value for key, value in (("prior", args.prior), ("kernel", args.kernel)) if value}
+        overrides.update(_config_fields(args.set))
         settings = BenchSettings(batch_size=args.batch_size, seq_len=args.seq_len, repeats=args.repeats,
                                  device=args.device, dtype=args.dtype, compile=args.compile,
-                                 attn_implementation=args.attn_implementation, overrides=overrides)
+                                 attn_implementation=args.attn_implementation, overrides=overrides,
+                                 workloads=tuple(args.workloads) if args.workloads else None)
         result = run_bench(args.name or "fem", settings, baseline=args.baseline,
                            sweep=tuple(args.sweep) if args.sweep else None)
     _print_and_save(format_table(result), result, args.output)
@@ -232,6 +247,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--kernel", default=None, choices=["auto", "torch", "fla", "mamba"],
                        help="FEM: FEMConfig.kernel of the measured presets: auto (the GPU kernel libraries on CUDA "
                             "when installed), torch, fla (GLA prior), mamba (SSM prior)")
+    bench.add_argument("--set", nargs="+", default=[], metavar="FIELD=VALUE",
+                       help="config fields of the measured presets, never of the baseline (e.g. use_time_decay=false)")
+    bench.add_argument("--workloads", nargs="+", default=None,
+                       help="measure only these of the entry's workloads (e.g. decode decode_static)")
     bench.add_argument("--attn-implementation", default="sdpa", choices=["sdpa", "flash_attention_2"],
                        help="the baseline's and FEM softmax prior's attention (flash_attention_2 needs --dtype "
                             "bfloat16)")

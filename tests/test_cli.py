@@ -95,6 +95,11 @@ def test_bad_input_is_answered_in_one_line_with_exit_code_2(args, message, tmp_p
      "got 'fp16'"),
     (["bench", "--device", "cuda"], "--device cuda: this torch"),
     (["bench", "--device", "gpu"], "--device 'gpu' is no torch device"),
+    (["bench", "fem-lm-tiny", "--workloads", "decode", "bogus"],
+     "workloads ['bogus']: fem-lm-tiny measures forward, train_step, peak_memory, decode, decode_static"),
+    (["bench", "fem-lm-tiny", "--set", "use_time_decay"], "--set 'use_time_decay': expected FIELD=VALUE"),
+    (["bench", "fem-lm-tiny", "--set", "use_time_dcay=false"],
+     "FEMConfig has no field 'use_time_dcay'; did you mean 'use_time_decay'?"),
 ])
 def test_bad_values_types_precisions_and_devices_are_answered_in_one_line(args, message, tmp_path, capsys,
                                                                            monkeypatch):

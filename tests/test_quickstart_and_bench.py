@@ -126,6 +126,25 @@ def test_bench_command_writes_json(tmp_path):
                                                           "decode_static"]
 
 
+def test_bench_command_measures_the_chosen_workloads_of_a_model_with_the_fields_set(tmp_path, monkeypatch):
+    built = []
+    build = speed._build
+
+    def recording_build(arm, settings):
+        model = build(arm, settings)
+        built.append((arm.baseline, model.config.model_type, getattr(model.config, "use_time_decay", None)))
+        return model
+
+    monkeypatch.setattr(speed, "_build", recording_build)
+    output = tmp_path / "bench.json"
+    assert main(["bench", "fem-lm-tiny", "--seq-len", "16", "--batch-size", "1", "--repeats", "1", "--workloads",
+                 "decode", "--set", "use_time_decay=false", "--output", str(output)]) == 0
+    saved = json.loads(output.read_text())
+    assert [row["workload"] for row in saved["rows"]] == ["decode"]
+    assert sorted(built) == [(False, "fem", False), (True, "llama", None)]
+    assert "decoding: batch 1, a 32-token prompt + 64 tokens" in saved["title"]
+
+
 def test_bench_builds_fem_with_the_requested_prior_and_kernel_and_leaves_the_baseline_alone():
     from energyzoo.eval.speed import _build
 

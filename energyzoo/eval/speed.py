@@ -44,6 +44,7 @@ BUSY_SPREAD = 0.15  # (max - min) / median of the per-repeat ratios above which 
 LINEAR_SCALING_TARGET = 4.5  # time(T=4096) / time(T=1024) for O(T) priors (DESIGN.md)
 UNITS = {"forward": "s", "train_step": "s", "peak_memory": "MiB", "decode": "tok/s", "decode_static": "tok/s"}
 RATES = ("decode", "decode_static")
+DECODE_PROMPT = 32  # tokens of the one prompt the decode workloads continue (batch 1: the latency case)
 
 
 @dataclass
@@ -52,6 +53,7 @@ class BenchSettings:
     seq_len: int | None = None  # None: the entry's (language models)
     repeats: int = 5
     decode_tokens: int = 64
+    workloads: tuple[str, ...] | None = None  # None: the entry's; else a subset of them
     device: str = "cpu"
     dtype: str = "float32"
     seed: int = 0
@@ -172,7 +174,7 @@ def _train_step_fn(model, inputs: dict, call: dict):
 
 
 def _decode_fn(model, inputs: dict, call: dict, tokens: int, static: bool = False):
-    prompt = inputs["input_ids"][:1, :32]
+    prompt = inputs["input_ids"][:1, :DECODE_PROMPT]
     if static:
         compile_config = CompileConfig(fullgraph=True, dynamic=False)
         compile_config._compile_all_devices = True  # transformers' own switch for compiling on CPU (its tests use it)
@@ -318,6 +320,11 @@ def run_bench(name: str, settings: BenchSettings | None = None, baseline: str | 
         entry = replace(entry, sweep=(entry.sweep[0], tuple(sweep)))
     settings = replace(settings or BenchSettings(), batch_size=(settings and settings.batch_size) or entry.batch_size,
                        seq_len=(settings and settings.seq_len) or entry.seq_len)
+    if settings.workloads is not None:
+        unknown = sorted(set(settings.workloads) - set(entry.workloads))
+        if unknown:
+            raise ValueError(f"workloads {unknown}: {name} measures {', '.join(entry.workloads)}")
+        entry = replace(entry, workloads=tuple(w for w in entry.workloads if w in settings.workloads))
     for preset in presets:  # refuse a field the measured presets do not have before building anything
         config_from_preset(preset, **settings.overrides)
     torch.set_grad_enabled(True)
@@ -345,7 +352,9 @@ def run_bench(name: str, settings: BenchSettings | None = None, baseline: str | 
                 rows.append(timed_row(arm.label, workload, times[workload][arm.label], times[workload][base.label],
                                       target, per_call=settings.decode_tokens if workload in RATES else 1.0))
     shape = (f"batch {settings.batch_size}" + (f", seq {settings.seq_len}" if "input_ids" in inputs else "")
-             + f", {settings.dtype} on {settings.device}" + (", torch.compile" if settings.compile else ""))
+             + f", {settings.dtype} on {settings.device}" + (", torch.compile" if settings.compile else "")
+             + (f"; decoding: batch 1, a {DECODE_PROMPT}-token prompt + {settings.decode_tokens} tokens"
+                if any(workload in RATES for workload in entry.workloads) else ""))
     title = f"{', '.join(presets)} vs {base.preset} ({shape}, median of {settings.repeats} paired repeats)"
     notes = [note for note in [sweep_fit(entry, rows)] if note]
     return {"title": title, "settings": asdict(settings), "baseline": base.preset, "presets": list(presets),

@@ -41,7 +41,7 @@ def decayed_cumsum(
     work = work_dtype(inputs.dtype)
     log_decay, inputs = log_decay.to(work), inputs.to(work)
     if length == 1 and initial_state is not None:  # one decoding step: the recurrence itself
-        state = torch.exp(log_decay[:, 0]) * initial_state.to(work) + inputs[:, 0]
+        state = torch.addcmul(inputs[:, 0], torch.exp(log_decay[:, 0]), initial_state.to(work))
         return state[:, None], state
     chunk = max(2, min(chunk_size, length))  # chunks of one would carry their ends up forever
     num_chunks = -(-length // chunk)

@@ -5,6 +5,8 @@ RMSNorm -> SwiGLU -> residual, with Llama's module names so checkpoints, peft ``
 carry over (``q_proj``, ``k_proj``, ``v_proj``, ``o_proj``, ``gate_proj``, ``up_proj``, ``down_proj``).
 """
 
+from contextlib import nullcontext
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -155,7 +157,9 @@ class FEMAttention(nn.Module):
         projected = dict(zip(self.projection_names, projections))
         heads = (batch, length, -1, self.value_head_dim)  # -1: this process's heads under tensor parallelism
         selection, options = self.prior.selection(self, projected, position_embeddings, attention_mask, padding_mask)
-        with torch.autocast(hidden_states.device.type, enabled=False):  # reads choose their own precision
+        device = hidden_states.device.type
+        # the reads choose their own precision; autocast is left only when on (leaving it costs a decoding step)
+        with torch.autocast(device, enabled=False) if torch.is_autocast_enabled(device) else nullcontext():
             read = self.prior.read(
                 projected["v_proj"].view(heads),
                 self.beta_max() if self.config.use_lse else None,
@@ -235,9 +239,9 @@ class FEMPreTrainedModel(PreTrainedModel):
     _supports_sdpa = True
     _supports_flash_attn = True
     _can_compile_fullgraph = True
-    # Every FEM cache carries state that cannot be rewound to an earlier length (the recurrent priors' states, the
-    # time-decay conditioner's, the softmax prior's running exp shift): generate() then refuses assisted and
-    # prompt-lookup decoding up front, as for Mamba and RWKV, instead of failing when it crops the cache.
+    # FEM caches carry state that cannot be rewound to an earlier length (the recurrent priors' states, the
+    # time-decay conditioner's): generate() then refuses assisted and prompt-lookup decoding up front, as for Mamba
+    # and RWKV, instead of failing when it crops the cache.
     _is_stateful = True
     _can_record_outputs = {"hidden_states": FEMDecoderLayer, "attentions": FEMAttention}
 
