@@ -26,11 +26,18 @@ def test_reproduce_tel_stage1_writes_a_consistent_report(tmp_path):
             assert row[kind]["mean"] == pytest.approx(statistics.fmean(values[kind]))
         pick = max if row["metric"] == "accuracy" else min
         assert row["best"] == pick(MODELS, key=lambda kind: row[kind]["mean"])
+    for row, verdict in zip(report["summary"], report["verdicts"], strict=True):  # TEL vs its MLP, per cell
+        assert (verdict["dataset"], verdict["width"]) == (row["dataset"], row["width"])
+        assert verdict["arm"][0] == pytest.approx(row["tel"]["mean"])
+        assert verdict["baseline"][0] == pytest.approx(row["mlp"]["mean"])
+        assert verdict["verdict"] == "inconclusive" and verdict["reason"] == "2 seeds; a verdict needs >= 3"
+    assert report["verdicts"][0]["claim"]["chance"] == pytest.approx(71 / 178)  # wine's majority class
     wine, roll = report["summary"]
     assert wine["metric"] == "accuracy" and wine["mlp"]["mean"] > 0.7  # 3 classes: chance is ~0.4
     assert roll["metric"] == "mse" and roll["tel"]["mean"] < 1.0  # below predicting the (standardised) mean
     markdown = (tmp_path / "tel_stage1.md").read_text()
     assert markdown.count("| wine |") == 1 and markdown.count("| swiss_roll |") == 1
+    assert "Cells: 0 reproduced, 0 not reproduced, 2 inconclusive" in markdown
     assert (tmp_path / "tel_stage1.png").read_bytes()[:4] == b"\x89PNG"
     trace = report["traces"]["wine"]
     assert len(trace["train"]["temperature"]) == 5

@@ -1,0 +1,68 @@
+"""The verdict rule of `energyzoo reproduce` on constructed per-seed results, against hand-computed means and
+standard errors."""
+
+import math
+
+import pytest
+
+from energyzoo.reproduce.verdict import LEDGER_HEADER, Claim, judge, verdict_markdown
+
+ACCURACY = Claim("EqT beats Llama", "Table 2", "eqt", "llama", "accuracy", chance=0.5, ceiling=1.0)
+LOSS = Claim("FEM-SM beats a Transformer", "Table 2", "fem", "llama", "loss", higher_is_better=False)
+
+
+def test_a_gain_on_every_seed_beyond_twice_its_standard_error_is_reproduced():
+    result = judge(ACCURACY, [0.80, 0.82, 0.81], [0.70, 0.71, 0.69])
+    differences = [0.10, 0.11, 0.12]
+    assert result.verdict == "reproduced"
+    assert result.difference == pytest.approx(0.11)
+    assert result.standard_error == pytest.approx(0.01 / math.sqrt(3))  # stdev of the differences is 0.01
+    assert result.arm == pytest.approx((0.81, 0.01)) and result.baseline == pytest.approx((0.70, 0.01))
+    assert "on every seed" in result.reason and sum(differences) / 3 == pytest.approx(result.difference)
+
+
+def test_lower_is_better_metrics_flip_the_sign():
+    assert judge(LOSS, [2.00, 2.10, 2.05], [2.30, 2.35, 2.40]).verdict == "reproduced"
+    worse = judge(LOSS, [2.50, 2.60, 2.55], [2.30, 2.35, 2.40])
+    assert worse.verdict == "not reproduced" and worse.difference == pytest.approx(-0.2)
+
+
+def test_seeds_that_split_are_inconclusive():
+    result = judge(ACCURACY, [0.80, 0.60, 0.75], [0.70, 0.70, 0.70])
+    assert result.verdict == "inconclusive" and "seeds disagree: 2 of 3" in result.reason
+
+
+def test_an_agreeing_gain_inside_the_noise_is_inconclusive_not_reproduced():
+    result = judge(ACCURACY, [0.701, 0.75, 0.702], [0.70, 0.70, 0.70])  # differences 0.001, 0.05, 0.002
+    assert result.verdict == "inconclusive" and "within 2 standard errors" in result.reason
+
+
+@pytest.mark.parametrize(("baseline", "where"), [([0.51, 0.50, 0.52], "chance"), ([0.99, 0.98, 1.0], "the ceiling")])
+def test_a_baseline_at_chance_or_ceiling_cannot_answer(baseline, where):
+    result = judge(ACCURACY, [0.9, 0.9, 0.9], baseline)
+    assert result.verdict == "inconclusive" and f"sits at {where}" in result.reason
+
+
+def test_fewer_than_three_seeds_give_no_verdict():
+    assert judge(ACCURACY, [0.9, 0.9], [0.7, 0.7]).verdict == "inconclusive"
+
+
+def test_a_parity_claim_allows_the_margin_and_no_more():
+    parity = Claim("matches ViT", "Table 1", "hyperset", "vit", "accuracy", kind="not_worse", margin=0.02)
+    assert judge(parity, [0.79, 0.795, 0.79], [0.80, 0.80, 0.80]).verdict == "reproduced"
+    assert judge(parity, [0.70, 0.71, 0.72], [0.80, 0.80, 0.80]).verdict == "not reproduced"
+
+
+def test_bad_inputs_are_refused_by_name():
+    with pytest.raises(ValueError, match="eqt has 3 seeds and llama 2"):
+        judge(ACCURACY, [0.8, 0.8, 0.8], [0.7, 0.7])
+    with pytest.raises(ValueError, match="non-finite accuracy"):
+        judge(ACCURACY, [0.8, math.nan, 0.8], [0.7, 0.7, 0.7])
+    with pytest.raises(ValueError, match="Claim.kind must be 'better' or 'not_worse'"):
+        Claim("q", "s", "a", "b", "m", kind="equal")
+
+
+def test_the_ledger_row_quotes_the_claim_and_both_arms():
+    row = verdict_markdown(ACCURACY, judge(ACCURACY, [0.80, 0.82, 0.81], [0.70, 0.71, 0.69]))
+    assert row.startswith("| EqT beats Llama (Table 2) | eqt 0.81 ± 0.01 | llama 0.7 ± 0.01 | **reproduced** |")
+    assert row.count("|") == LEDGER_HEADER.splitlines()[0].count("|")
