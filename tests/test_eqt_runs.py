@@ -52,6 +52,19 @@ def test_parity_reproduction_writes_its_table(tmp_path):
     assert summary["length"] == 8 and summary["llama"] == {"mean": row["llama"], "std": 0.0}
     assert summary["delta"] == row["eqt_K2"] - row["llama"]
     assert "| 8 |" in paths["markdown"].read_text() and paths["plot"].stat().st_size > 0
+    verdict = report["verdicts"][0]
+    assert (verdict["arm"][0], verdict["baseline"][0]) == (row["eqt_K2"], row["llama"])
+    assert verdict["verdict"] == "inconclusive" and verdict["reason"] == "1 seed; a verdict needs >= 3"
+    assert "L = 8, K = 2 (eqt.txt Table 2, Fig. 1a)" in paths["markdown"].read_text()
+
+
+def test_a_parity_baseline_near_chance_gives_no_verdict():
+    from energyzoo.reproduce.eqt_parity import parity_claim
+    from energyzoo.reproduce.verdict import judge
+
+    near_chance = judge(parity_claim(32, 32), [0.62, 0.64, 0.63], [0.565, 0.57, 0.56])  # the L = 32 case
+    assert near_chance.verdict == "inconclusive" and "sits at chance" in near_chance.reason
+    assert judge(parity_claim(16, 32), [0.85, 0.86, 0.84], [0.80, 0.79, 0.80]).verdict == "reproduced"
 
 
 def test_eqt_bench_gives_the_median_paired_ratio_at_every_k_and_its_linear_fit(monkeypatch):

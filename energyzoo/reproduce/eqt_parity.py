@@ -20,9 +20,18 @@ from transformers import AutoModelForCausalLM
 from ..training.data import cumulative_parity_split
 from ..training.recipe import load_recipe
 from ..training.run import run_training
+from .verdict import LEDGER_HEADER, Claim, judge, verdict_markdown
 
 RECIPE = "eqt-parity-cpu"
 MODELS = {"llama": "llama-parity-small", "eqt": "eqt-parity-small"}
+CLAIM = "EqT maintains higher accuracy than Standard in the challenging regime (+3.28% on average, +8.07% at L = 192)"
+
+
+def parity_claim(length: int, refinement_steps: int) -> Claim:
+    """eqt.txt Table 2 / Fig. 1a at one length: EqT at K refinement steps against the Llama of the same size. A
+    Llama within 0.1 of chance (0.5) or of 1 leaves no room to separate them (the informative regime is 70-90 %)."""
+    return Claim(f"{CLAIM}: L = {length}, K = {refinement_steps}", "eqt.txt Table 2, Fig. 1a", "eqt", "llama",
+                 "per-token accuracy", chance=0.5, ceiling=1.0, band=0.1)
 
 
 @dataclass
@@ -70,7 +79,19 @@ def run_parity(settings: ParitySettings, output_dir: str | Path, progress=print)
                 row[f"eqt_K{steps}"] = per_token_accuracy(eqt, test_ids, test_labels, refinement_steps=steps)
             rows.append(row)
     return {"settings": asdict(settings), "rows": rows, "summary": summarise(rows, settings),
-            "seconds": time.perf_counter() - started}
+            "verdicts": verdicts(rows, settings), "seconds": time.perf_counter() - started}
+
+
+def verdicts(rows: list[dict], settings: ParitySettings) -> list[dict]:
+    """Per length: EqT at the largest K against Llama, seeds paired."""
+    steps = settings.eqt_steps[-1]
+    judged = []
+    for length in settings.lengths:
+        runs = [row for row in rows if row["length"] == length]
+        claim = parity_claim(length, steps)
+        verdict = judge(claim, [row[f"eqt_K{steps}"] for row in runs], [row["llama"] for row in runs])
+        judged.append(dict(length=length, claim=asdict(claim), **asdict(verdict), row=verdict_markdown(claim, verdict)))
+    return judged
 
 
 def summarise(rows: list[dict], settings: ParitySettings) -> list[dict]:
@@ -101,6 +122,8 @@ def format_markdown(report: dict) -> str:
     for entry in report["summary"]:
         cells = [f"{100 * entry[c]['mean']:.2f} +- {100 * entry[c]['std']:.2f}" for c in columns]
         lines.append(f"| {entry['length']} | " + " | ".join(cells) + f" | {100 * entry['delta']:+.2f} |")
+    lines += ["", "Verdicts (`energyzoo.reproduce.verdict`, seeds paired):", "", LEDGER_HEADER,
+              *(verdict["row"] for verdict in report["verdicts"])]
     return "\n".join(lines)
 
 

@@ -83,7 +83,8 @@ def judge(claim: Claim, arm: list[float], baseline: list[float]) -> Verdict:
         return Verdict(label, reason, **summary)
 
     if len(arm) < MIN_SEEDS:
-        return verdict("inconclusive", f"{len(arm)} seeds; a verdict needs >= {MIN_SEEDS}")
+        return verdict("inconclusive", f"{len(arm)} seed{'' if len(arm) == 1 else 's'}; a verdict needs >= "
+                                       f"{MIN_SEEDS}")
     base_mean = summary["baseline"][0]
     for bound, name in ((claim.chance, "chance"), (claim.ceiling, "the ceiling")):
         if bound is not None and abs(base_mean - bound) <= claim.band:
