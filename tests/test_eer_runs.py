@@ -159,3 +159,18 @@ def test_reproduction_writes_its_tables_from_one_initialisation_per_seed(tmp_pat
     assert 0 <= final["mean"] <= 1 and final["std"] == 0
     markdown = paths["markdown"].read_text()
     assert "| cross-entropy only |" in markdown and "| 4 |" in markdown and paths["plot"].stat().st_size > 0
+    assert [(v["length"], v["verdict"]) for v in report["verdicts"]] == [(10, "inconclusive"), (30, "inconclusive")]
+    assert report["verdicts"][1]["arm"][0] == report["summary"]["final"]["eer"]["L30_accuracy"]["mean"]
+    assert report["verdicts"][1]["baseline"][0] == report["summary"]["final"]["ce"]["L30_accuracy"]["mean"]
+    assert "EER trains where plain training stagnates: L = 30 (eer.txt §1, §7)" in markdown
+
+
+def test_the_l1000_claims_are_judged_against_cross_entropy_and_against_the_papers_number():
+    from energyzoo.reproduce.eer_induction import induction_claims
+    from energyzoo.reproduce.verdict import judge
+
+    comparative, absolute = induction_claims(1000)
+    eer, ce = [0.36, 0.35, 0.37], [0.36, 0.36, 0.35]  # the measurement: both near 1/3
+    assert "sits at chance" in judge(comparative, eer, ce).reason
+    assert judge(absolute, eer, ce).verdict == "not reproduced"
+    assert [claim.kind for claim in induction_claims(100)] == ["better"]

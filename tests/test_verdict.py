@@ -53,13 +53,24 @@ def test_a_parity_claim_allows_the_margin_and_no_more():
     assert judge(parity, [0.70, 0.71, 0.72], [0.80, 0.80, 0.80]).verdict == "not reproduced"
 
 
+def test_an_absolute_number_is_judged_against_the_target_not_the_baseline():
+    reaches = Claim("79.2% at L = 1000", "eer.txt Table 2", "eer", "ce", "accuracy", kind="reaches", target=0.792,
+                    chance=1 / 3)
+    short = judge(reaches, [0.36, 0.35, 0.37], [0.34, 0.35, 0.36])  # both near chance: still a verdict on 0.792
+    assert (short.verdict, short.difference) == ("not reproduced", pytest.approx(0.36 - 0.792))
+    assert "eer is not at 0.792 or better on any seed" in short.reason
+    assert judge(reaches, [0.95, 0.94, 0.96], [0.34, 0.35, 0.36]).verdict == "reproduced"
+
+
 def test_bad_inputs_are_refused_by_name():
     with pytest.raises(ValueError, match="eqt has 3 seeds and llama 2"):
         judge(ACCURACY, [0.8, 0.8, 0.8], [0.7, 0.7])
     with pytest.raises(ValueError, match="non-finite accuracy"):
         judge(ACCURACY, [0.8, math.nan, 0.8], [0.7, 0.7, 0.7])
-    with pytest.raises(ValueError, match="Claim.kind must be 'better' or 'not_worse'"):
+    with pytest.raises(ValueError, match="Claim.kind must be one of"):
         Claim("q", "s", "a", "b", "m", kind="equal")
+    with pytest.raises(ValueError, match="Claim.target is the value a 'reaches' claim names"):
+        Claim("q", "s", "a", "b", "m", kind="reaches")
 
 
 def test_the_ledger_row_quotes_the_claim_and_both_arms():

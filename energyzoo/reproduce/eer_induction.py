@@ -19,13 +19,28 @@ from pathlib import Path
 
 import torch
 
-from ..training.induction import induction_batch, induction_metrics
+from ..training.induction import SYMBOLS, induction_batch, induction_metrics
 from ..training.recipe import load_recipe
 from ..training.run import run_training
+from .verdict import LEDGER_HEADER, Claim, judge, verdict_markdown
 
 RECIPE = "eer-induction"
 METHODS = {"eer": "eer-induction", "ce": "eer-induction-ce"}
 TERMS = ("entropy", "potential", "kinetic")
+CHANCE = 1 / (SYMBOLS - 1)  # the symbol after an occurrence is one of the other SYMBOLS - 1
+
+
+def induction_claims(length: int) -> list[Claim]:
+    """eer.txt's claims at one evaluation length: EER trains the single-head looped transformer where plain
+    training stagnates (§1, §7: against cross-entropy alone), and at L = 1000 its absolute number (Table 2: "Acc
+    L1000 jumps from 33.5% to 79.2%" around epoch 500)."""
+    metric = f"accuracy at L = {length}"
+    claims = [Claim(f"EER trains where plain training stagnates: L = {length}", "eer.txt §1, §7", "eer", "ce", metric,
+                    chance=CHANCE, ceiling=1.0)]
+    if length == 1000:
+        claims.append(Claim("Acc L1000 jumps from 33.5% to 79.2%", "eer.txt Table 2", "eer", "ce", metric,
+                            kind="reaches", target=0.792))
+    return claims
 
 
 @dataclass
@@ -97,7 +112,21 @@ def run_induction(settings: InductionSettings, output_dir: str | Path, progress=
             runs.append({"method": method, "seed": seed,
                          "curve": curve(run_dir / "metrics.jsonl", settings.eval_every)})
     return {"settings": asdict(settings), "runs": runs, "summary": summarise(runs, settings),
-            "seconds": time.perf_counter() - started}
+            "verdicts": verdicts(runs, settings), "seconds": time.perf_counter() - started}
+
+
+def verdicts(runs: list[dict], settings: InductionSettings) -> list[dict]:
+    """Every claim of `induction_claims` on the final accuracies, seeds paired."""
+    final = {method: [run["curve"][-1] for run in sorted((r for r in runs if r["method"] == method),
+                                                          key=lambda r: r["seed"])] for method in METHODS}
+    judged = []
+    for length in settings.eval_lengths:
+        values = {method: [point[f"L{length}_accuracy"] for point in points] for method, points in final.items()}
+        for claim in induction_claims(length):
+            verdict = judge(claim, values["eer"], values["ce"])
+            judged.append(dict(length=length, claim=asdict(claim), **asdict(verdict),
+                               row=verdict_markdown(claim, verdict)))
+    return judged
 
 
 def _mean_and_std(values: list[float]) -> dict:
@@ -136,6 +165,8 @@ def format_markdown(report: dict) -> str:
         cells = [f"{100 * columns[f'L{n}_accuracy']['mean']:.1f} +- {100 * columns[f'L{n}_accuracy']['std']:.1f} "
                  f"({100 * columns[f'L{n}_induction_accuracy']['mean']:.1f})" for n in lengths]
         lines.append(f"| {names[method]} | " + " | ".join(cells) + " |")
+    lines += ["", "Verdicts (`energyzoo.reproduce.verdict`, final accuracies, seeds paired):", "", LEDGER_HEADER,
+              *(verdict["row"] for verdict in report["verdicts"])]
     for method, entries in summary["table"].items():
         lines += ["", f"Over training, {names[method]} (seed means; S, P, K: training values, eq. 3-5):", "",
                   "| step | " + " | ".join(f"L{n}" for n in lengths) + " | S | P | K |",

@@ -2,11 +2,14 @@
 baseline, over seeds?
 
 A claim compares an arm with its baseline on one metric: the arm is ``better``, or ``not_worse`` within a margin
-(a claim of parity). Arms are paired by seed (same data order, same initial draw where the arms share shapes), and
-the verdict reads the per-seed differences d_s = arm - baseline, sign-adjusted so that positive favours the arm:
+(a claim of parity), or, for a paper's absolute number, ``reaches`` a target value (the baseline is still run and
+reported beside it). Arms are paired by seed (same data order, same initial draw where the arms share shapes), and
+the verdict reads the per-seed differences d_s = arm - baseline (arm - target for ``reaches``), sign-adjusted so that
+positive favours the arm:
 
 - **inconclusive** when fewer than `MIN_SEEDS` seeds ran, when the baseline's mean sits within ``band`` of chance or
-  of the ceiling (the task cannot separate the arms), or when the difference is within seed noise;
+  of the ceiling (the task cannot separate the arms; not asked of ``reaches``), or when the difference is within
+  seed noise;
 - **reproduced** when every seed agrees with the claim and the mean difference clears `NOISE_MULTIPLE` standard
   errors of the mean difference (for ``not_worse``: the mean clears -margin that way);
 - **not reproduced** when every seed contradicts the claim beyond that noise.
@@ -23,13 +26,15 @@ from dataclasses import dataclass
 MIN_SEEDS = 3
 NOISE_MULTIPLE = 2.0
 VERDICTS = ("reproduced", "not reproduced", "inconclusive")
+KINDS = ("better", "not_worse", "reaches")
 
 
 @dataclass(frozen=True)
 class Claim:
     """What a paper claims, quoted with its table or figure: ``arm`` is ``kind`` ("better" or "not_worse" within
-    ``margin``, in the metric's units) than ``baseline`` on ``metric``. ``chance`` and ``ceiling`` are the metric's
-    trivial and perfect values (None: unbounded), ``band`` how near them a baseline is too near."""
+    ``margin``, in the metric's units) than ``baseline`` on ``metric``, or ("reaches") at least ``target``.
+    ``chance`` and ``ceiling`` are the metric's trivial and perfect values (None: unbounded), ``band`` how near them
+    a baseline is too near."""
 
     quote: str
     source: str
@@ -42,10 +47,14 @@ class Claim:
     chance: float | None = None
     ceiling: float | None = None
     band: float = 0.05
+    target: float | None = None
 
     def __post_init__(self):
-        if self.kind not in ("better", "not_worse"):
-            raise ValueError(f"Claim.kind must be 'better' or 'not_worse', got {self.kind!r}")
+        if self.kind not in KINDS:
+            raise ValueError(f"Claim.kind must be one of {KINDS}, got {self.kind!r}")
+        if (self.kind == "reaches") != (self.target is not None):
+            raise ValueError(f"Claim.target is the value a 'reaches' claim names, and only that (kind {self.kind!r}, "
+                             f"target {self.target})")
         if self.margin < 0 or self.band < 0:
             raise ValueError(f"Claim.margin and Claim.band must be >= 0, got {self.margin} and {self.band}")
 
@@ -56,7 +65,7 @@ class Verdict:
     reason: str
     arm: tuple[float, float]  # mean, std over seeds
     baseline: tuple[float, float]
-    difference: float  # mean of the per-seed differences, positive favours the arm
+    difference: float  # mean of the per-seed differences (to the baseline, or the target), positive favours the arm
     standard_error: float | None  # of that mean; None with fewer than 2 seeds
 
 
@@ -72,7 +81,8 @@ def judge(claim: Claim, arm: list[float], baseline: list[float]) -> Verdict:
     if not all(math.isfinite(value) for value in (*arm, *baseline)):
         raise ValueError(f"non-finite {claim.metric} in {claim.arm} {arm} or {claim.baseline} {baseline}")
     sign = 1.0 if claim.higher_is_better else -1.0
-    differences = [sign * (own - base) for own, base in zip(arm, baseline)]
+    references = [claim.target] * len(arm) if claim.kind == "reaches" else baseline
+    differences = [sign * (own - reference) for own, reference in zip(arm, references)]
     difference = statistics.fmean(differences) if differences else 0.0
     error = statistics.stdev(differences) / math.sqrt(len(differences)) if len(differences) > 1 else math.inf
     summary = dict(arm=mean_std(arm) if arm else (math.nan, math.nan),
@@ -87,20 +97,24 @@ def judge(claim: Claim, arm: list[float], baseline: list[float]) -> Verdict:
                                        f"{MIN_SEEDS}")
     base_mean = summary["baseline"][0]
     for bound, name in ((claim.chance, "chance"), (claim.ceiling, "the ceiling")):
-        if bound is not None and abs(base_mean - bound) <= claim.band:
+        if claim.kind != "reaches" and bound is not None and abs(base_mean - bound) <= claim.band:
             return verdict("inconclusive", f"{claim.baseline} sits at {name} ({claim.metric} {base_mean:.4g}, "
                                            f"{name} {bound:.4g}): the task cannot separate the arms")
     # for a parity claim, the arm may trail by the margin
     shifted = [value + claim.margin for value in differences] if claim.kind == "not_worse" else differences
     cleared = statistics.fmean(shifted) - NOISE_MULTIPLE * error
     fell_short = statistics.fmean(shifted) + NOISE_MULTIPLE * error
-    wanted = "better than" if claim.kind == "better" else f"within {claim.margin:g} of"
+    if claim.kind == "reaches":
+        wanted = f"at {claim.target:g} or better"
+    else:
+        wanted = f"better than {claim.baseline}" if claim.kind == "better" else f"within {claim.margin:g} of " \
+            f"{claim.baseline}"
     if all(value > 0 for value in shifted) and cleared > 0:
-        return verdict("reproduced", f"{claim.arm} is {wanted} {claim.baseline} on every seed, by "
-                                     f"{difference:+.4g} ({NOISE_MULTIPLE:g} x s.e. {error:.2g})")
+        return verdict("reproduced", f"{claim.arm} is {wanted} on every seed, by {difference:+.4g} "
+                                     f"({NOISE_MULTIPLE:g} x s.e. {error:.2g})")
     if all(value <= 0 for value in shifted) and fell_short < 0:
-        return verdict("not reproduced", f"{claim.arm} is not {wanted} {claim.baseline} on any seed "
-                                         f"({difference:+.4g}, s.e. {error:.2g})")
+        return verdict("not reproduced", f"{claim.arm} is not {wanted} on any seed ({difference:+.4g}, s.e. "
+                                         f"{error:.2g})")
     if any(value > 0 for value in shifted) and any(value <= 0 for value in shifted):
         return verdict("inconclusive", f"seeds disagree: {sum(value > 0 for value in shifted)} of "
                                        f"{len(shifted)} favour the claim ({difference:+.4g}, s.e. {error:.2g})")
