@@ -22,7 +22,7 @@ import torch
 from ..training.induction import SYMBOLS, induction_batch, induction_metrics
 from ..training.recipe import load_recipe
 from ..training.run import run_training
-from .verdict import LEDGER_HEADER, Claim, judge, verdict_markdown
+from .verdict import Claim, judged, ledger_lines
 
 RECIPE = "eer-induction"
 METHODS = {"eer": "eer-induction", "ce": "eer-induction-ce"}
@@ -119,14 +119,11 @@ def verdicts(runs: list[dict], settings: InductionSettings) -> list[dict]:
     """Every claim of `induction_claims` on the final accuracies, seeds paired."""
     final = {method: [run["curve"][-1] for run in sorted((r for r in runs if r["method"] == method),
                                                           key=lambda r: r["seed"])] for method in METHODS}
-    judged = []
+    records = []
     for length in settings.eval_lengths:
         values = {method: [point[f"L{length}_accuracy"] for point in points] for method, points in final.items()}
-        for claim in induction_claims(length):
-            verdict = judge(claim, values["eer"], values["ce"])
-            judged.append(dict(length=length, claim=asdict(claim), **asdict(verdict),
-                               row=verdict_markdown(claim, verdict)))
-    return judged
+        records += [judged(claim, values["eer"], values["ce"], length=length) for claim in induction_claims(length)]
+    return records
 
 
 def _mean_and_std(values: list[float]) -> dict:
@@ -165,8 +162,8 @@ def format_markdown(report: dict) -> str:
         cells = [f"{100 * columns[f'L{n}_accuracy']['mean']:.1f} +- {100 * columns[f'L{n}_accuracy']['std']:.1f} "
                  f"({100 * columns[f'L{n}_induction_accuracy']['mean']:.1f})" for n in lengths]
         lines.append(f"| {names[method]} | " + " | ".join(cells) + " |")
-    lines += ["", "Verdicts (`energyzoo.reproduce.verdict`, final accuracies, seeds paired):", "", LEDGER_HEADER,
-              *(verdict["row"] for verdict in report["verdicts"])]
+    lines += ledger_lines(report["verdicts"], "Verdicts (`energyzoo.reproduce.verdict`, final accuracies, seeds "
+                                              "paired):")
     for method, entries in summary["table"].items():
         lines += ["", f"Over training, {names[method]} (seed means; S, P, K: training values, eq. 3-5):", "",
                   "| step | " + " | ".join(f"L{n}" for n in lengths) + " | S | P | K |",

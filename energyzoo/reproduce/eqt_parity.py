@@ -20,7 +20,7 @@ from transformers import AutoModelForCausalLM
 from ..training.data import cumulative_parity_split
 from ..training.recipe import load_recipe
 from ..training.run import run_training
-from .verdict import LEDGER_HEADER, Claim, judge, verdict_markdown
+from .verdict import Claim, judged, ledger_lines
 
 RECIPE = "eqt-parity-cpu"
 MODELS = {"llama": "llama-parity-small", "eqt": "eqt-parity-small"}
@@ -85,13 +85,12 @@ def run_parity(settings: ParitySettings, output_dir: str | Path, progress=print)
 def verdicts(rows: list[dict], settings: ParitySettings) -> list[dict]:
     """Per length: EqT at the largest K against Llama, seeds paired."""
     steps = settings.eqt_steps[-1]
-    judged = []
+    records = []
     for length in settings.lengths:
         runs = [row for row in rows if row["length"] == length]
-        claim = parity_claim(length, steps)
-        verdict = judge(claim, [row[f"eqt_K{steps}"] for row in runs], [row["llama"] for row in runs])
-        judged.append(dict(length=length, claim=asdict(claim), **asdict(verdict), row=verdict_markdown(claim, verdict)))
-    return judged
+        records.append(judged(parity_claim(length, steps), [row[f"eqt_K{steps}"] for row in runs],
+                              [row["llama"] for row in runs], length=length))
+    return records
 
 
 def summarise(rows: list[dict], settings: ParitySettings) -> list[dict]:
@@ -122,8 +121,7 @@ def format_markdown(report: dict) -> str:
     for entry in report["summary"]:
         cells = [f"{100 * entry[c]['mean']:.2f} +- {100 * entry[c]['std']:.2f}" for c in columns]
         lines.append(f"| {entry['length']} | " + " | ".join(cells) + f" | {100 * entry['delta']:+.2f} |")
-    lines += ["", "Verdicts (`energyzoo.reproduce.verdict`, seeds paired):", "", LEDGER_HEADER,
-              *(verdict["row"] for verdict in report["verdicts"])]
+    lines += ledger_lines(report["verdicts"], "Verdicts (`energyzoo.reproduce.verdict`, seeds paired):")
     return "\n".join(lines)
 
 

@@ -24,7 +24,7 @@ from torch import nn
 from ..extras import needs_extra
 from ..modeling.outputs import tracing_energies
 from ..modeling.tel_layer import TELSettings, ThermodynamicEquilibriumLayer
-from .verdict import LEDGER_HEADER, VERDICTS, Claim, judge, verdict_markdown
+from .verdict import VERDICTS, Claim, judged, ledger_lines
 
 MODELS = ("linear", "mlp", "tel")
 BOTTLENECK = 2
@@ -219,12 +219,10 @@ def run_stage_one(settings: StageOneSettings, progress=print) -> dict:
                                         seed=seed, value=value))
                     if kind == "tel" and width == trace_width and seed == 0:
                         traces[name] = tel_trace(model, task, seed)
-            claim = task.claim(width)
-            verdict = judge(claim, _values(records, name, width, "tel"), _values(records, name, width, "mlp"))
-            verdicts.append(dict(dataset=name, width=width, claim=asdict(claim), **asdict(verdict),
-                                 row=verdict_markdown(claim, verdict)))
-            progress(f"{name:>13} width {width:>4}: " + "  ".join(
-                f"{kind} {_mean_std(records, name, width, kind)}" for kind in MODELS) + f"  -> {verdict.verdict}")
+            verdicts.append(judged(task.claim(width), _values(records, name, width, "tel"),
+                                   _values(records, name, width, "mlp"), dataset=name, width=width))
+            cells = "  ".join(f"{kind} {_mean_std(records, name, width, kind)}" for kind in MODELS)
+            progress(f"{name:>13} width {width:>4}: {cells}  -> {verdicts[-1]['verdict']}")
     settings_record = asdict(settings)
     return dict(settings=settings_record, records=records, summary=summarise(records), verdicts=verdicts,
                 traces=traces, trace_width=trace_width, seconds=time.perf_counter() - started)
@@ -272,9 +270,9 @@ def format_markdown(report: dict) -> str:
             cells.append(f"**{cell}**" if kind == row["best"] else cell)
         lines.append(f"| {row['dataset']} | {row['metric']} {arrow} | {row['width']} | " + " | ".join(cells) + " |")
     wins = sum(row["best"] == "tel" for row in report["summary"])
-    lines += ["", f"TEL has the best mean in {wins} of {len(report['summary'])} (dataset, width) cells.", "",
-              "Verdicts, TEL against its MLP block per cell, seeds paired (`energyzoo.reproduce.verdict`):", "",
-              LEDGER_HEADER, *(verdict["row"] for verdict in report["verdicts"])]
+    lines += ["", f"TEL has the best mean in {wins} of {len(report['summary'])} (dataset, width) cells."]
+    lines += ledger_lines(report["verdicts"], "Verdicts, TEL against its MLP block per cell, seeds paired "
+                                              "(`energyzoo.reproduce.verdict`):")
     counts = {label: sum(v["verdict"] == label for v in report["verdicts"]) for label in VERDICTS}
     lines += ["", "Cells: " + ", ".join(f"{count} {label}" for label, count in counts.items())
               + " (the paper: TEL ahead in 98 of 120 matched-width comparisons against all baselines)."]

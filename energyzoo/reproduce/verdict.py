@@ -21,7 +21,7 @@ beyond twice its standard error, not a p-value.
 
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 MIN_SEEDS = 3
 NOISE_MULTIPLE = 2.0
@@ -131,3 +131,16 @@ def verdict_markdown(claim: Claim, result: Verdict) -> str:
 
 LEDGER_HEADER = ("| claim | arm (mean ± std) | baseline (mean ± std) | verdict | why |\n"
                  "|---|---|---|---|---|")
+
+
+def judged(claim: Claim, arm: list[float], baseline: list[float], **where) -> dict:
+    """A report's record of one verdict: ``where`` (e.g. length=64), the claim, the verdict's fields and its
+    ledger row."""
+    verdict = judge(claim, arm, baseline)
+    return dict(where, claim=asdict(claim), **asdict(verdict), row=verdict_markdown(claim, verdict))
+
+
+def ledger_lines(records: list[dict], heading: str) -> list[str]:
+    """The markdown section of a report's verdict records: a heading line, then the ledger table."""
+    return ["", heading, "", LEDGER_HEADER, *(record["row"] for record in records)]
+
