@@ -8,6 +8,7 @@ after the arguments are parsed, so ``--help`` answers at once.
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from .reproduce.experiments import EXPERIMENTS  # a table of names: no torch before the arguments are parsed
 
@@ -156,18 +157,23 @@ def _doctor(args) -> int:
 
 
 def _reproduce(args) -> int:
-    from .reproduce.report import write_report
-    from .training.recipe import typed_settings
+    from .reproduce.report import ledger_markdown, run_experiment, write_ledger
 
-    experiment = EXPERIMENTS[args.experiment]
-    code = experiment.code()
-    settings = typed_settings(getattr(code, experiment.settings), args.overrides, owner=f"{args.experiment} settings")
+    if args.experiment == "all":
+        if args.overrides:
+            raise ValueError(f"reproduce all takes no settings ({' '.join(args.overrides)}): each experiment has its "
+                             f"own; run `energyzoo reproduce NAME field=value` for one")
+        output_dir = Path(args.output_dir or "runs/reproduce")
+        reports = {name: run_experiment(name, [], output_dir / name, args.quick) for name in EXPERIMENTS}
+        paths = write_ledger(reports, output_dir, args.quick)
+        print(ledger_markdown(reports, args.quick))
+        print("\nwrote " + ", ".join(str(path) for path in paths.values()) + f" and each experiment's report in "
+              f"{output_dir}/<name>")
+        return 0
     output_dir = args.output_dir or f"runs/{args.experiment}"
-    run = getattr(code, experiment.run)
-    report = run(settings, output_dir) if experiment.trains_models else run(settings)
-    paths = write_report(args.experiment, report, output_dir)
-    print(code.format_markdown(report))
-    print(f"\n{report['seconds']:.0f} s; wrote " + ", ".join(str(path) for path in paths.values()))
+    report = run_experiment(args.experiment, args.overrides, output_dir, args.quick)
+    print(EXPERIMENTS[args.experiment].code().format_markdown(report))
+    print(f"\n{report['seconds']:.0f} s; wrote its markdown, JSON and PNG in {output_dir}")
     return 0
 
 
@@ -277,12 +283,15 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run an experiment of the table in energyzoo/reproduce/experiments.py and write its report "
                     "(markdown, JSON, PNG). Settings are the fields of the experiment's settings class, overridden "
                     "as field=value (typed by the field: seeds=[0,1,2], epochs=30).")
-    reproduce.add_argument("experiment", choices=sorted(EXPERIMENTS), help="; ".join(
-        f"{name}: {experiment.description}" for name, experiment in EXPERIMENTS.items()))
+    reproduce.add_argument("experiment", choices=["all", *sorted(EXPERIMENTS)], help="all: every experiment, then "
+                           "the ledger of their verdicts; " + "; ".join(
+                               f"{name}: {experiment.description}" for name, experiment in EXPERIMENTS.items()))
     reproduce.add_argument("overrides", nargs="*",
                            help="settings, e.g. seeds=3 epochs=30 (tel-stage1), sudoku_steps=400 (hyperset), "
                                 "lengths=[16,32] seeds=[0,1,2] (eqt-parity), steps=1000 (eer-induction)")
-    reproduce.add_argument("--output-dir", default=None, help="default: runs/<experiment>")
+    reproduce.add_argument("--quick", action="store_true",
+                           help="the experiment's quick setting (minutes on 2 CPU cores; reproduce/experiments.py)")
+    reproduce.add_argument("--output-dir", default=None, help="default: runs/<experiment> (all: runs/reproduce)")
     reproduce.set_defaults(run=_reproduce)
     return parser
 

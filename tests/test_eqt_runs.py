@@ -4,6 +4,7 @@ import json
 from types import SimpleNamespace
 
 import torch
+from transformers import AutoModelForCausalLM
 
 from energyzoo.eval import speed
 from energyzoo.eval.speed import BenchSettings, format_table, run_bench
@@ -42,20 +43,57 @@ def test_per_token_accuracy_counts_the_positions_whose_parity_the_logits_predict
     assert per_token_accuracy(ParityOracle(wrong_at=[0, 4]), ids, labels) == 8 / 10
 
 
-def test_parity_reproduction_writes_its_table(tmp_path):
-    settings = ParitySettings(lengths=[8], seeds=[0], steps=20, eqt_steps=[0, 2], test_sequences=64)
+def test_parity_reproduction_writes_its_table_and_diagnostics(tmp_path):
+    settings = ParitySettings(lengths=[8], seeds=[0], steps=20, eval_steps=[0, 2], test_sequences=64)
     report = run_parity(settings, tmp_path, progress=lambda message: None)
     paths = write_report("eqt-parity", report, tmp_path)
     row = report["rows"][0]
-    assert set(row) == {"length", "seed", "llama", "eqt_K0", "eqt_K2"}
+    assert set(row) == {"length", "seed", "llama", *(f"{arm}_{column}" for arm in ("eqt", "eqt_no_refine")
+                                                        for column in ("K0", "K2", "flips", "moved"))}
+    # the no-refinement arm's config says so; the arms are trained apart, the Llama has no ERM
+    no_refine = AutoModelForCausalLM.from_pretrained(tmp_path / "eqt_no_refine-L8-s0" / "model")
+    assert no_refine.config.erm_num_steps_train == 0 and report["parameters"]["llama"] < report["parameters"]["eqt"]
     summary = json.loads(paths["json"].read_text())["summary"][0]
     assert summary["length"] == 8 and summary["llama"] == {"mean": row["llama"], "std": 0.0}
-    assert summary["delta"] == row["eqt_K2"] - row["llama"]
     assert "| 8 |" in paths["markdown"].read_text() and paths["plot"].stat().st_size > 0
-    verdict = report["verdicts"][0]
-    assert (verdict["arm"][0], verdict["baseline"][0]) == (row["eqt_K2"], row["llama"])
-    assert verdict["verdict"] == "inconclusive" and verdict["reason"] == "1 seed; a verdict needs >= 3"
+    claims = [(record["arm"][0], record["baseline"][0]) for record in report["verdicts"]]
+    assert claims == [(row["eqt_K2"], row["llama"]), (row["eqt_K2"], row["eqt_K0"]),
+                      (row["eqt_no_refine_K0"], row["llama"])]
+    assert {record["reason"] for record in report["verdicts"]} == {"1 seed; a verdict needs >= 3"}
     assert "L = 8, K = 2 (eqt.txt Table 2, Fig. 1a)" in paths["markdown"].read_text()
+
+
+class Stretch(torch.nn.Module):
+    """An ERM stand-in: h* = (1 + steps / 2) f, so ||h* - f|| / ||f|| = steps / 2."""
+
+    steps = 0
+
+    def forward(self, inputs, valid):
+        return inputs.proposal * (1 + self.steps / 2)
+
+
+class RefinedOracle(ParityOracle):
+    """The oracle whose refinement (any K > 0) turns its argmax wrong at ``wrong_at``, through an `erm` module."""
+
+    def __init__(self, wrong_at):
+        super().__init__()
+        self.model = torch.nn.Module()
+        self.model.erm = Stretch()
+        self.flipped = wrong_at
+
+    def forward(self, input_ids, refinement_steps=0, **kwargs):
+        self.model.erm.steps = refinement_steps
+        self.model.erm(SimpleNamespace(proposal=torch.ones(*input_ids.shape, 4)), None)
+        self.wrong_at = self.flipped if refinement_steps else []
+        return super().forward(input_ids)
+
+
+def test_flips_and_moved_measure_what_the_refinement_changes():
+    from energyzoo.reproduce.eqt_parity import evaluate_arm
+
+    ids, labels, _, _ = cumulative_parity_split(300, 10, 0.0, seed=1)
+    row = evaluate_arm(RefinedOracle(wrong_at=[0, 4, 7]), "eqt", ids, labels, [0, 6])
+    assert row == {"eqt_K0": 1.0, "eqt_K6": 7 / 10, "eqt_flips": 3 / 10, "eqt_moved": 3.0}
 
 
 def test_a_parity_baseline_near_chance_gives_no_verdict():

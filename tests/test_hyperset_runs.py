@@ -25,25 +25,35 @@ def test_recipes_train_and_report_their_task_metrics(recipe, metric, tmp_path):
     assert 0 <= result.final_metrics[metric] <= 1 and sum(losses[-5:]) < sum(losses[:5])
 
 
-def test_reproduce_hyperset_writes_scaling_classification_and_energies(tmp_path):
-    code = main(["reproduce", "hyperset", "sudoku_steps=40", "classification_steps=30", "maskgit_steps=30",
-                 "--output-dir", str(tmp_path)])
+def test_reproduce_hyperset_writes_scaling_baselines_verdicts_and_traces(tmp_path):
+    code = main(["reproduce", "hyperset", "seeds=[0]", "sudoku_steps=20", "classification_steps=20",
+                 "maskgit_steps=20", "evaluation_puzzles=100", "--output-dir", str(tmp_path)])
     assert code == 0
     report = json.loads((tmp_path / "hyperset.json").read_text())
     trained = report["trained_iterations"]
-    assert [row["iterations"] for row in report["sudoku"]] == [trained, round(1.5 * trained), 2 * trained]
-    model = AutoModelForTokenClassification.from_pretrained(tmp_path / "sudoku" / "model")
-    assert model.config.num_iterations == trained
-    names = [row["model"] for row in report["classification"]]
-    assert names == ["hyperset-digits-tiny", "vit-digits-matched"]
-    sizes = [row["parameters"] for row in report["classification"]]
-    assert abs(sizes[0] / sizes[1] - 1) < 0.02  # matched parameter counts
-    assert len(report["energies"]["attention_energy"]) == 2 * trained
+    assert [row["arm"] for row in report["sudoku"]] == ["hyperset", "transformer", "hyperset_low_lr"]
+    for row in report["sudoku"]:
+        assert [scale["iterations"] for scale in row["scaling"]] == [trained, round(1.5 * trained), 2 * trained]
+    # the evaluated model is the best-validation one, of the arm's own layer and learning rate
+    best = tmp_path / "sudoku-transformer-s0" / "best-model"
+    model = AutoModelForTokenClassification.from_pretrained(best)
+    assert model.config.layer_type == "transformer" and model.config.num_iterations == trained
+    low = load_recipe(tmp_path / "sudoku-hyperset_low_lr-s0" / "best-model" / "recipe.yaml")
+    assert low.training.learning_rate == 3e-4 and low.training.keep_best == "validation_board_accuracy"
+    sizes = report["sudoku_parameters"]
+    assert abs(sizes["hyperset"] / sizes["transformer"] - 1) < 0.01  # the paper's equal parameter counts
+    digits = {row["arm"]: row["parameters"] for row in report["classification"]}
+    assert abs(digits["hyperset"] / digits["transformer"] - 1) < 0.01
+    curves = report["curves"]
+    assert len(curves["transformer"]["residual"]) == 2 * trained and "attention_energy" not in curves["transformer"]
+    assert len(curves["hyperset"]["attention_energy"]) == 2 * trained
+    assert [record["verdict"] for record in report["verdicts"]] == ["inconclusive"] * 3  # one seed
+    markdown = (tmp_path / "hyperset.md").read_text()
+    assert "(54.70% vs. 49.30%) (hyperset.txt §5.1)" in markdown and "| transformer | 39,200 |" in markdown
     ceiling, decoded, floor = report["maskgit"]
     assert ceiling["psnr"] > decoded["psnr"] and ceiling["ssim"] > 0.9  # the tokenizer bounds any decoding
     assert 0 < floor["ssim"] < ceiling["ssim"]
     assert (tmp_path / "hyperset.png").read_bytes()[:4] == b"\x89PNG"
-    assert "| 16 | 2.0 |" in (tmp_path / "hyperset.md").read_text()
 
 
 def test_hub_image_source_trains_a_classifier_from_local_image_files(tmp_path):

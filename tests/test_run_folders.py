@@ -182,3 +182,32 @@ def test_a_warmup_longer_than_the_run_is_clamped_with_a_note(caplog):
         recipe = load_recipe("fem-lm-tiny", ["training.steps=20"])  # the recipe's warmup is 30 steps
     assert recipe.training.warmup_steps == 19
     assert "training.warmup_steps 30 >= steps 20: warming up over the whole run (19 steps)" in caplog.text
+
+
+@pytest.mark.parametrize("metric", ["validation_loss", "validation_next_token_accuracy"])
+def test_keep_best_keeps_the_model_of_the_best_evaluation_even_across_a_resume(tmp_path, metric):
+    """best-model/ holds the weights the checkpoint of the best evaluation holds (lowest loss, highest accuracy; the
+    steps read from metrics.jsonl), also when the run is interrupted and resumed in between."""
+    options = ("training.eval_every=1", "training.save_total_limit=null", f"training.keep_best={metric}",
+               "training.learning_rate=0.02")
+    train(tmp_path, *options, stop_after=4)
+    result = train(tmp_path, *options, resume=True)
+    evaluations = [row for row in metric_rows(tmp_path) if metric in row]
+    assert [row["step"] for row in evaluations] == list(range(1, 9))
+    values = [row[metric] for row in evaluations]
+    assert len(set(values)) > 1  # the choice is a real one
+    best = (min if metric.endswith("loss") else max)(range(8), key=values.__getitem__)
+    best_step = evaluations[best]["step"]
+    expected = (tmp_path / "model" if best_step == 8 else tmp_path / "checkpoints" / f"step-{best_step:07d}" / "model")
+    assert result.best_model_dir == tmp_path / "best-model"
+    assert_same_weights(load_file(result.best_model_dir / "model.safetensors"),
+                        load_file(expected / "model.safetensors"))
+    assert json.loads((result.best_model_dir / "training_metrics.json").read_text())["steps"] == best_step
+
+
+def test_keep_best_names_the_metrics_an_evaluation_has(tmp_path):
+    with pytest.raises(ValueError, match="keep_best: the evaluation has no metric 'validation_bleu'; it has .*"
+                                         "validation_loss"):
+        train(tmp_path, "training.steps=2", "training.eval_every=1", "training.keep_best=validation_bleu")
+    with pytest.raises(ValueError, match="keep_best"):
+        train(tmp_path, "training.keep_best=loss", overwrite=True)

@@ -8,6 +8,7 @@ from .checks import check_derived_fields, check_transformers_fields, require, re
 
 OWNER = "HyperSETConfig"
 CHOICES = {
+    "layer_type": ("hyperset", "transformer"),
     "hidden_act": ("relu", "gelu"),
     "attention_type": ("bisoftmax", "sigmoid", "linear"),
     "ff_type": ("standard", "softmax", "gated"),
@@ -33,6 +34,10 @@ class HyperSETConfig(PreTrainedConfig):
         hidden_size: d. num_attention_heads: H (head width p = d / H). intermediate_size: M, the width of D.
         num_hidden_layers: L, distinct layers. num_iterations: R, iterations per layer; ``refinement_steps=R'`` in
             `forward` evaluates the same weights at R' iterations (test-time scaling, Fig. 3b).
+        layer_type: "hyperset" (the energy layer) or "transformer": the paper's Transformer baseline (§5: one
+            pre-norm RMSNorm layer without biases, MLP width `intermediate_size`, iterated R times like Hyper-SET,
+            `hyperset_layer.TransformerBaselineLayer`), with the same embeddings, heads and test-time scaling; the
+            step-size and LoRA fields are Hyper-SET's and must stay off (step_size_mode "fixed", lora_rank 0).
         hidden_act: the feed-forward nonlinearity, "relu" (eq. 5, 11; the paper) or "gelu" (the IC code's).
             The traced E_FF is always the ReLU energy of eq. 5, as in the paper's Fig. 5.
         attention_type: "bisoftmax" (eq. 9), or App. G.1's alternative energies: "sigmoid" (weights
@@ -77,6 +82,7 @@ class HyperSETConfig(PreTrainedConfig):
     intermediate_size: int = 512
     num_hidden_layers: int = 1
     num_iterations: int = 12
+    layer_type: str = "hyperset"
     hidden_act: str = "relu"
     attention_type: str = "bisoftmax"
     ff_type: str = "standard"
@@ -123,6 +129,10 @@ class HyperSETConfig(PreTrainedConfig):
         require(OWNER, self.time_embed_dim > 0 or self.hidden_size % 2 == 0, "hidden_size",
                 "even when time_embed_dim = 0 (the raw sinusoid has width hidden_size)", self.hidden_size)
         require(OWNER, self.lora_rank >= 0, "lora_rank", "an integer >= 0", self.lora_rank)
+        if self.layer_type == "transformer":  # its layer has no step sizes and no W, D for the LoRA to update
+            require(OWNER, self.step_size_mode == "fixed", "step_size_mode", "'fixed' with layer_type='transformer'",
+                    self.step_size_mode)
+            require(OWNER, self.lora_rank == 0, "lora_rank", "0 with layer_type='transformer'", self.lora_rank)
         require(OWNER, self.lora_alpha is None or self.lora_alpha > 0, "lora_alpha", "None or > 0", self.lora_alpha)
         require(OWNER, self.image_size % self.patch_size == 0, "patch_size",
                 f"a divisor of image_size ({self.image_size})", self.patch_size)

@@ -111,7 +111,12 @@ def average_angle(z: torch.Tensor) -> torch.Tensor:
     return torch.rad2deg(torch.arccos(cosines[..., upper])).mean(-1)
 
 
-class HyperSETLayer(GradientCheckpointingLayer):
+class IteratedLayer(GradientCheckpointingLayer):
+    """A layer the model iterates: ``forward(x, alpha, gamma, lora, with_diagnostics) -> (x', diagnostics)``; the
+    model records a hidden state after every iteration of every such layer."""
+
+
+class HyperSETLayer(IteratedLayer):
     """One Hyper-SET layer: W, D and their RMSNorm gains; `forward` is one iteration (eq. 9 then eq. 11) and, on
     request, its traced quantities. W and D are read inside `forward` only, where a sharded (FSDP) layer holds them
     whole."""
@@ -176,6 +181,37 @@ class HyperSETLayer(GradientCheckpointingLayer):
             "effective_rank": effective_rank(z).mean(1),
             "average_angle": average_angle(z).mean(1),
         }
+
+
+class TransformerBaselineLayer(IteratedLayer):
+    """The paper's Transformer baseline (hyperset.txt §5: "we remove biases and dropout, use the Pre-Norm style with
+    RMSNorm, and set the MLP ratio to 4 in Transformer. We use one-layer trainable parameters but vary the forward
+    iterations for all models"): x <- x + O attn(Q, K, V of RMSNorm(x)); x <- x + D_down act(D_up RMSNorm(x)),
+    full (non-causal) softmax attention, the MLP width `intermediate_size` (4d in the baseline presets) and act
+    `hidden_act`. The step sizes and depth-wise LoRA are Hyper-SET's and are not used; the trace has the update size
+    (``residual``) only, since this layer descends no energy."""
+
+    def __init__(self, config: HyperSETConfig):
+        super().__init__()
+        width = config.hidden_size
+        self.heads = config.num_attention_heads
+        self.attention_norm = nn.RMSNorm(width, eps=config.rms_norm_eps)
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = (nn.Linear(width, width, bias=False) for _ in range(4))
+        self.mlp_norm = nn.RMSNorm(width, eps=config.rms_norm_eps)
+        self.up_proj = nn.Linear(width, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, width, bias=False)
+        self.activation = {"relu": F.relu, "gelu": F.gelu}[config.hidden_act]
+
+    def forward(self, x, alpha=None, gamma=None, lora=None,
+                with_diagnostics: bool = False) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        normed = self.attention_norm(x)
+        query, key, value = (split_heads(projection(normed), self.heads)
+                             for projection in (self.q_proj, self.k_proj, self.v_proj))
+        attended = x + self.o_proj(merge_heads(F.scaled_dot_product_attention(query, key, value)))
+        updated = attended + self.down_proj(self.activation(self.up_proj(self.mlp_norm(attended))))
+        if not with_diagnostics:
+            return updated, {}
+        return updated, {"residual": torch.linalg.vector_norm((updated - x).detach().float(), dim=-1).mean(-1)}
 
 
 class HyperSETStepSizes(nn.Module):

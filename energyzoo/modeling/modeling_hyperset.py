@@ -26,6 +26,8 @@ from .hyperset_layer import (
     DepthwiseLoRA,
     HyperSETLayer,
     HyperSETStepSizes,
+    IteratedLayer,
+    TransformerBaselineLayer,
 )
 from .inputs import (
     check_classifier_labels,
@@ -129,10 +131,10 @@ class HyperSETPreTrainedModel(PreTrainedModel):
     base_model_prefix = "model"
     main_input_name = "pixel_values"
     supports_gradient_checkpointing = True
-    _no_split_modules = ["HyperSETLayer"]
+    _no_split_modules = ["HyperSETLayer", "TransformerBaselineLayer"]
     _can_compile_fullgraph = True
     # a state per iteration of each layer, so indices (negative ones too) count layer iterations
-    _can_record_outputs = {"hidden_states": OutputRecorder(HyperSETLayer, num_hidden_layers_key="num_layer_iterations")}
+    _can_record_outputs = {"hidden_states": OutputRecorder(IteratedLayer, num_hidden_layers_key="num_layer_iterations")}
     _hidden_states_per_step = True
 
     def _init_weights(self, module):
@@ -161,7 +163,8 @@ class HyperSETModel(HyperSETPreTrainedModel):
     def __init__(self, config: HyperSETConfig):
         super().__init__(config)
         self.embeddings = HyperSETEmbeddings(config)
-        self.layers = nn.ModuleList(HyperSETLayer(config) for _ in range(config.num_hidden_layers))
+        layer = HyperSETLayer if config.layer_type == "hyperset" else TransformerBaselineLayer
+        self.layers = nn.ModuleList(layer(config) for _ in range(config.num_hidden_layers))
         self.step_sizes = HyperSETStepSizes(config) if config.step_size_mode == "learned" else None
         self.depthwise_lora = DepthwiseLoRA(config) if config.lora_rank else None
         self.post_init()

@@ -1,12 +1,25 @@
-"""`energyzoo reproduce eqt-parity`: eqt.txt's one experiment (§5, Table 2) at CPU scale.
+"""`energyzoo reproduce eqt-parity`: eqt.txt's one experiment (§5, Table 2) at CPU scale, with an arm that separates
+what refinement at test time adds from what the auxiliary energies add in training.
 
-Cumulative parity (eq. 44): per-token accuracy of a base Llama and an EqT-LLaMA of the same size (the ERM's reverse,
-masked and confidence energies and the proximal term; no memory, §5.1.2), trained by the same recipe
-(`eqt-parity-cpu`, K = 2 in training) on the same sequences, one model per length (per-length loss curves, Fig. 1c),
-several seeds.
-EqT is evaluated at K = 0 (its decoder alone), 8 and 32 with the same weights, on held-out sequences no run trained
-on. Differences from the paper, by necessity of a CPU run: a 0.2M-parameter model instead of 6.3M, 600 steps of
-batch 64 instead of 3,200 of 256, lengths up to 64.
+Cumulative parity (eq. 44), per-token accuracy on held-out sequences no run trained on, one model per length and
+seed, every arm trained by the same recipe (`eqt-parity-cpu`) on the same sequences:
+
+- ``llama``: the paper's "Standard" baseline (`llama-parity-small`, the base EqT refines);
+- ``eqt``: EqT-LLaMA as the paper trains it (`eqt-parity-small`: the ERM's reverse, masked and confidence energies
+  and the proximal term, no memory, §5.1.2; K = 2 in training, eq. 18's loss);
+- ``eqt_no_refine``: the same model and loss with no refinement in training (``erm_num_steps_train=0``): its
+  energies are still trained by eq. 18's L(h*) term, at h* = f.
+
+Each EqT arm is evaluated with the same weights at every K of ``eval_steps`` (Table 2 uses K = 32), with two
+diagnostics of what the refinement does at the largest K: the fraction of positions whose argmax differs from
+K = 0 (``flips``), and ||h* - f|| / ||f|| averaged over positions and refined sites (``moved``).
+
+Verdicts per length (seeds paired): Table 2's claim (``eqt`` at the largest K against ``llama``); §7's
+inference-time scaling (``eqt`` at the largest K against itself at K = 0); and the attribution arm (``eqt_no_refine``
+at K = 0 against ``llama``: a gain of the auxiliary energies alone). The paper's gains are at lengths where its
+baseline is at 64-88 %; the default length is where this recipe's Llama sits in 70-90 % instead of at chance
+(L = 32: 56 %). Differences from the paper, by necessity of a CPU run: a 0.2M-parameter model instead of 6.3M, 600
+steps of batch 64 instead of 25 epochs of 32,768 sequences, shorter lengths.
 """
 
 import statistics
@@ -23,117 +36,202 @@ from ..training.run import run_training
 from .verdict import Claim, judged, ledger_lines
 
 RECIPE = "eqt-parity-cpu"
-MODELS = {"llama": "llama-parity-small", "eqt": "eqt-parity-small"}
-CLAIM = "EqT maintains higher accuracy than Standard in the challenging regime (+3.28% on average, +8.07% at L = 192)"
+# arm: (preset, recipe overrides)
+ARMS = {"llama": ("llama-parity-small", ()), "eqt": ("eqt-parity-small", ()),
+        "eqt_no_refine": ("eqt-parity-small", ("model.overrides.erm_num_steps_train=0",))}
+REFINED_ARMS = ("eqt", "eqt_no_refine")
+TABLE_2 = "EqT maintains higher accuracy than Standard in the challenging regime (+3.28% on average, +8.07% at L = 192)"
+SCALING = "By increasing the number of refinement iterations K, we can trade compute for quality at test time"
+AUXILIARY = "the auxiliary energies alone (eq. 18 trained with K_train = 0, evaluated at K = 0) beat Standard"
 
 
 def parity_claim(length: int, refinement_steps: int) -> Claim:
     """eqt.txt Table 2 / Fig. 1a at one length: EqT at K refinement steps against the Llama of the same size. A
     Llama within 0.1 of chance (0.5) or of 1 leaves no room to separate them (the informative regime is 70-90 %)."""
-    return Claim(f"{CLAIM}: L = {length}, K = {refinement_steps}", "eqt.txt Table 2, Fig. 1a", "eqt", "llama",
+    return Claim(f"{TABLE_2}: L = {length}, K = {refinement_steps}", "eqt.txt Table 2, Fig. 1a", "eqt", "llama",
+                 "per-token accuracy", chance=0.5, ceiling=1.0, band=0.1)
+
+
+def scaling_claim(length: int, refinement_steps: int) -> Claim:
+    """eqt.txt §7 ("inference-time scaling"): the same EqT weights at K against K = 0."""
+    return Claim(f"{SCALING}: L = {length}, K = {refinement_steps} vs 0", "eqt.txt §7, Table 2",
+                 f"eqt K = {refinement_steps}", "eqt K = 0", "per-token accuracy", chance=0.5, ceiling=1.0, band=0.1)
+
+
+def auxiliary_claim(length: int) -> Claim:
+    """The attribution arm: EqT trained without refinement, evaluated without it, against Llama."""
+    return Claim(f"{AUXILIARY}: L = {length}", "diagnostic of eqt.txt eq. 18", "eqt_no_refine K = 0", "llama",
                  "per-token accuracy", chance=0.5, ceiling=1.0, band=0.1)
 
 
 @dataclass
 class ParitySettings:
-    lengths: list[int] = field(default_factory=lambda: [16, 32, 64])
+    lengths: list[int] = field(default_factory=lambda: [16])
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     steps: int = 600
-    eqt_steps: list[int] = field(default_factory=lambda: [0, 8, 32])
+    eval_steps: list[int] = field(default_factory=lambda: [0, 32])
+    arms: list[str] = field(default_factory=lambda: list(ARMS))
     test_sequences: int = 2048
+
+    def __post_init__(self):
+        if 0 not in self.eval_steps:
+            raise ValueError(f"eqt-parity eval_steps must include 0 (the flips and the verdicts compare with it), "
+                             f"got {self.eval_steps}")
+        unknown = [arm for arm in self.arms if arm not in ARMS]
+        if unknown or "llama" not in self.arms:
+            raise ValueError(f"eqt-parity arms must include llama and be among {list(ARMS)}, got {self.arms}")
+
+
+def predictions(model, ids: torch.Tensor, refinement_steps: int | None = None) -> tuple[torch.Tensor, float]:
+    """The argmax at every scored position, and ||h* - f|| / ||f|| averaged over positions and refined sites (0
+    for a model without refinement), read by a hook on the ERM (its input's proposal f, its output h*)."""
+    options = {} if refinement_steps is None else {"refinement_steps": refinement_steps}
+    moved = []
+
+    def record(module, args, refined):
+        proposal = args[0].proposal
+        moved.append(((refined - proposal).norm(dim=-1) / proposal.norm(dim=-1).clamp_min(1e-12)).mean().item())
+
+    erm = getattr(getattr(model, "model", None), "erm", None)
+    handle = erm.register_forward_hook(record) if erm is not None else None
+    try:
+        with torch.no_grad():
+            argmax = torch.cat([model(input_ids=ids[start:start + 256], use_cache=False, **options).logits[:, :-1]
+                                .argmax(-1) for start in range(0, len(ids), 256)])
+    finally:
+        if handle is not None:
+            handle.remove()
+    return argmax, statistics.fmean(moved) if moved else 0.0
+
+
+def share(hits: torch.Tensor) -> float:
+    """The fraction of True entries, counted exactly."""
+    return hits.sum().item() / hits.numel()
 
 
 def per_token_accuracy(model, ids: torch.Tensor, labels: torch.Tensor, refinement_steps: int | None = None) -> float:
     """Table 2's metric: the fraction of positions whose parity the logits predict, over all positions."""
-    options = {} if refinement_steps is None else {"refinement_steps": refinement_steps}
-    hits = 0
-    with torch.no_grad():
-        for start in range(0, len(ids), 256):
-            logits = model(input_ids=ids[start:start + 256], use_cache=False, **options).logits
-            hits += (logits[:, :-1].argmax(-1) == labels[start:start + 256, 1:]).sum().item()
-    return hits / labels[:, 1:].numel()
+    return share(predictions(model, ids, refinement_steps)[0] == labels[:, 1:])
 
 
-def _train(preset: str, length: int, seed: int, steps: int, output_dir: Path):
+def _train(arm: str, length: int, seed: int, steps: int, output_dir: Path):
+    preset, overrides = ARMS[arm]
     warmup = min(load_recipe(RECIPE).training.warmup_steps, steps // 10)
-    recipe = load_recipe(RECIPE, [f"model.preset={preset}", f"data.block_size={length}", f"training.seed={seed}",
-                                  f"training.steps={steps}", f"training.warmup_steps={warmup}",
-                                  f"training.eval_every={steps}",
+    recipe = load_recipe(RECIPE, [f"model.preset={preset}", *overrides, f"data.block_size={length}",
+                                  f"training.seed={seed}", f"training.steps={steps}",
+                                  f"training.warmup_steps={warmup}", f"training.eval_every={steps}",
                                   f"training.save_every={steps}", f"output_dir={output_dir}"])
     return AutoModelForCausalLM.from_pretrained(run_training(recipe, overwrite=True, progress=False).model_dir).eval()
+
+
+def evaluate_arm(model, arm: str, ids: torch.Tensor, labels: torch.Tensor, eval_steps: list[int]) -> dict:
+    """``{arm}`` accuracy for Llama; for an EqT arm ``{arm}_K{k}`` per K, and at the largest K ``{arm}_flips`` and
+    ``{arm}_moved``."""
+    target = labels[:, 1:]
+    if arm not in REFINED_ARMS:
+        return {arm: share(predictions(model, ids)[0] == target)}
+    row = {}
+    argmaxes = {}
+    for steps in eval_steps:
+        argmaxes[steps], moved = predictions(model, ids, steps)
+        row[f"{arm}_K{steps}"] = share(argmaxes[steps] == target)
+    row[f"{arm}_flips"] = share(argmaxes[max(eval_steps)] != argmaxes[0])
+    row[f"{arm}_moved"] = moved
+    return row
 
 
 def run_parity(settings: ParitySettings, output_dir: str | Path, progress=print) -> dict:
     started = time.perf_counter()
     output_dir = Path(output_dir)
-    rows = []
+    rows, parameters = [], {}
     for length in settings.lengths:
         test_ids, test_labels, _, _ = cumulative_parity_split(settings.test_sequences + 1, length, 1 / 4096, seed=10**6)
         for seed in settings.seeds:
-            progress(f"L = {length}, seed {seed}: training {MODELS['llama']} and {MODELS['eqt']}")
             row = {"length": length, "seed": seed}
-            llama = _train(MODELS["llama"], length, seed, settings.steps, output_dir / f"llama-L{length}-s{seed}")
-            row["llama"] = per_token_accuracy(llama, test_ids, test_labels)
-            eqt = _train(MODELS["eqt"], length, seed, settings.steps, output_dir / f"eqt-L{length}-s{seed}")
-            for steps in settings.eqt_steps:
-                row[f"eqt_K{steps}"] = per_token_accuracy(eqt, test_ids, test_labels, refinement_steps=steps)
+            for arm in settings.arms:
+                progress(f"L = {length}, seed {seed}: training {arm}")
+                model = _train(arm, length, seed, settings.steps, output_dir / f"{arm}-L{length}-s{seed}")
+                parameters[arm] = sum(p.numel() for p in model.parameters())
+                row.update(evaluate_arm(model, arm, test_ids, test_labels, settings.eval_steps))
             rows.append(row)
-    return {"settings": asdict(settings), "rows": rows, "summary": summarise(rows, settings),
-            "verdicts": verdicts(rows, settings), "seconds": time.perf_counter() - started}
+    return {"settings": asdict(settings), "parameters": parameters, "rows": rows,
+            "summary": summarise(rows, settings), "verdicts": verdicts(rows, settings),
+            "seconds": time.perf_counter() - started}
+
+
+def columns(settings: ParitySettings | dict) -> list[str]:
+    arms, eval_steps = (settings["arms"], settings["eval_steps"]) if isinstance(settings, dict) else (
+        settings.arms, settings.eval_steps)
+    names = []
+    for arm in arms:
+        names += [f"{arm}_K{steps}" for steps in eval_steps] + [f"{arm}_flips", f"{arm}_moved"] \
+            if arm in REFINED_ARMS else [arm]
+    return names
 
 
 def verdicts(rows: list[dict], settings: ParitySettings) -> list[dict]:
-    """Per length: EqT at the largest K against Llama, seeds paired."""
-    steps = settings.eqt_steps[-1]
+    """Per length: Table 2's claim and §7's scaling for ``eqt`` at the largest K, and the attribution arm."""
+    steps = max(settings.eval_steps)
     records = []
     for length in settings.lengths:
-        runs = [row for row in rows if row["length"] == length]
-        records.append(judged(parity_claim(length, steps), [row[f"eqt_K{steps}"] for row in runs],
-                              [row["llama"] for row in runs], length=length))
+        def values(column: str, length=length) -> list[float]:
+            return [row[column] for row in rows if row["length"] == length]
+
+        if "eqt" in settings.arms:
+            records.append(judged(parity_claim(length, steps), values(f"eqt_K{steps}"), values("llama"),
+                                  length=length))
+            records.append(judged(scaling_claim(length, steps), values(f"eqt_K{steps}"), values("eqt_K0"),
+                                  length=length))
+        if "eqt_no_refine" in settings.arms:
+            records.append(judged(auxiliary_claim(length), values("eqt_no_refine_K0"), values("llama"),
+                                  length=length))
     return records
 
 
 def summarise(rows: list[dict], settings: ParitySettings) -> list[dict]:
-    """Mean and standard deviation over seeds per length and model, and EqT(K = max) - Llama."""
-    columns = ["llama", *(f"eqt_K{steps}" for steps in settings.eqt_steps)]
+    """Mean and standard deviation over seeds of every column, per length."""
     summary = []
     for length in settings.lengths:
         runs = [row for row in rows if row["length"] == length]
         entry = {"length": length}
-        for column in columns:
+        for column in columns(settings):
             values = [row[column] for row in runs]
             entry[column] = {"mean": statistics.fmean(values),
                              "std": statistics.stdev(values) if len(values) > 1 else 0.0}
-        entry["delta"] = entry[columns[-1]]["mean"] - entry["llama"]["mean"]
         summary.append(entry)
     return summary
 
 
+def _cell(column: str, statistic: dict) -> str:
+    scale, digits = (1, 3) if column.endswith("_moved") else (100, 2)
+    return f"{scale * statistic['mean']:.{digits}f} +- {scale * statistic['std']:.{digits}f}"
+
+
 def format_markdown(report: dict) -> str:
     settings = report["settings"]
-    columns = ["llama", *(f"eqt_K{steps}" for steps in settings["eqt_steps"])]
-    names = ["Llama", *(f"EqT K = {steps}" for steps in settings["eqt_steps"])]
+    names = columns(settings)
+    sizes = ", ".join(f"{arm} {count:,}" for arm, count in report["parameters"].items())
     lines = [f"Cumulative parity at CPU scale ({report['seconds']:.0f} s): per-token accuracy (%) on "
              f"{settings['test_sequences']} held-out sequences, mean +- std over seeds {settings['seeds']}, "
-             f"{settings['steps']} training steps per model (EqT trained at K = 2).", "",
-             "| L | " + " | ".join(names) + " | delta (EqT K = max - Llama) |",
-             "|---|" + "---|" * (len(names) + 1)]
+             f"{settings['steps']} training steps per model (eqt: K = 2 in training; eqt_no_refine: K = 0 in "
+             f"training). Parameters: {sizes}. `flips`: % of positions whose argmax at K = "
+             f"{max(settings['eval_steps'])} differs from K = 0; `moved`: ||h* - f|| / ||f||.", "",
+             "| L | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     for entry in report["summary"]:
-        cells = [f"{100 * entry[c]['mean']:.2f} +- {100 * entry[c]['std']:.2f}" for c in columns]
-        lines.append(f"| {entry['length']} | " + " | ".join(cells) + f" | {100 * entry['delta']:+.2f} |")
+        lines.append(f"| {entry['length']} | " + " | ".join(_cell(c, entry[c]) for c in names) + " |")
     lines += ledger_lines(report["verdicts"], "Verdicts (`energyzoo.reproduce.verdict`, seeds paired):")
     return "\n".join(lines)
 
 
 def plot(report: dict, path: Path) -> None:
-    """Per-token accuracy against L per model, mean and std over seeds."""
+    """Per-token accuracy against L per arm and K, mean and std over seeds."""
     from matplotlib.figure import Figure
 
     figure = Figure(figsize=(5.5, 3.8))
     axis = figure.subplots()
     lengths = [entry["length"] for entry in report["summary"]]
-    for column in report["summary"][0]:
-        if column in ("length", "delta"):
+    for column in columns(report["settings"]):
+        if column.endswith(("_flips", "_moved")):
             continue
         means = [100 * entry[column]["mean"] for entry in report["summary"]]
         errors = [100 * entry[column]["std"] for entry in report["summary"]]

@@ -1,7 +1,8 @@
 """The experiments table of `energyzoo reproduce NAME [field=value ...]`: each experiment's module, its settings class
 (whose fields the command line overrides, typed by their annotations), the function that runs it, and what it
-compares. Every experiment's report is written by `report.write_report`; adding one adds a row here and a module
-with a settings dataclass, a run function, ``format_markdown(report)`` and ``plot(report, path)``."""
+compares, and its quick setting. Every experiment's report is written by `report.write_report` and carries its
+``verdicts`` (`verdict.judged` records) for the ledger of `energyzoo reproduce all`; adding one adds a row here and a
+module with a settings dataclass, a run function, ``format_markdown(report)`` and ``plot(report, path)``."""
 
 import importlib
 from dataclasses import dataclass
@@ -12,12 +13,14 @@ from types import ModuleType
 class Experiment:
     """module: energyzoo.reproduce.<module>; settings and run: names in it (run(settings[, output_dir], progress)
     returns the report, a dict with its ``seconds``); trains_models: whether run keeps trained models in
-    ``output_dir`` (and takes it)."""
+    ``output_dir`` (and takes it); quick: the overrides of ``--quick`` (a few minutes on 2 CPU cores, still >= 3
+    seeds and every arm), applied before the command line's."""
 
     module: str
     settings: str
     run: str
     description: str
+    quick: tuple[str, ...]
     trains_models: bool = True
 
     def code(self) -> ModuleType:
@@ -27,12 +30,13 @@ class Experiment:
 EXPERIMENTS = {
     "tel-stage1": Experiment("tel_stage1", "StageOneSettings", "run_stage_one",
                              "tel.txt Stage I: Linear vs MLP vs TEL at matched width on embedded data",
-                             trains_models=False),
+                             ("seeds=3", "widths=[16,64]"), trains_models=False),
     "hyperset": Experiment("hyperset", "HypersetSettings", "run_hyperset",
-                           "Hyper-SET: Sudoku test-time scaling, digits vs a matched ViT, MaskGIT, energy curves"),
+                           "Hyper-SET: Sudoku test-time scaling, digits vs a matched ViT, MaskGIT, energy curves",
+                           ("sudoku_steps=1000", "classification_steps=1000", "maskgit_steps=600")),
     "eqt-parity": Experiment("eqt_parity", "ParitySettings", "run_parity",
-                             "EqT-LLaMA vs Llama on cumulative parity (eqt.txt Table 2)"),
+                             "EqT-LLaMA vs Llama on cumulative parity (eqt.txt Table 2)", ("steps=600",)),
     "eer-induction": Experiment("eer_induction", "InductionSettings", "run_induction",
                                 "EER vs cross-entropy on induction heads, trained at L 16-64, evaluated at L 10 / "
-                                "100 / 1000 (eer.txt App. C)"),
+                                "100 / 1000 (eer.txt App. C)", ("steps=1000", "eval_every=250")),
 }

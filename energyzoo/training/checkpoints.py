@@ -23,13 +23,14 @@ logger = logging.getLogger(__name__)
 
 CHECKPOINTS = "checkpoints"
 MODEL = "model"  # the saved model folder, in the run folder and in every checkpoint
+BEST_MODEL = "best-model"  # the model at the best evaluation of `training.keep_best`'s metric
 TOKENIZER = "tokenizer"
 RECIPE = "recipe.yaml"
 METRICS = "metrics.jsonl"
 STATE_FILE = "trainer_state.json"
 TRACKERS = "trackers"  # accelerate's trackers (tensorboard, ...) log under output_dir/trackers/
 LOSS_CURVE = "loss_curve.png"
-RUN_FILES = (RECIPE, METRICS, LOSS_CURVE, TOKENIZER, CHECKPOINTS, MODEL, TRACKERS)
+RUN_FILES = (RECIPE, METRICS, LOSS_CURVE, TOKENIZER, CHECKPOINTS, MODEL, BEST_MODEL, TRACKERS)
 PARTIAL = ".partial"
 CHECKPOINT_NAME = re.compile(r"step-(\d{7})")
 # Recipe settings a resumed run may change: when and where it logs, evaluates and saves, and how each process

@@ -173,6 +173,9 @@ class TrainingSection:
     save_every: int = 100
     save_total_limit: int | None = 3  # the newest checkpoints kept (None: all)
     eval_every: int = 100
+    # a validation metric (e.g. validation_accuracy): the model at its best evaluation is kept as best-model/
+    # (lower is better for a name ending in "loss"), for evaluations that use the best-validation checkpoint
+    keep_best: str | None = None
     log_every: int = 10
     seed: int = 42
     num_threads: int | None = None  # CPU threads of this run (None: torch's default); tiny models run fastest on 1
@@ -214,6 +217,9 @@ class TrainingSection:
         for name in ("steps", "batch_size", "gradient_accumulation", "save_every", "eval_every", "log_every"):
             value = getattr(self, name)
             require(owner, isinstance(value, int) and value >= 1, name, "an integer >= 1", value)
+        require(owner, self.keep_best is None or (isinstance(self.keep_best, str) and self.keep_best.startswith(
+            "validation_")), "keep_best", "None or a validation metric (validation_loss, validation_accuracy, ...)",
+            self.keep_best)
         limit = self.save_total_limit
         require(owner, limit is None or (isinstance(limit, int) and limit >= 1), "save_total_limit",
                 "None (keep every checkpoint) or an integer >= 1", limit)

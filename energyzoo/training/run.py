@@ -21,8 +21,10 @@ when installed), ``checkpoints/step-NNNNNNN/`` every ``save_every`` steps, the n
 holds the checkpoint's only copy of the weights and which `energyzoo eval` and `energyzoo export` take with
 ``--checkpoint step-N``), ``tokenizer/`` and the final ``model/`` folder (``save_pretrained`` of the state dict
 accelerate gathers from every process; tokenizer and recipe included), which `energyzoo eval` and `energyzoo export`
-take. Every folder is written whole or not at all (`checkpoints.publish`), so a run killed at any moment resumes from
-its newest complete checkpoint with the weights an uninterrupted run would have.
+take, and with ``training.keep_best`` a ``best-model/`` folder of the same kind, the model at that validation
+metric's best evaluation (its ``training_metrics.json`` names the step). Every folder is written whole or not at
+all (`checkpoints.publish`), so a run killed at any moment resumes from its newest complete checkpoint with the
+weights an uninterrupted run would have.
 """
 
 import importlib.util
@@ -48,6 +50,7 @@ from transformers import AutoTokenizer, get_scheduler
 from ..modeling.checks import require
 from ..registry import ARCHITECTURES, TASKS, auto_map_for
 from .checkpoints import (
+    BEST_MODEL,
     CHECKPOINTS,
     LOSS_CURVE,
     METRICS,
@@ -235,6 +238,7 @@ class TrainingResult:
     last_step: int
     losses: list[float]
     final_metrics: dict
+    best_model_dir: Path | None = None  # with `training.keep_best`: the model at that metric's best evaluation
 
 
 def scalar_outputs(outputs) -> dict[str, torch.Tensor]:
@@ -479,6 +483,23 @@ class _Run:
         if self.accelerator.is_main_process:
             (folder / STATE_FILE).write_text(json.dumps({"step": step}))
 
+    def keep_if_best(self, step: int, metrics: dict) -> None:
+        """Save ``best-model/`` when ``metrics`` improve on the best evaluation so far of `training.keep_best` (read
+        back from the saved folder, so a resumed run compares with the evaluations before the interruption)."""
+        name = self.recipe.training.keep_best
+        if name not in metrics:
+            raise ValueError(f"recipe training.keep_best: the evaluation has no metric {name!r}; it has "
+                             f"{sorted(metrics)}")
+        saved = self.output_dir / BEST_MODEL / "training_metrics.json"
+        if saved.is_file():
+            best = json.loads(saved.read_text())[name]
+            lower = name.endswith("loss")
+            if (metrics[name] >= best) if lower else (metrics[name] <= best):
+                return
+        _saved_whole(self.accelerator, self.output_dir / BEST_MODEL, lambda folder: save_model_folder(
+            self.accelerator, self.model, folder, self.tokenizer, self.output_dir,
+            {"steps": step, "processes": self.accelerator.num_processes, **metrics}))
+
     def save_model(self, metrics: dict) -> Path:
         """The final model folder and the loss curve."""
         model_dir = self.output_dir / MODEL
@@ -524,6 +545,8 @@ def _train(recipe: Recipe, resume: bool, overwrite: bool, stop_after: int | None
         if done % settings.eval_every == 0 or done == settings.steps:
             final_metrics = run.evaluate(done, evaluation_hook)
             run.log({"step": done, **final_metrics})
+            if settings.keep_best is not None:
+                run.keep_if_best(done, final_metrics)
         if done % settings.save_every == 0 and done < settings.steps:
             _saved_whole(accelerator, checkpoint_path(output_dir, done),
                          partial(run.save_checkpoint, step=done, metrics=final_metrics))
@@ -534,7 +557,8 @@ def _train(recipe: Recipe, resume: bool, overwrite: bool, stop_after: int | None
         tracker.finish()
     if end_step < settings.steps:
         return TrainingResult(output_dir, None, end_step, losses, final_metrics)
-    return TrainingResult(output_dir, run.save_model(final_metrics), end_step, losses, final_metrics)
+    best = output_dir / BEST_MODEL if settings.keep_best is not None else None
+    return TrainingResult(output_dir, run.save_model(final_metrics), end_step, losses, final_metrics, best)
 
 
 def _stream_state_file(rank: int) -> str:

@@ -1,0 +1,48 @@
+"""The ledger of `energyzoo reproduce all`: every experiment's verdicts in one place, counted, with each
+experiment's quick setting a valid set of overrides of its settings."""
+
+import json
+
+import pytest
+
+from energyzoo.reproduce.experiments import EXPERIMENTS
+from energyzoo.reproduce.report import ledger_markdown, run_experiment, write_ledger
+from energyzoo.reproduce.verdict import Claim, judged
+from energyzoo.training.recipe import typed_settings
+
+CLAIM = Claim("A beats B", "paper Table 1", "a", "b", "accuracy", chance=0.0, ceiling=1.0)
+
+
+def test_the_ledger_counts_and_lists_every_experiments_verdicts(tmp_path):
+    reports = {
+        "tel-stage1": {"seconds": 120.0, "verdicts": [judged(CLAIM, [0.8, 0.81, 0.82], [0.7, 0.7, 0.71]),
+                                                      judged(CLAIM, [0.6, 0.8, 0.7], [0.7, 0.7, 0.7])]},
+        "eqt-parity": {"seconds": 60.0, "verdicts": [judged(CLAIM, [0.5, 0.51, 0.5], [0.7, 0.71, 0.72])]},
+    }
+    markdown = ledger_markdown(reports, quick=True)
+    assert markdown.splitlines()[0] == ("Reproduction ledger (quick settings, 3 min): 1 reproduced, 1 not reproduced, "
+                                        "1 inconclusive.")
+    assert markdown.count("| A beats B (paper Table 1) |") == 3
+    assert markdown.index("**tel-stage1**") < markdown.index("**eqt-parity**")
+    assert "(2.0 min)" in markdown and "(1.0 min)" in markdown
+    paths = write_ledger(reports, tmp_path, quick=True)
+    saved = json.loads(paths["json"].read_text())
+    assert saved["quick"] is True
+    assert [record["verdict"] for record in saved["experiments"]["tel-stage1"]["verdicts"]] == [
+        "reproduced", "inconclusive"]
+    assert paths["markdown"].read_text() == markdown + "\n"
+
+
+@pytest.mark.parametrize("name", sorted(EXPERIMENTS))
+def test_every_quick_setting_is_a_valid_override_set_with_three_seeds(name):
+    experiment = EXPERIMENTS[name]
+    settings = typed_settings(getattr(experiment.code(), experiment.settings), list(experiment.quick))
+    seeds = settings.seeds
+    assert (seeds if isinstance(seeds, int) else len(seeds)) >= 3
+
+
+def test_run_experiment_applies_the_quick_setting_before_the_command_lines(tmp_path):
+    report = run_experiment("tel-stage1", ["datasets=[wine]", "widths=[8]", "epochs=2"], tmp_path, quick=True,
+                            progress=lambda message: None)
+    assert report["settings"]["seeds"] == 3 and report["settings"]["widths"] == (8,)  # quick's seeds, our widths
+    assert len(report["verdicts"]) == 1 and (tmp_path / "tel_stage1.md").is_file()
