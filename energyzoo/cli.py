@@ -164,7 +164,7 @@ def _reproduce(args) -> int:
             raise ValueError(f"reproduce all takes no settings ({' '.join(args.overrides)}): each experiment has its "
                              f"own; run `energyzoo reproduce NAME field=value` for one")
         output_dir = Path(args.output_dir or "runs/reproduce")
-        reports = {name: run_experiment(name, [], output_dir / name, args.quick) for name in EXPERIMENTS}
+        reports = {name: run_experiment(name, [], output_dir / name, args.quick, reuse=True) for name in EXPERIMENTS}
         paths = write_ledger(reports, output_dir, args.quick)
         print(ledger_markdown(reports, args.quick))
         print("\nwrote " + ", ".join(str(path) for path in paths.values()) + f" and each experiment's report in "
@@ -284,7 +284,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "(markdown, JSON, PNG). Settings are the fields of the experiment's settings class, overridden "
                     "as field=value (typed by the field: seeds=[0,1,2], epochs=30).")
     reproduce.add_argument("experiment", choices=["all", *sorted(EXPERIMENTS)], help="all: every experiment, then "
-                           "the ledger of their verdicts; " + "; ".join(
+                           "the ledger of their verdicts (an experiment whose report is in <output-dir>/<name> from "
+                           "the same settings is not rerun); " + "; ".join(
                                f"{name}: {experiment.description}" for name, experiment in EXPERIMENTS.items()))
     reproduce.add_argument("overrides", nargs="*",
                            help="settings, e.g. seeds=3 epochs=30 (tel-stage1), sudoku_steps=400 (hyperset), "

@@ -3,6 +3,7 @@
 the CPU reproduction end to end."""
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -163,6 +164,9 @@ def test_reproduction_writes_its_tables_from_one_initialisation_per_seed(tmp_pat
     assert report["verdicts"][1]["arm"][0] == report["summary"]["final"]["eer"]["L30_accuracy"]["mean"]
     assert report["verdicts"][1]["baseline"][0] == report["summary"]["final"]["ce"]["L30_accuracy"]["mean"]
     assert "EER trains where plain training stagnates: L = 30 (eer.txt §1, §7)" in markdown
+    diagnosed = report["runs"][0]["diagnostics"]
+    assert "| shift L64 at 936-999 |" in markdown and "| last_symbols last 8 |" in markdown
+    assert set(diagnosed) == {"L64", "L1000_positions", "L1000_gaps", "shift", "last_symbols"}
 
 
 def test_the_l1000_claims_are_judged_against_cross_entropy_and_against_the_papers_number():
@@ -174,3 +178,73 @@ def test_the_l1000_claims_are_judged_against_cross_entropy_and_against_the_paper
     assert "sits at chance" in judge(comparative, eer, ce).reason
     assert judge(absolute, eer, ce).verdict == "not reproduced"
     assert [claim.kind for claim in induction_claims(100)] == ["better"]
+
+
+def brute_force_gaps(row: list[int]) -> list[int]:
+    """k - j to the previous occurrence of row[k] among the symbols (index 0 is HOP), 0 where there is none."""
+    gaps = [0]
+    for k in range(1, len(row)):
+        earlier = [j for j in range(1, k) if row[j] == row[k]]
+        gaps.append(k - earlier[-1] if earlier else 0)
+    return gaps
+
+
+def test_occurrence_gaps_and_the_last_symbols_reference_against_a_brute_force_count():
+    from energyzoo.training.induction import BLANK, NONE, induction_batch, last_symbols_accuracy, occurrence_gaps
+
+    ids, labels = induction_batch(6, 40, seed=5)
+    gaps = occurrence_gaps(ids)
+    assert gaps.tolist() == [brute_force_gaps(row) for row in ids.tolist()]
+    for window in (2, 4, 8):
+        expected = []
+        for row, targets, row_gaps in zip(ids.tolist(), labels.tolist(), gaps.tolist()):
+            for k, (target, gap) in enumerate(zip(targets, row_gaps)):
+                if target == BLANK:
+                    expected.append(1.0)
+                elif target == NONE:
+                    expected.append(1.0 if k <= window else 0.0)  # sure of NONE only seeing the whole prefix
+                else:
+                    expected.append(1.0 if gap < window else 1 / 3)
+        assert last_symbols_accuracy(ids, labels, window) == pytest.approx(sum(expected) / len(expected))
+
+
+class InductionOracle(torch.nn.Module):
+    """Logits for the true induction labels (computed by brute force), wrong from position ``wrong_from`` on and
+    wherever the position id is >= ``wrong_past_position``."""
+
+    def __init__(self, wrong_from: int = 10**9, wrong_past_position: int = 10**9):
+        super().__init__()
+        self.config = SimpleNamespace(_attn_implementation="eager")
+        self.wrong_from, self.wrong_past_position = wrong_from, wrong_past_position
+
+    def set_attn_implementation(self, implementation):
+        self.config._attn_implementation = implementation
+
+    def forward(self, input_ids, use_cache=False, position_ids=None):
+        from energyzoo.training.induction import BLANK, NONE
+
+        labels = []
+        for row in input_ids.tolist():
+            targets = [BLANK]
+            for k in range(1, len(row)):
+                earlier = [j for j in range(1, k) if row[j] == row[k]]
+                targets.append(row[earlier[-1] + 1] if earlier else NONE)
+            labels.append(targets)
+        labels = torch.tensor(labels)
+        positions = torch.arange(labels.shape[1]).expand_as(labels) if position_ids is None else position_ids
+        wrong = (torch.arange(labels.shape[1]) >= self.wrong_from) | (positions >= self.wrong_past_position)
+        labels = torch.where(wrong, (labels + 1) % 8, labels)
+        return SimpleNamespace(logits=torch.nn.functional.one_hot(labels, 8).float())
+
+
+def test_diagnostics_bucket_positions_gaps_and_shifted_positions():
+    from energyzoo.reproduce.eer_induction import diagnostics
+
+    exact = diagnostics(InductionOracle(), sequences=3)
+    assert exact["L64"] == 1.0 and set(exact["L1000_positions"].values()) == {1.0}
+    assert set(exact["L1000_gaps"].values()) == {1.0} and set(exact["shift"].values()) == {1.0}
+    late = diagnostics(InductionOracle(wrong_from=256), sequences=3)
+    assert list(late["L1000_positions"].values()) == [1.0, 1.0, 0.0] and late["L64"] == 1.0
+    shifted = diagnostics(InductionOracle(wrong_past_position=900), sequences=3)["shift"]
+    assert shifted == {"L64 at 0-63": 1.0, "L64 at 936-999": 0.0, "L1000 at 936-999": 0.0}
+    assert 0.6 < exact["last_symbols"]["last 4"] < exact["last_symbols"]["last 8"] < 1

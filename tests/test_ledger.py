@@ -46,3 +46,15 @@ def test_run_experiment_applies_the_quick_setting_before_the_command_lines(tmp_p
                             progress=lambda message: None)
     assert report["settings"]["seeds"] == 3 and report["settings"]["widths"] == (8,)  # quick's seeds, our widths
     assert len(report["verdicts"]) == 1 and (tmp_path / "tel_stage1.md").is_file()
+
+
+def test_a_finished_report_with_the_same_settings_is_reused_and_other_settings_rerun(tmp_path):
+    overrides = ["datasets=[wine]", "widths=[8]", "epochs=2", "seeds=1"]
+    first = run_experiment("tel-stage1", overrides, tmp_path, progress=lambda message: None)
+    messages = []
+    again = run_experiment("tel-stage1", overrides, tmp_path, progress=messages.append, reuse=True)
+    assert messages == [f"tel-stage1: reusing the report in {tmp_path / 'tel_stage1.json'} (same settings)"]
+    assert again["verdicts"] == json.loads(json.dumps(first["verdicts"])) and again["seconds"] == first["seconds"]
+    rerun = run_experiment("tel-stage1", [*overrides[:-1], "seeds=2"], tmp_path, progress=lambda message: None,
+                           reuse=True)
+    assert rerun["settings"]["seeds"] == 2 and len(rerun["verdicts"]) == 1

@@ -78,18 +78,48 @@ def test_solution_counter_finds_several_solutions_and_contradictions():
     assert count_solutions([1, 1] + [0] * 14, 2) == 0
 
 
-def test_digit_codes_mask_on_the_cosine_schedule_and_keep_the_pixels_elsewhere():
-    train_inputs, train_labels, val_inputs, val_labels = digit_code_split(0.1, seed=2)
-    inputs, labels = torch.cat([train_inputs, val_inputs]), torch.cat([train_labels, val_labels])
-    masked = inputs == DIGIT_MASK_ID
-    assert torch.equal(masked, labels != -100)
-    assert masked.sum(-1).min() >= 1  # ceil(64 cos(pi u / 2)) >= 1
-    # E[ratio] of cos(pi u / 2), u ~ U(0, 1), is 2 / pi
-    assert abs(masked.float().mean().item() - 2 / np.pi) < 0.03
-    images = torch.where(masked, labels, inputs)
+def test_digit_codes_are_masked_afresh_per_batch_on_the_cosine_schedule_and_keep_the_pixels_elsewhere():
+    train_codes, val_inputs, val_labels, remask = digit_code_split(0.1, seed=2)
     reference = {tuple(image) for image in load_digits().images.reshape(-1, 64).astype(int).tolist()}
-    assert {tuple(image.tolist()) for image in images} <= reference
-    assert len(images) == len(load_digits().images)
+    assert {tuple(image.tolist()) for image in train_codes} <= reference  # unmasked: masks come per batch
+    assert len(train_codes) + len(val_inputs) == len(load_digits().images)
+    val_masked = val_inputs == DIGIT_MASK_ID
+    assert torch.equal(val_masked, val_labels != -100) and val_masked.sum(-1).min() >= 1
+    assert len(val_masked.sum(-1).unique()) > 10  # a fixed evaluation set, ratios drawn per example
+    batch = train_codes[:32]
+    fractions = []
+    for step in range(400):
+        inputs, labels = remask(step, batch)
+        masked = inputs == DIGIT_MASK_ID
+        assert torch.equal(masked, labels != -100)
+        assert torch.equal(torch.where(masked, labels, inputs), batch)
+        assert len(masked.sum(-1).unique()) == 1 and masked.sum() >= 32  # one ratio per batch, ceil(...) >= 1
+        fractions.append(masked.float().mean().item())
+    assert abs(sum(fractions) / len(fractions) - 2 / np.pi) < 0.03  # E[cos(pi u / 2)], u ~ U(0, 1)
+    assert torch.equal(remask(7, batch)[0], remask(7, batch)[0])  # a pure function of the step (resumable)
+    assert not torch.equal(remask(7, batch)[0], remask(8, batch)[0])
+
+
+def test_training_batches_of_masked_modelling_are_remasked_per_step_and_agree_across_micro_batches():
+    """Through the training loader's dataset: the micro-batches of one step are slices of one masked global batch
+    (one ratio: equal masked counts under the cosine schedule), and an example seen again is masked anew."""
+    from energyzoo.training.run import ScheduledExamples
+    from energyzoo.training.tasks import _masked_modelling_data
+
+    data = _masked_modelling_data(*digit_code_split(0.1, seed=2))
+    examples = ScheduledExamples(data, batch_size=8, steps=len(data.train_inputs), seed=0)
+    first, second = examples.__getitems__(list(range(4))), examples.__getitems__(list(range(4, 8)))
+    counts = torch.cat([(first[0] == DIGIT_MASK_ID).sum(-1), (second[0] == DIGIT_MASK_ID).sum(-1)])
+    assert len(counts.unique()) == 1
+    again = ScheduledExamples(data, batch_size=8, steps=len(data.train_inputs), seed=0).__getitems__(list(range(4)))
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    epoch = len(data.train_inputs) // 8  # steps per pass; the permutation differs, so find example 0's next visit
+    seen = examples.schedule.global_batch(0)[0]
+    later = next(step for step in range(epoch, 3 * epoch) if seen in examples.schedule.global_batch(step))
+    row = int((examples.schedule.global_batch(later) == seen).nonzero()[0])
+    inputs, labels = examples.__getitems__([later * 8 + row])
+    assert torch.equal(torch.where(labels >= 0, labels, inputs)[0], data.train_inputs[seen])
+    assert not torch.equal(inputs[0], first[0][0])
 
 
 def test_paper_masks_draw_a_ratio_below_0_4_and_mask_cells_independently():
@@ -107,8 +137,7 @@ def test_paper_masks_draw_a_ratio_below_0_4_and_mask_cells_independently():
 
 
 def test_digit_patches_are_kmeans_codes_of_the_training_images():
-    train_inputs, train_labels, val_inputs, val_labels = digit_patch_split(0.1, seed=3, schedule="cosine")
-    codes = torch.where(train_inputs == DIGIT_PATCH_CODES, train_labels, train_inputs)
+    codes = digit_patch_split(0.1, seed=3, schedule="cosine")[0]
     tokenizer = digit_patch_tokenizer(0.1, seed=3)
     images = tokenizer.decode(codes, (8, 8))
     original = load_digits().images[torch.randperm(1797, generator=torch.Generator().manual_seed(3))[: len(codes)]]

@@ -34,8 +34,10 @@ class EERConfig(PreTrainedConfig):
             hamiltonian_coupling alpha (0.5) and hamiltonian_gravity beta (0.1) (the paper gives none of the three;
             §4.4 reports the form insufficient, so it is kept for ablation).
         initializer_range: None = PyTorch's own initialisation (Linear: kaiming-uniform, U(+-1/sqrt(fan_in))
-            biases; Embedding: N(0, 1)), what a from-scratch model without an init scheme gets, and what App. C's
-            epoch-0 magnitudes (K ~ 94, P ~ 1.4) fit; a number = N(0, initializer_range) as in transformers.
+            biases; Embedding: N(0, 1)), what a from-scratch model without an init scheme gets (the paper states
+            none); a number = N(0, initializer_range) as in transformers. Neither reproduces App. C's epoch-0
+            magnitudes (P 1.40, K 93.8): PyTorch's gives P 2.65-2.90 and K 36-76 on a first training batch (5
+            seeds, measured), so the paper's initialisation is unknown.
     Loss (eq. 2-5, §6): CE + lambda_potential L_pot + lambda_kinetic L_kin + lambda_entropy |S_q - entropy_target|,
         with the paper's 0.1, 0.001, 0.02, tsallis_q = 1.5 (in (1, 2], where Lemma B.1 and the contraction bound
         hold) and eta = 0. All lambdas 0 give the cross-entropy-only baseline. label_alignment: "aligned" (label i

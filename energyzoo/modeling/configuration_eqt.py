@@ -56,6 +56,14 @@ class EqTLlamaConfig(OwnCacheLayerTypes, LlamaConfig):
             decay of eq. 16 (0.99; 1.0 freezes the memory). The paper gives only M (§3.7); it calls the memory
             both "jointly optimized" (§3.5) and an EMA buffer (§3.3.4): the EMA buffer of eq. 15-16 is used.
     Training (eq. 18): energy_loss_weight beta (0.3): the loss is CE + beta * mean energy of the refined states.
+        ``erm_num_steps_train=0`` trains the energies at h* = f (eq. 18's second term) with no refinement: the arm
+        that separates the auxiliary losses from refinement in `energyzoo reproduce eqt-parity`.
+    Not implemented (options the paper allows and leaves unused in its experiment): a learned step-size schedule
+        (§3.7's "or a learned schedule"; alpha is a constant), eq. 4's bidirectional-consistency term L_consist
+        (absent from eq. 11, Algorithm 1 and §5), a "prefix" reverse head that re-reads the window per step (eq. 12
+        is implemented as a once-per-forward encoder), an extra output norm after the last site (the base model's
+        final norm is reused), copying the base model's first layers into the reverse encoder, and a separate set
+        of energies for inference (the training ones are used).
     """
 
     model_type = "eqt-llama"

@@ -18,8 +18,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+from transformers import AutoModelForCausalLM
 
-from ..training.induction import SYMBOLS, induction_batch, induction_metrics
+from ..training.induction import (
+    SYMBOLS,
+    induction_batch,
+    induction_metrics,
+    last_symbols_accuracy,
+    occurrence_gaps,
+)
 from ..training.recipe import load_recipe
 from ..training.run import run_training
 from .verdict import Claim, judged, ledger_lines
@@ -48,7 +55,7 @@ class InductionSettings:
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     steps: int = 3000
     eval_every: int = 500
-    eval_lengths: list[int] = field(default_factory=lambda: [10, 100, 1000])
+    eval_lengths: list[int] = field(default_factory=lambda: [10, 64, 100, 1000])
     eval_sequences: int = 256
 
 
@@ -79,6 +86,56 @@ def length_evaluator(lengths: list[int], sequences: int):
     return hook
 
 
+POSITION_BUCKETS = ((1, 64), (64, 256), (256, 1000))  # [start, end) at L = 1000: inside, past the training range
+GAP_BUCKETS = ((2, 4), (4, 8), (8, 16), (16, 1000))  # k - j to the previous occurrence (>= 2: no immediate repeats)
+SHIFT = 936  # an L = 64 sequence placed at positions 936-999, the last 64 of an L = 1000 one
+WINDOWS = (4, 8)
+
+
+def _predictions(model, ids: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+    implementation = model.config._attn_implementation
+    model.set_attn_implementation("sdpa")
+    try:
+        with torch.no_grad():
+            return torch.cat([model(input_ids=ids[start:start + 32], use_cache=False, position_ids=None if
+                                    position_ids is None else position_ids.expand(len(ids[start:start + 32]), -1))
+                              .logits.argmax(-1) for start in range(0, len(ids), 32)])
+    finally:
+        model.set_attn_implementation(implementation)
+
+
+def _share(hits: torch.Tensor, where: torch.Tensor) -> float:
+    return float(hits[where].float().mean()) if where.any() else float("nan")
+
+
+def diagnostics(model, sequences: int) -> dict:
+    """Where a trained model fails (held-out sets seeded apart from training and from `length_evaluator`'s):
+    accuracy at L = 64 (inside the training lengths); at L = 1000 per position bucket and, over the induction
+    positions, per gap to the previous occurrence; the position-shift test: the L = 64 sequences at positions
+    936-999 (out-of-range positions, short context) against positions 936-999 inside real L = 1000 sequences (the
+    same positions, long context); and the expected accuracy of a predictor that sees only the last m symbols
+    (`last_symbols_accuracy`), the reference for a local rule."""
+    short_ids, short_labels = induction_batch(sequences, 64, seed=[2 * 10**6, 64])
+    long_ids, long_labels = induction_batch(sequences, 1000, seed=[2 * 10**6, 1000])
+    short_hits = _predictions(model, short_ids) == short_labels
+    shifted_hits = _predictions(model, short_ids, torch.arange(SHIFT, SHIFT + 64)) == short_labels
+    long_hits = _predictions(model, long_ids) == long_labels
+    position = torch.arange(1000).expand_as(long_labels)
+    gaps = occurrence_gaps(long_ids)
+    induction = (long_labels >= 1) & (long_labels <= SYMBOLS)
+    return {
+        "L64": float(short_hits.float().mean()),
+        "L1000_positions": {f"{start}-{end - 1}": _share(long_hits, (position >= start) & (position < end))
+                            for start, end in POSITION_BUCKETS},
+        "L1000_gaps": {f"{low}-{high - 1}": _share(long_hits, induction & (gaps >= low) & (gaps < high))
+                       for low, high in GAP_BUCKETS},
+        "shift": {"L64 at 0-63": float(short_hits[:, 1:].float().mean()),
+                  f"L64 at {SHIFT}-999": float(shifted_hits[:, 1:].float().mean()),
+                  f"L1000 at {SHIFT}-999": _share(long_hits, position >= SHIFT)},
+        "last_symbols": {f"last {window}": last_symbols_accuracy(long_ids, long_labels, window) for window in WINDOWS},
+    }
+
+
 def curve(metrics_path: Path, eval_every: int) -> list[dict]:
     """Per evaluation step: its accuracies and the mean of the logged training terms since the previous one."""
     rows = [json.loads(line) for line in metrics_path.read_text().splitlines()]
@@ -107,10 +164,12 @@ def run_induction(settings: InductionSettings, output_dir: str | Path, progress=
                                           f"training.steps={settings.steps}",
                                           f"training.eval_every={settings.eval_every}",
                                           f"training.save_every={settings.steps}", f"output_dir={run_dir}"])
-            run_training(recipe, overwrite=True, progress=False,
-                         evaluation_hook=length_evaluator(settings.eval_lengths, settings.eval_sequences))
+            result = run_training(recipe, overwrite=True, progress=False,
+                                  evaluation_hook=length_evaluator(settings.eval_lengths, settings.eval_sequences))
+            model = AutoModelForCausalLM.from_pretrained(result.model_dir).eval()
             runs.append({"method": method, "seed": seed,
-                         "curve": curve(run_dir / "metrics.jsonl", settings.eval_every)})
+                         "curve": curve(run_dir / "metrics.jsonl", settings.eval_every),
+                         "diagnostics": diagnostics(model, settings.eval_sequences)})
     return {"settings": asdict(settings), "runs": runs, "summary": summarise(runs, settings),
             "verdicts": verdicts(runs, settings), "seconds": time.perf_counter() - started}
 
@@ -164,6 +223,7 @@ def format_markdown(report: dict) -> str:
         lines.append(f"| {names[method]} | " + " | ".join(cells) + " |")
     lines += ledger_lines(report["verdicts"], "Verdicts (`energyzoo.reproduce.verdict`, final accuracies, seeds "
                                               "paired):")
+    lines += _diagnostics_lines(report["runs"], names)
     for method, entries in summary["table"].items():
         lines += ["", f"Over training, {names[method]} (seed means; S, P, K: training values, eq. 3-5):", "",
                   "| step | " + " | ".join(f"L{n}" for n in lengths) + " | S | P | K |",
@@ -173,6 +233,30 @@ def format_markdown(report: dict) -> str:
             terms = ["-" if entry[term] is None else f"{entry[term]:.2f}" for term in TERMS]
             lines.append(f"| {entry['step']} | " + " | ".join(accuracies + terms) + " |")
     return "\n".join(lines)
+
+
+def _flat(diagnostics: dict) -> dict[str, float]:
+    return {f"{group} {name}" if isinstance(values, dict) else group: value
+            for group, values in diagnostics.items()
+            for name, value in (values.items() if isinstance(values, dict) else [(None, values)])}
+
+
+def _diagnostics_lines(runs: list[dict], names: dict[str, str]) -> list[str]:
+    """`diagnostics` of the final models, accuracy (%) mean +- std over seeds per method; the last-m references
+    depend on the data only."""
+    flat = {method: [_flat(run["diagnostics"]) for run in runs if run["method"] == method] for method in names}
+    keys = list(next(iter(flat.values()))[0])
+    lines = ["", "Where the final models fail (`diagnostics`; L1000 gaps: induction positions only; shift: the L = 64 "
+             "sequences at positions 936-999 against those positions inside L = 1000 sequences; last m: a predictor "
+             "that sees only the last m symbols):", "", "| diagnostic | " + " | ".join(names.values()) + " |",
+             "|---|" + "---|" * len(names)]
+    for key in keys:
+        cells = []
+        for method in names:
+            values = [100 * entry[key] for entry in flat[method]]
+            cells.append(f"{statistics.fmean(values):.1f} +- {statistics.stdev(values) if len(values) > 1 else 0:.1f}")
+        lines.append(f"| {key} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def plot(report: dict, path: Path) -> None:

@@ -65,6 +65,7 @@ CLASSIFICATION = Claim("competitive with the Transformer of the same parameter c
 @dataclass
 class HypersetSettings:
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    sudoku_arms: list[str] = field(default_factory=lambda: list(SUDOKU_ARMS))
     sudoku_steps: int = 2000
     low_learning_rate: float = 3e-4  # a tenth of hyperset-sudoku-4x4's
     classification_steps: int = 2000
@@ -73,6 +74,12 @@ class HypersetSettings:
     masked_fraction: float = 0.4
     evaluation_puzzles: int = 500
     evaluation_seed: int = 42
+
+    def __post_init__(self):
+        unknown = [arm for arm in self.sudoku_arms if arm not in SUDOKU_ARMS]
+        if unknown or not {"hyperset", "transformer"} <= set(self.sudoku_arms):
+            raise ValueError(f"hyperset sudoku_arms must include hyperset and transformer and be among "
+                             f"{list(SUDOKU_ARMS)}, got {self.sudoku_arms}")
 
 
 def _train(recipe: str, output_dir: Path, steps: int, *overrides: str, keep_best: str | None = None):
@@ -125,7 +132,8 @@ def maskgit_reconstruction(model, recipe, settings: HypersetSettings) -> list[di
 def _sudoku_runs(settings: HypersetSettings, output_dir: Path, progress) -> tuple[list[dict], dict, dict]:
     """Per arm and seed: the best checkpoint's accuracies at R, 1.5R, 2R; per arm, seed 0's traces up to 2R."""
     rows, traces, parameters = [], {}, {}
-    for arm, overrides in SUDOKU_ARMS.items():
+    for arm in settings.sudoku_arms:
+        overrides = SUDOKU_ARMS[arm]
         rate = (f"training.learning_rate={settings.low_learning_rate}",) if arm == "hyperset_low_lr" else ()
         for seed in settings.seeds:
             progress(f"Sudoku: training {arm}, seed {seed}")

@@ -3,6 +3,7 @@ every experiment's verdicts (`energyzoo reproduce all`)."""
 
 import json
 from collections import Counter
+from dataclasses import asdict
 from pathlib import Path
 
 from ..extras import needs_extra
@@ -36,13 +37,21 @@ def write_report(name: str, report: dict, output_dir: str | Path) -> dict[str, P
 
 
 def run_experiment(name: str, overrides: list[str], output_dir: str | Path, quick: bool = False,
-                   progress=print) -> dict:
+                   progress=print, reuse: bool = False) -> dict:
     """Run experiment ``name`` (its quick overrides first when ``quick``, then ``overrides``) and write its report
-    in ``output_dir``; returns the report."""
+    in ``output_dir``; returns the report. With ``reuse``, a report already in ``output_dir`` from the same settings
+    is read back instead (its JSON values: what the ledger needs), so an interrupted `reproduce all` loses no
+    finished experiment."""
     experiment = EXPERIMENTS[name]
     code = experiment.code()
     settings = typed_settings(getattr(code, experiment.settings), [*(experiment.quick if quick else ()), *overrides],
                               owner=f"{name} settings")
+    saved = Path(output_dir) / f"{experiment.module}.json"
+    if reuse and saved.is_file():
+        report = json.loads(saved.read_text())
+        if report.get("settings") == json.loads(json.dumps(asdict(settings))):
+            progress(f"{name}: reusing the report in {saved} (same settings)")
+            return report
     run = getattr(code, experiment.run)
     report = run(settings, output_dir, progress) if experiment.trains_models else run(settings, progress)
     write_report(name, report, output_dir)

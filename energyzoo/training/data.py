@@ -233,13 +233,15 @@ def shuffled_digit_images(seed: int) -> torch.Tensor:
     return images[torch.randperm(len(images), generator=torch.Generator().manual_seed(seed))]
 
 
-def masked_codes(codes: torch.Tensor, schedule: str, mask_id: int, generator: torch.Generator):
+def masked_codes(codes: torch.Tensor, schedule: str, mask_id: int, generator: torch.Generator,
+                 ratio_per: str = "example"):
     """(inputs, labels) for masked image modelling: masked cells hold ``mask_id`` in the inputs and their code in
-    the labels (-100 elsewhere). Per example, ``schedule`` "cosine" masks ceil(n cos(pi u / 2)) random cells,
-    u ~ U(0, 1) (MaskGIT's training schedule); "bernoulli-0.4" masks each cell with probability 0.4 u
-    (hyperset.txt D.4: a ratio drawn in [0, 0.4], Bernoulli per token)."""
+    the labels (-100 elsewhere). With a ratio u ~ U(0, 1) drawn per example (``ratio_per="example"``) or once for
+    all the rows (``"batch"``), ``schedule`` "cosine" masks ceil(n cos(pi u / 2)) random cells (MaskGIT's training
+    schedule); "bernoulli-0.4" masks each cell with probability 0.4 u (hyperset.txt D.4: a ratio drawn in [0, 0.4],
+    Bernoulli per token)."""
     count, cells = codes.shape
-    u = torch.rand(count, 1, generator=generator)
+    u = torch.rand(count if ratio_per == "example" else 1, 1, generator=generator)
     if schedule == "cosine":
         ranks = torch.rand(count, cells, generator=generator).argsort(dim=1).argsort(dim=1)
         masked = ranks < (cells * torch.cos(torch.pi / 2 * u)).ceil()
@@ -248,14 +250,28 @@ def masked_codes(codes: torch.Tensor, schedule: str, mask_id: int, generator: to
     return codes.masked_fill(masked, mask_id), codes.masked_fill(~masked, -100)
 
 
+def masking_split(codes: torch.Tensor, validation_fraction: float, schedule: str, mask_id: int, seed: int):
+    """Codes for masked image modelling, split: the training codes unmasked, with ``remask(step, batch) -> (inputs,
+    labels)``, which masks a step's global batch afresh (ratio per batch, seeded by the step: the public Hyper-SET
+    code draws its masks per batch, so an image is seen under new masks every epoch), and the validation codes
+    masked once per example from ``seed`` (a fixed evaluation set). Returns (train codes, validation inputs,
+    validation labels, remask)."""
+    cut = int(len(codes) * (1 - validation_fraction))
+    validation_inputs, validation_labels = masked_codes(codes[cut:], schedule, mask_id,
+                                                        torch.Generator().manual_seed(seed + 1))
+
+    def remask(step: int, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        generator = torch.Generator().manual_seed(seed * 1_000_003 + step)
+        return masked_codes(batch, schedule, mask_id, generator, ratio_per="batch")
+
+    return codes[:cut], validation_inputs, validation_labels, remask
+
+
 def digit_code_split(validation_fraction: float, seed: int, schedule: str = "cosine"):
     """scikit-learn's digits as 8x8 grids of codes 0..16 for masked image modelling (MaskGIT, hyperset.txt
-    §5.3), masked by `masked_codes` with ``DIGIT_MASK_ID``, masks drawn once per example from ``seed``. Returns
-    (train inputs, train labels, validation inputs, validation labels)."""
+    §5.3), split by `masking_split` with ``DIGIT_MASK_ID``."""
     codes = shuffled_digit_images(seed).long().reshape(-1, 64)
-    inputs, labels = masked_codes(codes, schedule, DIGIT_MASK_ID, torch.Generator().manual_seed(seed + 1))
-    cut = int(len(codes) * (1 - validation_fraction))
-    return inputs[:cut], labels[:cut], inputs[cut:], labels[cut:]
+    return masking_split(codes, validation_fraction, schedule, DIGIT_MASK_ID, seed)
 
 
 PARITY_END_TOKEN = 2  # bits are tokens 0 and 1; the end token closes a sequence (and pads)

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from ..extras import needs_extra
-from .data import masked_codes, shuffled_digit_images
+from .data import masking_split, shuffled_digit_images
 
 DIGIT_PATCH_CODES = 64  # codebook of the digits' 2x2 patches: an 8x8 digit becomes a 4x4 grid of 64 codes
 
@@ -140,9 +140,7 @@ def digit_patch_tokenizer(validation_fraction: float, seed: int) -> PatchKMeansT
 
 
 def digit_patch_split(validation_fraction: float, seed: int, schedule: str):
-    """The digits as 4x4 grids of k-means patch codes (`digit_patch_tokenizer`), masked by `masked_codes` with
-    mask id ``DIGIT_PATCH_CODES``. Returns (train inputs, train labels, validation inputs, validation labels)."""
+    """The digits as 4x4 grids of k-means patch codes (`digit_patch_tokenizer`), split by `masking_split` with mask
+    id ``DIGIT_PATCH_CODES``."""
     codes = digit_patch_tokenizer(validation_fraction, seed).encode(shuffled_digit_images(seed))
-    inputs, labels = masked_codes(codes, schedule, DIGIT_PATCH_CODES, torch.Generator().manual_seed(seed + 1))
-    cut = int(len(codes) * (1 - validation_fraction))
-    return inputs[:cut], labels[:cut], inputs[cut:], labels[cut:]
+    return masking_split(codes, validation_fraction, schedule, DIGIT_PATCH_CODES, seed)

@@ -31,17 +31,44 @@ def induction_batch(batch: int, length: int, seed: int | list[int]) -> tuple[tor
     # s_1 uniform; each later symbol uniform over the 3 others: add 1-3 (mod 4) to the previous one
     steps = np.concatenate([rng.integers(0, SYMBOLS, (batch, 1)), rng.integers(1, SYMBOLS, (batch, count - 1))], axis=1)
     symbols = np.cumsum(steps, axis=1) % SYMBOLS
-    index = np.arange(count)
-    previous = np.full((batch, count), -1)
-    for symbol in range(SYMBOLS):  # last index j < k with s_j = symbol, for every k (a running max of indices)
-        seen = np.maximum.accumulate(np.where(symbols == symbol, index, -1), axis=1)
-        last_before = np.concatenate([np.full((batch, 1), -1), seen[:, :-1]], axis=1)
-        previous = np.where(symbols == symbol, last_before, previous)
+    previous = previous_occurrences(symbols)
     following = np.take_along_axis(symbols, np.clip(previous + 1, 0, count - 1), axis=1) + 1
     targets = np.where(previous >= 0, following, NONE)
     input_ids = np.concatenate([np.full((batch, 1), HOP), symbols + 1], axis=1)
     labels = np.concatenate([np.full((batch, 1), BLANK), targets], axis=1)
     return torch.from_numpy(input_ids).long(), torch.from_numpy(labels).long()
+
+
+def previous_occurrences(symbols: np.ndarray) -> np.ndarray:
+    """For every k of each row, j = max{j < k : s_j = s_k}, or -1 where s_k has not occurred before."""
+    index = np.arange(symbols.shape[1])
+    previous = np.full(symbols.shape, -1)
+    for symbol in np.unique(symbols):  # a running max of the indices where the symbol occurs
+        seen = np.maximum.accumulate(np.where(symbols == symbol, index, -1), axis=1)
+        last_before = np.concatenate([np.full((len(symbols), 1), -1), seen[:, :-1]], axis=1)
+        previous = np.where(symbols == symbol, last_before, previous)
+    return previous
+
+
+def occurrence_gaps(input_ids: torch.Tensor) -> torch.Tensor:
+    """Per position of `induction_batch`'s inputs, k - j to the previous occurrence of the same symbol (0 at HOP
+    and where the symbol has not occurred before)."""
+    previous = previous_occurrences(input_ids[:, 1:].numpy())
+    gaps = np.where(previous >= 0, np.arange(previous.shape[1]) - previous, 0)
+    return torch.from_numpy(np.concatenate([np.zeros((len(gaps), 1), dtype=gaps.dtype), gaps], axis=1))
+
+
+def last_symbols_accuracy(input_ids: torch.Tensor, labels: torch.Tensor, window: int) -> float:
+    """Expected accuracy of the predictor that sees only the last ``window`` symbols: right at HOP (BLANK), right
+    where the previous occurrence is inside the window (gap < window: the symbol after it is visible too), a uniform
+    guess among the 3 other symbols (1/3) at the other induction positions, and NONE only where the whole prefix is
+    visible (else it guesses a symbol: 0). A reference line for how local a learned rule is."""
+    gaps = occurrence_gaps(input_ids)
+    position = torch.arange(labels.shape[1]).expand_as(labels)
+    induction = (labels >= 1) & (labels <= SYMBOLS)
+    correct = ((labels == BLANK).float() + (induction & (gaps < window)).float()
+               + (induction & (gaps >= window)).float() / 3 + ((labels == NONE) & (position <= window)).float())
+    return float(correct.mean())
 
 
 def training_length(seed: int, step: int, lengths: tuple[int, int]) -> int:

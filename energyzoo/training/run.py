@@ -149,8 +149,11 @@ class ScheduledExamples(torch.utils.data.Dataset):
         if self.schedule is None:
             inputs, labels = self.data.train_batches(step, self.batch_size)
             return inputs[rows], labels[rows]
-        indices = self.schedule.global_batch(step)[rows]
-        return self.data.train_inputs[indices], self.data.train_labels[indices]
+        indices = self.schedule.global_batch(step)
+        if self.data.remask is not None:  # the whole global batch, so every process draws the same masks
+            inputs, labels = self.data.remask(step, self.data.train_inputs[indices])
+            return inputs[rows], labels[rows]
+        return self.data.train_inputs[indices[rows]], self.data.train_labels[indices[rows]]
 
 
 def _fetched_batch(batch):

@@ -39,6 +39,13 @@ class TrainingData:
     train_batches: Callable[[int, int], tuple[torch.Tensor, torch.Tensor]] | None = None
     metrics: Callable | None = None
     train_stream: Callable[[int, int, dict | None], PackedStream] | None = None
+    # (step, the step's global batch of training inputs) -> (inputs, labels): masks drawn afresh per batch
+    remask: Callable[[int, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None
+
+
+def _masked_modelling_data(codes, validation_inputs, validation_labels, remask) -> TrainingData:
+    """Masked image modelling: unmasked training codes, masked per batch by ``remask`` (`data.masking_split`)."""
+    return TrainingData(codes, codes, validation_inputs, validation_labels, remask=remask)
 
 
 @dataclass(frozen=True)
@@ -145,8 +152,8 @@ TRAINING_TASKS = {
                  "digit-patches": "scikit-learn's 8x8 digits as 4x4 grids of 64 k-means codes of 2x2 patches, masked "
                                   "on the {mask_schedule} schedule"},
         tokenized=False,
-        load=lambda data, tokenizer, seed: TrainingData(*{"digit-codes": digit_code_split,
-                                                          "digit-patches": digit_patch_split}[data.source](
+        load=lambda data, tokenizer, seed: _masked_modelling_data(*{"digit-codes": digit_code_split,
+                                                                   "digit-patches": digit_patch_split}[data.source](
             data.validation_fraction, seed, data.mask_schedule)),
         model_inputs=lambda inputs, labels: {"input_ids": inputs, "labels": labels},
         metrics=_masked_accuracy,
