@@ -197,7 +197,7 @@ def test_occurrence_gaps_and_the_last_symbols_reference_against_a_brute_force_co
     assert gaps.tolist() == [brute_force_gaps(row) for row in ids.tolist()]
     for window in (2, 4, 8):
         expected = []
-        for row, targets, row_gaps in zip(ids.tolist(), labels.tolist(), gaps.tolist()):
+        for targets, row_gaps in zip(labels.tolist(), gaps.tolist()):
             for k, (target, gap) in enumerate(zip(targets, row_gaps)):
                 if target == BLANK:
                     expected.append(1.0)

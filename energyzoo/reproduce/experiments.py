@@ -32,7 +32,7 @@ EXPERIMENTS = {
                              "tel.txt Stage I: Linear vs MLP vs TEL at matched width on embedded data",
                              ("seeds=3", "widths=[16,64]"), trains_models=False),
     "hyperset": Experiment("hyperset", "HypersetSettings", "run_hyperset",
-                           "Hyper-SET vs its Transformer baseline: Sudoku at R-2R, digits; MaskGIT; update and energy traces",
+                           "Hyper-SET vs its Transformer baseline: Sudoku at R-2R, digits; MaskGIT; traces",
                            ("sudoku_arms=[hyperset,transformer]", "classification_steps=1000", "maskgit_steps=600")),
     "eqt-parity": Experiment("eqt_parity", "ParitySettings", "run_parity",
                              "EqT-LLaMA vs Llama on cumulative parity (eqt.txt Table 2)", ("steps=600",)),
