@@ -45,11 +45,12 @@ def reference_forward(config, weights: dict, input_ids: torch.Tensor, mask: torc
     inputs = w("model.embed_tokens.weight")[input_ids] + config.position_embedding_scale * sinusoid(positions, width)
     allowed = torch.ones(length, length, dtype=torch.bool).tril() & real[:, None, None, :]  # (B, 1, n, n)
 
+    post = config.norm_placement == "post"  # Z_{t+1} = LN(Z_t + F(Z_t + X)), no norm before the attention
     latent = torch.zeros_like(inputs)
     trajectory, maps, log_partitions = [latent], [], []
     for _ in range(loops):
         state = latent + inputs
-        normed = layer_norm(state, "model.block.input_layernorm")
+        normed = layer_norm(state, "model.block.input_layernorm") if config.attention_norm and not post else state
 
         def split(name, normed=normed):
             return linear(normed, f"model.block.self_attn.{name}").view(batch, length, heads, head_dim).transpose(1, 2)
@@ -66,11 +67,13 @@ def reference_forward(config, weights: dict, input_ids: torch.Tensor, mask: torc
         hidden = linear(layer_norm(state + attended, "model.block.post_attention_layernorm"), "model.block.mlp.up_proj")
         update = attended + linear(F.gelu(hidden), "model.block.mlp.down_proj")
         latent = latent + update
+        if post:  # the block's one extra LayerNorm is the output's
+            latent = layer_norm(latent, "model.block.input_layernorm")
         trajectory.append(latent)
         maps.append(probabilities)
         log_partitions.append(logits.logsumexp(-1))
 
-    logits = linear(layer_norm(latent + inputs, "model.norm"), "lm_head")
+    logits = linear(layer_norm(latent + inputs if config.readout_with_inputs else latent, "model.norm"), "lm_head")
     result = {"logits": logits, "trajectory": trajectory, "maps": maps,
               **loss_parts(trajectory, maps, real, q)}
     rows = real[:, None, :].expand(-1, heads, -1)

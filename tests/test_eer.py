@@ -37,12 +37,17 @@ def padded_batch(side: str, vocab: int = 16):
     return ids, mask, labels
 
 
+BLOCKS = [{}, {"norm_placement": "post"}, {"attention_norm": False}, {"readout_with_inputs": False}]
+
+
 @pytest.mark.parametrize("implementation", ["eager", "sdpa"])
 @pytest.mark.parametrize("side", ["left", "right"])
-def test_loop_loss_and_gradients_match_the_float64_reference(implementation, side):
+@pytest.mark.parametrize("block", BLOCKS, ids=lambda block: "-".join(f"{k}={v}" for k, v in block.items()) or "paper")
+def test_loop_loss_and_gradients_match_the_float64_reference(implementation, side, block):
     """Logits at the real positions, the loss (eq. 2) and each part, and every parameter's gradient of the loss, on a
-    padded batch in training mode, against the float64 loop written from eq. 2-5 and §5.1."""
-    model = build().train()
+    padded batch in training mode, against the float64 loop written from eq. 2-5 and §5.1, for each reading of the
+    block the paper leaves open (`EERConfig`)."""
+    model = build(**block).train()
     model.set_attn_implementation(implementation)
     ids, mask, labels = padded_batch(side)
     outputs = model(input_ids=ids, attention_mask=mask, labels=labels)
@@ -308,3 +313,7 @@ def test_default_initialisation_is_pytorchs_and_initializer_range_is_transformer
                                            initializer_range=0.02))
     assert model.model.block.mlp.up_proj.weight.std().item() == pytest.approx(0.02, rel=0.05)
     assert torch.equal(model.model.block.mlp.up_proj.bias, torch.zeros(256))
+    torch.manual_seed(0)
+    model = EERForCausalLM(tiny_eer_config(hidden_size=64, num_attention_heads=4, embedding_init_std=0.1))
+    assert model.model.embed_tokens.weight.std().item() == pytest.approx(0.1, rel=0.1)
+    assert model.model.block.mlp.up_proj.weight.abs().max() <= bound  # the rest stays PyTorch's

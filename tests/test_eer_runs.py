@@ -248,3 +248,33 @@ def test_diagnostics_bucket_positions_gaps_and_shifted_positions():
     shifted = diagnostics(InductionOracle(wrong_past_position=900), sequences=3)["shift"]
     assert shifted == {"L64 at 0-63": 1.0, "L64 at 936-999": 0.0, "L1000 at 936-999": 0.0}
     assert 0.6 < exact["last_symbols"]["last 4"] < exact["last_symbols"]["last 8"] < 1
+
+
+def test_the_length_curriculum_grows_the_longest_length_from_min_to_max():
+    from energyzoo.training.induction import training_length
+
+    drawn = {step: training_length(3, step, (16, 64), curriculum_steps=100) for step in range(400)}
+    assert drawn[0] == 16  # the range is [16, 16] at step 0
+    assert all(16 <= length <= 16 + round(48 * step / 100) for step, length in drawn.items() if step < 100)
+    assert max(length for step, length in drawn.items() if step < 20) <= 16 + 10
+    assert max(drawn[step] for step in range(100, 400)) >= 60  # the whole range once the curriculum is over
+    assert [training_length(3, step, (16, 64)) for step in range(50)] == [
+        training_length(3, step, (16, 64), curriculum_steps=0) for step in range(50)]
+
+
+def test_block_screen_trains_each_arm_with_its_choice_and_judges_it_against_the_default(tmp_path):
+    from energyzoo.reproduce.eer_screen import ScreenSettings, run_screen
+
+    settings = ScreenSettings(arms=["default", "post-norm", "length-curriculum"], seeds=[0], steps=4,
+                              eval_sequences=4)
+    report = run_screen(settings, tmp_path, progress=lambda message: None)
+    paths = write_report("eer-block-screen", report, tmp_path)
+    post = load_recipe(tmp_path / "post-norm-s0" / "model" / "recipe.yaml")
+    assert post.model.overrides == {"num_loops": 4, "norm_placement": "post"}
+    curriculum = load_recipe(tmp_path / "length-curriculum-s0" / "model" / "recipe.yaml")
+    assert curriculum.data.length_curriculum_steps == 2
+    assert [(row["arm"], set(row)) for row in report["rows"]][0] == ("default", {"arm", "seed", "L64", "L1000"})
+    records = report["verdicts"]
+    assert [record["claim"]["arm"] for record in records] == ["post-norm", "length-curriculum"]
+    assert records[0]["arm"][0] == report["rows"][1]["L64"] and records[0]["baseline"][0] == report["rows"][0]["L64"]
+    assert "| post-norm | model.overrides.norm_placement=post |" in paths["markdown"].read_text()

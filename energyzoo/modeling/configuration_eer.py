@@ -6,7 +6,8 @@ from transformers import PreTrainedConfig
 from .checks import check_derived_fields, check_transformers_fields, require, require_divisible, strict_config
 
 OWNER = "EERConfig"
-CHOICES = {"loop_dynamics": ("residual", "hamiltonian"), "label_alignment": ("aligned", "shifted")}
+CHOICES = {"loop_dynamics": ("residual", "hamiltonian"), "label_alignment": ("aligned", "shifted"),
+           "norm_placement": ("pre", "post")}
 
 
 @strict_config
@@ -33,6 +34,13 @@ class EERConfig(PreTrainedConfig):
             the damped heavy-ball latent dynamics of eq. 1 (§4.3) with hamiltonian_momentum mu (0.5),
             hamiltonian_coupling alpha (0.5) and hamiltonian_gravity beta (0.1) (the paper gives none of the three;
             §4.4 reports the form insufficient, so it is kept for ablation).
+    Block choices the paper leaves unstated (§5.1 gives F only as attention then MLP; defaults: the GPT-2-style
+    reading used so far), screened by `energyzoo reproduce eer-block-screen`:
+        norm_placement: "pre" (Z_{t+1} = Z_t + F(LN(Z_t + X)), LayerNorms inside the branch) or "post"
+            (Z_{t+1} = LN(Z_t + F(Z_t + X)), the original Transformer's).
+        attention_norm: a LayerNorm before the attention (True) or none (the MLP keeps its own).
+        embedding_init_std: the token embedding's N(0, std) at initialisation (None: `initializer_range`'s rule).
+        readout_with_inputs: the readout reads LN_f(Z_T + X) (True) or LN_f(Z_T) (the latent alone).
         initializer_range: None = PyTorch's own initialisation (Linear: kaiming-uniform, U(+-1/sqrt(fan_in))
             biases; Embedding: N(0, 1)), what a from-scratch model without an init scheme gets (the paper states
             none); a number = N(0, initializer_range) as in transformers. Neither reproduces App. C's epoch-0
@@ -70,6 +78,10 @@ class EERConfig(PreTrainedConfig):
     tsallis_q: float = 1.5
     entropy_target: float = 0.0
     label_alignment: str = "aligned"
+    norm_placement: str = "pre"
+    attention_norm: bool = True
+    embedding_init_std: float | None = None
+    readout_with_inputs: bool = True
     initializer_range: float | None = None
     use_cache: bool = True
     pad_token_id: int | None = 7
@@ -97,6 +109,11 @@ class EERConfig(PreTrainedConfig):
             require(OWNER, getattr(self, field) >= 0, field, ">= 0", getattr(self, field))
         require(OWNER, 0 <= self.hamiltonian_momentum < 1, "hamiltonian_momentum", "in [0, 1) (dissipative)",
                 self.hamiltonian_momentum)
+        require(OWNER, self.embedding_init_std is None or self.embedding_init_std > 0, "embedding_init_std",
+                "None or > 0", self.embedding_init_std)
+        require(OWNER, self.attention_norm or self.norm_placement == "pre", "attention_norm",
+                "True with norm_placement='post' (a post-norm block has no norm before the attention to drop)",
+                self.attention_norm)
         for field, allowed in CHOICES.items():
             require(OWNER, getattr(self, field) in allowed, field, f"one of {list(allowed)}", getattr(self, field))
 

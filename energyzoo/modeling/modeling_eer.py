@@ -149,11 +149,15 @@ class EERMLP(nn.Module):
 
 
 class EERBlock(GradientCheckpointingLayer):
-    """One loop of the residual dynamics, Z_{t+1} = Z_t + F(Z_t + X) (§5.1, with §6's MLP and LayerNorm)."""
+    """One loop of the residual dynamics, Z_{t+1} = Z_t + F(Z_t + X) (§5.1, with §6's MLP and LayerNorm), F =
+    attention then MLP: pre-norm, F(S) = A + MLP(LN(S + A)), A = attn(LN(S)) (LN(S) -> S without
+    ``attention_norm``); post-norm, Z_{t+1} = LN_2(Z_t + A + MLP(LN_1(S + A))), A = attn(S) (`EERConfig`)."""
 
     def __init__(self, config: EERConfig):
         super().__init__()
-        self.input_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.post_norm = config.norm_placement == "post"
+        self.input_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) \
+            if config.attention_norm else nn.Identity()
         self.self_attn = EERAttention(config)
         self.post_attention_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.mlp = EERMLP(config)
@@ -164,13 +168,15 @@ class EERBlock(GradientCheckpointingLayer):
         """(Z_{t+1}, the loop's attention probabilities or None, their log-partition or None); the statistics
         arguments are `EERAttention`'s."""
         state = latent + inputs
-        normed = self.input_layernorm(state)
+        normed = state if self.post_norm else self.input_layernorm(state)
         keys_values = self.self_attn.keys_values(normed)
         if past_key_values is not None:
             keys_values = past_key_values.update(*keys_values, loop)
         attended, probabilities, log_partition = self.self_attn(normed, attention_mask, keys_values, statistics_mask,
                                                                 with_statistics, with_log_partition)
         following = latent + attended + self.mlp(self.post_attention_layernorm(state + attended))
+        if self.post_norm:
+            following = self.input_layernorm(following)
         return following, probabilities, log_partition
 
 
@@ -220,8 +226,11 @@ class EERPreTrainedModel(PreTrainedModel):
         return super().get_correct_attn_implementation(requested_attention or "eager", is_init_check)
 
     def _init_weights(self, module):
-        """`initializer_range` None: PyTorch's own initialisation (see `EERConfig`); a number: transformers'."""
-        if self.config.initializer_range is not None:
+        """`initializer_range` None: PyTorch's own initialisation (see `EERConfig`); a number: transformers'; the
+        token embedding N(0, `embedding_init_std`) when that is set."""
+        if isinstance(module, nn.Embedding) and self.config.embedding_init_std is not None:
+            init.normal_(module.weight, std=self.config.embedding_init_std)
+        elif self.config.initializer_range is not None:
             super()._init_weights(module)
         elif isinstance(module, nn.Linear):
             init.kaiming_uniform_(module.weight, a=math.sqrt(5))
@@ -311,7 +320,8 @@ class EERModel(EERPreTrainedModel):
         if tracing:
             record_energies({**result.records, "iterations": result.iterations,
                              "temperature": torch.tensor(config.attention_temperature)})
-        return EERModelOutput(last_hidden_state=self.norm(latent + inputs), past_key_values=past_key_values,
+        readout = latent + inputs if config.readout_with_inputs else latent
+        return EERModelOutput(last_hidden_state=self.norm(readout), past_key_values=past_key_values,
                               **regularisers)
 
     def _configured_loops(self) -> int:

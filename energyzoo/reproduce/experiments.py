@@ -39,4 +39,7 @@ EXPERIMENTS = {
     "eer-induction": Experiment("eer_induction", "InductionSettings", "run_induction",
                                 "EER vs cross-entropy on induction heads, trained at L 16-64, evaluated at L 10 / "
                                 "100 / 1000 (eer.txt App. C)", ("steps=1000", "eval_every=250")),
+    "eer-block-screen": Experiment("eer_screen", "ScreenSettings", "run_screen",
+                                   "EER's unstated block choices (norms, embedding scale, readout, length curriculum) "
+                                   "screened at T = 4", ("steps=1000",)),
 }

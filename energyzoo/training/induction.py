@@ -71,15 +71,21 @@ def last_symbols_accuracy(input_ids: torch.Tensor, labels: torch.Tensor, window:
     return float(correct.mean())
 
 
-def training_length(seed: int, step: int, lengths: tuple[int, int]) -> int:
-    """L of the batch of ``step``: uniform in [min, max] (eer.txt Table 1's 16-64), a function of (seed, step)."""
-    return int(np.random.default_rng([seed, step, 0]).integers(lengths[0], lengths[1] + 1))
+def training_length(seed: int, step: int, lengths: tuple[int, int], curriculum_steps: int = 0) -> int:
+    """L of the batch of ``step``: uniform in [min, max] (eer.txt Table 1's 16-64), a function of (seed, step); with
+    ``curriculum_steps`` > 0 the max grows linearly from min to max over those steps (a length curriculum, which the
+    paper neither states nor excludes)."""
+    low, high = lengths
+    if curriculum_steps:
+        high = low + round((high - low) * min(1.0, step / curriculum_steps))
+    return int(np.random.default_rng([seed, step, 0]).integers(low, high + 1))
 
 
-def training_batch(seed: int, step: int, batch: int, lengths: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+def training_batch(seed: int, step: int, batch: int, lengths: tuple[int, int],
+                   curriculum_steps: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """The fresh global batch of a training step, one length for the batch (no padding), reproducible from
     (seed, step) so that resumed and multi-process runs see the same data."""
-    return induction_batch(batch, training_length(seed, step, lengths), seed=[seed, step, 1])
+    return induction_batch(batch, training_length(seed, step, lengths, curriculum_steps), seed=[seed, step, 1])
 
 
 def induction_dataset(examples: int, length: int, seed: int):

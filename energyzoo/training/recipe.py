@@ -90,8 +90,9 @@ class DataSection:
     / `puzzle_column`, `solution_column`; local files through `paths`), "sudoku"
     (`examples` generated unique-solution puzzles of box `sudoku_box` with `givens` = [min, max] givens),
     "parity" (`examples` random bit strings of length `block_size` with cumulative-parity labels, eqt.txt eq. 44),
-    "induction" (fresh induction-head sequences of a length drawn in `lengths` = [min, max] per step; validation on
-    `examples` sequences of length `block_size`) or
+    "induction" (fresh induction-head sequences of a length drawn in `lengths` = [min, max] per step, the max
+    growing from min over the first `length_curriculum_steps` steps when that is > 0; validation on `examples`
+    sequences of length `block_size`) or
     "digit-codes" / "digit-patches" (the digits as 17-code pixel grids / 4x4 grids of k-means patch codes,
     masked on `mask_schedule`: "cosine", MaskGIT's, or "bernoulli-0.4", hyperset.txt D.4's). Which sources a model
     reads depends on its task (`training.tasks`).
@@ -108,6 +109,7 @@ class DataSection:
     examples: int = 4000
     givens: list[int] = field(default_factory=lambda: [30, 45])
     lengths: list[int] = field(default_factory=lambda: [16, 64])
+    length_curriculum_steps: int = 0
     sudoku_box: int = 3
     mask_schedule: str = "cosine"
     image_column: str = "image"
@@ -134,6 +136,8 @@ class DataSection:
         require(owner, self.sudoku_box in (2, 3), "sudoku_box", "2 (4x4 boards) or 3 (9x9)", self.sudoku_box)
         span = self.lengths
         require(owner, len(span) == 2 and 2 <= span[0] <= span[1], "lengths", "[min, max] with 2 <= min <= max", span)
+        require(owner, self.length_curriculum_steps >= 0, "length_curriculum_steps", "an integer >= 0",
+                self.length_curriculum_steps)
         cells = self.sudoku_box**4
         ordered = len(self.givens) == 2 and 1 <= self.givens[0] <= self.givens[1] < cells
         require(owner, ordered, "givens", f"[min, max] with 1 <= min <= max < {cells}", self.givens)

@@ -68,10 +68,10 @@ class TrainingTask:
 
 def _language_model_data(data, tokenizer, seed) -> TrainingData:
     if data.source == "induction":
-        lengths = tuple(data.lengths)
+        lengths, curriculum = tuple(data.lengths), data.length_curriculum_steps
         validation = induction_batch(data.examples, data.block_size, seed=[seed, 10**9])
         return TrainingData(None, None, *validation, metrics=induction_metrics,
-                            train_batches=lambda step, batch: training_batch(seed, step, batch, lengths))
+                            train_batches=lambda step, batch: training_batch(seed, step, batch, lengths, curriculum))
     if data.source == "parity":
         return TrainingData(*cumulative_parity_split(data.examples, data.block_size, data.validation_fraction, seed))
     if data.source == "hf":
