@@ -58,3 +58,26 @@ def test_a_finished_report_with_the_same_settings_is_reused_and_other_settings_r
     rerun = run_experiment("tel-stage1", [*overrides[:-1], "seeds=2"], tmp_path, progress=lambda message: None,
                            reuse=True)
     assert rerun["settings"]["seeds"] == 2 and len(rerun["verdicts"]) == 1
+
+
+def test_fem_argmax_data_metric_and_arms_follow_app_p(tmp_path):
+    """App. P's samples (one winner per channel at Delta + eps, the target its max), the index accuracy against a
+    hand count, the arms' switches and fixed identity value maps, and a report with its verdict."""
+    import torch
+
+    from energyzoo.reproduce.fem_argmax import ArgmaxSettings, Mixer, argmax_samples, index_accuracy, run_argmax
+
+    settings = ArgmaxSettings(seeds=[0], length=8, channels=16, heads=2, steps=3, validation_samples=20)
+    values, winners, targets = argmax_samples(5, settings, torch.Generator().manual_seed(0))
+    assert torch.equal(values.argmax(dim=1), winners) and torch.equal(targets, values.amax(dim=1))
+    assert ((targets - 1).abs() < 0.3).all() and (values.abs() < 0.3).float().mean() > 0.8
+    assert index_accuracy(values, winners, targets) == 1.0
+    assert index_accuracy(values, winners, torch.zeros_like(targets)) < 0.3  # zero is nearest to the noise
+    softmax, fem = Mixer("softmax", settings).attention, Mixer("fem", settings).attention
+    assert softmax.temperature_proj is None and "beta_max_raw" not in dict(softmax.named_parameters())
+    assert not softmax.config.use_lse and fem.config.use_lse and fem.temperature_proj is not None
+    assert fem.outer_gate_proj is None and fem.time_decay is None
+    assert torch.equal(fem.v_proj.weight, torch.eye(16)) and not fem.o_proj.weight.requires_grad
+    report = run_argmax(settings, progress=lambda message: None)
+    assert [row["arm"] for row in report["rows"]] == ["softmax", "fem"]
+    assert report["verdicts"][0]["reason"] == "1 seed; a verdict needs >= 3"

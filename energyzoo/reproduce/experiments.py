@@ -28,6 +28,10 @@ class Experiment:
 
 
 EXPERIMENTS = {
+    "fem-argmax": Experiment("fem_argmax", "ArgmaxSettings", "run_argmax",
+                             "fem.txt App. P: one softmax-attention vs one FEM layer on the channel-wise argmax",
+                             ("length=32", "channels=128", "steps=1000", "validation_samples=500"),
+                             trains_models=False),
     "tel-stage1": Experiment("tel_stage1", "StageOneSettings", "run_stage_one",
                              "tel.txt Stage I: Linear vs MLP vs TEL at matched width on embedded data",
                              ("seeds=3", "widths=[16,64]"), trains_models=False),
