@@ -1,8 +1,9 @@
 """generate() with transformers' static cache for every zoo LM (FEM each prior, EqT-LLaMA, EER): the tokens and scores
 of the dynamic cache on a left-padded batch, greedy and beam; the cache has one layer per decoder layer (per loop for
 EER), of the model's own classes where it keeps more than keys and values; offloaded and quantized caches and EqT's
-assisted decoding are refused before anything runs. (Compiled decoding under the static cache is checked by
-transformers' own generation tests, `tests/test_transformers_common.py`.)"""
+assisted decoding are refused before anything runs; compiled static decoding of an unpadded and a padded batch
+compiles once. (Compiled decoding is also checked by transformers' own generation tests,
+`tests/test_transformers_common.py`.)"""
 
 import pytest
 import torch
@@ -110,3 +111,26 @@ def test_eqt_refuses_assisted_decoding_up_front_and_its_window_cannot_be_cropped
     assert len(cache.layers) == model.config.num_hidden_layers and not cache.is_croppable
     with pytest.raises(NotImplementedError, match="cannot be rewound"):
         cache.crop(1)
+
+
+@pytest.mark.parametrize("name", ["eqt-llama", "fem-softmax", "eer"])
+def test_compiled_static_decoding_of_an_unpadded_then_a_padded_batch_compiles_once(name):
+    """`generate()` drops an all-ones mask; the decoding steps must still make the call a padded batch makes, or the
+    compiled forward recompiles (transformers' compile test saw it when one half of its batch had no padding). The
+    tokens are the eager dynamic cache's."""
+    from transformers.generation.configuration_utils import CompileConfig
+
+    model = build(name)
+    ids, padded = left_padded_batch()
+    compile_config = CompileConfig(fullgraph=True, dynamic=False)
+    compile_config._compile_all_devices = True  # compile on CPU too
+    settings = dict(max_new_tokens=4, do_sample=False, pad_token_id=0, eos_token_id=None)
+    torch.compiler.reset()
+    outputs = []
+    for index, mask in enumerate((torch.ones_like(padded), padded)):
+        with torch.compiler.set_stance("fail_on_recompile" if index else "default"):
+            outputs.append(model.generate(ids, attention_mask=mask, cache_implementation="static",
+                                          compile_config=compile_config, **settings))
+        assert hasattr(model, "_compiled_call")
+        eager = model.generate(ids, attention_mask=mask, **settings)
+        assert torch.equal(outputs[-1], eager)

@@ -32,9 +32,10 @@ class CacheKindsMixin:
         """The mask `generate()` passes with a compileable cache. The prompt gets its 2-D mask, from which the model
         reads the padding flags, positions and masks it needs (transformers' default would pass only a 4-D mask,
         losing the flags). A decoding step gets a mask whose shape does not change from step to step, so compiled
-        decoding never recompiles: the 4-D causal mask over the whole static cache, or none for layers that read
-        no causal mask (they read only the new tokens' padding flags, and a step's tokens are generated, so real)."""
-        if is_first_iteration or attention_mask is None or attention_mask.dim() != 2:
+        decoding never recompiles: the 4-D causal mask over the whole static cache (also when `generate` dropped an
+        all-ones mask: a padded and an unpadded batch then make the same call), or none for layers that read no
+        causal mask (they read only the new tokens' padding flags, and a step's tokens are generated, so real)."""
+        if is_first_iteration or (attention_mask is not None and attention_mask.dim() != 2):
             return attention_mask
         if not self._decodes_with_causal_mask():
             return None
