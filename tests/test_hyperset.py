@@ -162,3 +162,39 @@ def test_alternative_energies_build_models_that_train(attention_type, ff_type):
         optimizer.step()
         losses.append(loss.item())
     assert losses[-1] < 0.8 * losses[0], losses
+
+
+def test_transformer_baseline_iterates_a_pre_norm_layer_like_torchs_multi_head_attention():
+    """layer_type="transformer" (hyperset.txt §5's baseline): R' iterations of x + MHA(RMSNorm x), then
+    x + D_down ReLU(D_up RMSNorm x), against torch's own `nn.MultiheadAttention` (no bias) in float64, gradients
+    too; no step-size network is built, and the config refuses the Hyper-SET-only options."""
+    from energyzoo.modeling.configuration_hyperset import HyperSETConfig
+    from energyzoo.modeling.modeling_hyperset import HyperSETModel
+
+    config = HyperSETConfig(hidden_size=16, num_attention_heads=4, intermediate_size=64, num_iterations=3,
+                            layer_type="transformer", step_size_mode="fixed", input_type="tokens", vocab_size=7,
+                            max_position_embeddings=6, use_cls_token=False, position_embedding_type="learned")
+    torch.manual_seed(0)
+    model = HyperSETModel(config).double().eval()
+    assert model.step_sizes is None and sum(p.numel() for p in model.layers[0].parameters()) == 4 * 256 + 2 * 1024 + 32
+    layer = model.layers[0]
+    reference = torch.nn.MultiheadAttention(16, 4, bias=False, batch_first=True).double()
+    with torch.no_grad():
+        reference.in_proj_weight.copy_(torch.cat([layer.q_proj.weight, layer.k_proj.weight, layer.v_proj.weight]))
+        reference.out_proj.weight.copy_(layer.o_proj.weight)
+    ids = torch.randint(0, 7, (2, 6))
+    for iterations in (1, 3, 5):
+        outputs = model(input_ids=ids, refinement_steps=iterations, output_hidden_states=True)
+        ours, state = outputs.last_hidden_state, outputs.hidden_states[0]  # the embedding, x(0)
+        for _ in range(iterations):
+            normed = torch.nn.functional.rms_norm(state, (16,), layer.attention_norm.weight)
+            state = state + reference(normed, normed, normed, need_weights=False)[0]
+            normed = torch.nn.functional.rms_norm(state, (16,), layer.mlp_norm.weight)
+            state = state + torch.relu(normed @ layer.up_proj.weight.T) @ layer.down_proj.weight.T
+        torch.testing.assert_close(ours, state, rtol=1e-10, atol=1e-10)
+        expected = torch.autograd.grad(state.sum(), layer.up_proj.weight, retain_graph=True)[0]
+        torch.testing.assert_close(torch.autograd.grad(ours.sum(), layer.up_proj.weight)[0], expected)
+    with pytest.raises(ValueError, match="step_size_mode must be 'fixed' with layer_type='transformer'"):
+        HyperSETConfig(layer_type="transformer")
+    with pytest.raises(ValueError, match="lora_rank must be 0 with layer_type='transformer'"):
+        HyperSETConfig(layer_type="transformer", step_size_mode="fixed", lora_rank=4)
