@@ -67,6 +67,7 @@ class HypersetSettings:
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     sudoku_arms: list[str] = field(default_factory=lambda: list(SUDOKU_ARMS))
     sudoku_steps: int = 2000
+    sudoku_givens: list[int] = field(default_factory=lambda: [4, 8])  # clues per 4x4 board, training and test
     low_learning_rate: float = 3e-4  # a tenth of hyperset-sudoku-4x4's
     classification_steps: int = 2000
     maskgit_steps: int = 1500
@@ -96,7 +97,8 @@ def _train(recipe: str, output_dir: Path, steps: int, *overrides: str, keep_best
 def sudoku_scaling(model, settings: HypersetSettings) -> tuple[list[dict], object]:
     """Board and cell accuracy at each multiple of R on held-out puzzles (a seed no training run uses), and the
     trace at 2R."""
-    inputs, labels = sudoku_examples(settings.evaluation_puzzles, (4, 8), box=2, seed=settings.evaluation_seed + 1)
+    inputs, labels = sudoku_examples(settings.evaluation_puzzles, tuple(settings.sudoku_givens), box=2,
+                                     seed=settings.evaluation_seed + 1)
     metrics = training_task("token-classification").metrics
     trained = model.config.num_iterations
     rows = []
@@ -138,7 +140,8 @@ def _sudoku_runs(settings: HypersetSettings, output_dir: Path, progress) -> tupl
         for seed in settings.seeds:
             progress(f"Sudoku: training {arm}, seed {seed}")
             result = _train("hyperset-sudoku-4x4", output_dir / f"sudoku-{arm}-s{seed}", settings.sudoku_steps,
-                            *overrides, *rate, f"training.seed={seed}", keep_best="validation_board_accuracy")
+                            *overrides, *rate, f"data.givens=[{','.join(map(str, settings.sudoku_givens))}]",
+                            f"training.seed={seed}", keep_best="validation_board_accuracy")
             model = AutoModelForTokenClassification.from_pretrained(result.best_model_dir).eval()
             parameters[arm] = sum(p.numel() for p in model.parameters())
             scaling, trace = sudoku_scaling(model, settings)
