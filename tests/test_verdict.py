@@ -36,10 +36,19 @@ def test_an_agreeing_gain_inside_the_noise_is_inconclusive_not_reproduced():
     assert result.verdict == "inconclusive" and "within 2 standard errors" in result.reason
 
 
-@pytest.mark.parametrize(("baseline", "where"), [([0.51, 0.50, 0.52], "chance"), ([0.99, 0.98, 1.0], "the ceiling")])
+@pytest.mark.parametrize(("baseline", "where"), [([0.51, 0.50, 0.52], "chance"), ([0.30, 0.32, 0.31], "chance"),
+                                                 ([0.99, 0.98, 1.0], "the ceiling")])
 def test_a_baseline_at_chance_or_ceiling_cannot_answer(baseline, where):
     result = judge(ACCURACY, [0.9, 0.9, 0.9], baseline)
     assert result.verdict == "inconclusive" and f"sits at {where}" in result.reason
+
+
+def test_chance_and_ceiling_follow_the_metrics_direction():
+    loss = Claim("A lowers the loss", "Table 2", "a", "b", "loss", higher_is_better=False, chance=2.3, ceiling=0.0,
+                 band=0.1)
+    assert "sits at chance" in judge(loss, [1.0, 1.1, 1.0], [2.5, 2.45, 2.6]).reason  # above a loss's chance
+    assert "sits at the ceiling" in judge(loss, [0.01, 0.02, 0.0], [0.05, 0.04, 0.06]).reason
+    assert judge(loss, [1.0, 1.1, 1.05], [1.5, 1.45, 1.6]).verdict == "reproduced"
 
 
 def test_fewer_than_three_seeds_give_no_verdict():

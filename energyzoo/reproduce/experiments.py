@@ -47,7 +47,7 @@ EXPERIMENTS = {
                             "maskgit_steps=300", "evaluation_puzzles=300")),
     "eqt-parity": Experiment("eqt_parity", "ParitySettings", "run_parity",
                              "EqT-LLaMA vs Llama on cumulative parity (eqt.txt Table 2)",
-                             ("steps=200", "test_sequences=512")),
+                             ("steps=600", "test_sequences=512")),
     "eer-induction": Experiment("eer_induction", "InductionSettings", "run_induction",
                                 "EER vs cross-entropy on induction heads, trained at L 16-64, evaluated at L 10 / "
                                 "100 / 1000 (eer.txt App. C)", ("steps=200", "eval_every=200",

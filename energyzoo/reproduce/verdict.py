@@ -7,9 +7,9 @@ reported beside it). Arms are paired by seed (same data order, same initial draw
 the verdict reads the per-seed differences d_s = arm - baseline (arm - target for ``reaches``), sign-adjusted so that
 positive favours the arm:
 
-- **inconclusive** when fewer than `MIN_SEEDS` seeds ran, when the baseline's mean sits within ``band`` of chance or
-  of the ceiling (the task cannot separate the arms; not asked of ``reaches``), or when the difference is within
-  seed noise;
+- **inconclusive** when fewer than `MIN_SEEDS` seeds ran, when the baseline's mean sits within ``band`` of chance (or
+  below it) or of the ceiling (the task cannot separate the arms; not asked of ``reaches``), or when the difference
+  is within seed noise;
 - **reproduced** when every seed agrees with the claim and the mean difference clears `NOISE_MULTIPLE` standard
   errors of the mean difference (for ``not_worse``: the mean clears -margin that way);
 - **not reproduced** when every seed contradicts the claim beyond that noise.
@@ -96,8 +96,11 @@ def judge(claim: Claim, arm: list[float], baseline: list[float]) -> Verdict:
         return verdict("inconclusive", f"{len(arm)} seed{'' if len(arm) == 1 else 's'}; a verdict needs >= "
                                        f"{MIN_SEEDS}")
     base_mean = summary["baseline"][0]
-    for bound, name in ((claim.chance, "chance"), (claim.ceiling, "the ceiling")):
-        if claim.kind != "reaches" and bound is not None and abs(base_mean - bound) <= claim.band:
+    # how far the baseline is from chance towards the ceiling, and from the ceiling back towards chance (a baseline
+    # below chance, which an untrained model can be, has learned nothing either)
+    for bound, name, room in ((claim.chance, "chance", lambda bound: sign * (base_mean - bound)),
+                              (claim.ceiling, "the ceiling", lambda bound: sign * (bound - base_mean))):
+        if claim.kind != "reaches" and bound is not None and room(bound) <= claim.band:
             return verdict("inconclusive", f"{claim.baseline} sits at {name} ({claim.metric} {base_mean:.4g}, "
                                            f"{name} {bound:.4g}): the task cannot separate the arms")
     # for a parity claim, the arm may trail by the margin
