@@ -89,7 +89,7 @@ def _recipes(args) -> int:
     return 0
 
 
-def _print_and_save(table: str, result: dict, output: str) -> None:
+def _print_and_save(table: str, result: dict | list, output: str) -> None:
     print(table)
     if output:
         with open(output, "w") as handle:
@@ -125,7 +125,7 @@ def _config_fields(assignments: list[str]) -> dict:
 
 
 def _bench(args) -> int:
-    from .eval.speed import BenchSettings, format_table, run_bench, run_length_scaling
+    from .eval.speed import BenchSettings, benched_architectures, format_table, run_bench, run_length_scaling
 
     _available_device(args.device)
     if args.scaling:
@@ -138,6 +138,13 @@ def _bench(args) -> int:
                                  device=args.device, dtype=args.dtype, compile=args.compile,
                                  attn_implementation=args.attn_implementation, overrides=overrides,
                                  workloads=tuple(args.workloads) if args.workloads else None)
+        if args.all:
+            if args.name or args.baseline or args.sweep:
+                raise ValueError("--all benches every architecture against its own baseline: drop NAME, --baseline "
+                                 "and --sweep")
+            results = [run_bench(name, settings) for name in benched_architectures()]
+            _print_and_save("\n\n".join(format_table(result) for result in results), results, args.output)
+            return 0
         result = run_bench(args.name or "fem", settings, baseline=args.baseline,
                            sweep=tuple(args.sweep) if args.sweep else None)
     _print_and_save(format_table(result), result, args.output)
@@ -239,8 +246,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Time an architecture (the registry's bench entry: its presets, workloads and targets) or one "
                     "preset against the baseline of the same shape its card names, in one paired run.")
     bench.add_argument("name", nargs="?", default=None,
-                       help="an architecture (fem, tel-gpt2, tel-vit, tel-resnet, eqt-llama) or a preset "
-                            "(e.g. fem-lm-table7); default fem (with --scaling: the preset fem-lm-tiny)")
+                       help="an architecture (fem, tel-gpt2, tel-vit, tel-resnet, hyperset, eqt-llama, eer-looped) "
+                            "or a preset (e.g. fem-lm-table7); default fem (with --scaling: the preset fem-lm-tiny)")
+    bench.add_argument("--all", action="store_true",
+                       help="every architecture against its baseline, one table each (the entries' own shapes)")
     bench.add_argument("--baseline", default=None, help="baseline preset (default: the one the presets' cards name)")
     bench.add_argument("--batch-size", type=int, default=None, help="default: the bench entry's")
     bench.add_argument("--seq-len", type=int, default=None, help="default: the bench entry's (language models)")

@@ -121,6 +121,23 @@ SPEC_COUNTS = {"hyperset-sudoku": 5_195_584, "hyperset-mim": 3_937_856, "hyperse
                "hyperset-small-scaleup-cifar100": 1_657_220}
 
 
+LOOPED_TRANSFORMER_BASELINES = {name: preset_card(name)["baseline"] for name in preset_names()
+                                if preset_card(name).get("paper") == "hyperset"
+                                and preset_card(name).get("baseline", "").startswith("hyperset-")}
+
+
+@pytest.mark.parametrize("name", sorted(LOOPED_TRANSFORMER_BASELINES))
+def test_the_looped_transformer_baselines_match_hyperset_in_parameters_and_iterations(name):
+    """§5's baseline: the same iteration count and input, a Transformer layer, within 1% of the parameters."""
+    with torch.device("meta"):
+        models = [model_from_preset(preset) for preset in (name, LOOPED_TRANSFORMER_BASELINES[name])]
+    hyperset, transformer = (sum(p.numel() for p in model.parameters()) for model in models)
+    assert abs(transformer / hyperset - 1) < 0.01, (hyperset, transformer)
+    configs = [model.config for model in models]
+    assert configs[1].layer_type == "transformer" and configs[0].layer_type != "transformer"
+    assert configs[0].num_iterations == configs[1].num_iterations and type(models[0]) is type(models[1])
+
+
 @pytest.mark.parametrize("name", HYPERSET_PRESETS)
 def test_paper_presets_have_the_papers_parameter_count(name):
     with torch.device("meta"):

@@ -2,7 +2,7 @@
 
 import json
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import pytest
 
@@ -18,6 +18,7 @@ from energyzoo.eval.speed import (
     run_bench,
     timed_row,
 )
+from energyzoo.registry import ARCHITECTURES
 from energyzoo.training.data import pack_into_blocks, python_docs_corpus, train_bpe_tokenizer
 
 
@@ -40,9 +41,15 @@ def test_paired_times_measure_each_function_in_rotating_order():
             time.sleep(seconds)
         return run
 
-    times = _paired_times({"slow": sleeper("slow", 0.03), "fast": sleeper("fast", 0.01)}, repeats=3, device="cpu")
+    times = _paired_times({"slow": sleeper("slow", 0.03), "fast": sleeper("fast", 0.01)}, repeats=3, device="cpu",
+                          min_seconds=0.0)
     assert calls == ["slow", "fast", "slow", "fast", "fast", "slow", "slow", "fast"]  # warm-up, then rotated
     assert all(0.03 <= t < 0.08 for t in times["slow"]) and all(0.01 <= t < 0.06 for t in times["fast"])
+    calls.clear()  # a call shorter than min_seconds is repeated within each sample: 0.05 s of 0.02 s calls is 3
+    times = _paired_times({"slow": sleeper("slow", 0.06), "fast": sleeper("fast", 0.02)}, repeats=2, device="cpu",
+                          min_seconds=0.05)
+    assert calls == ["slow", "fast", "slow", *["fast"] * 3, *["fast"] * 3, "slow"]
+    assert all(0.06 <= t < 0.1 for t in times["slow"]) and all(0.02 <= t < 0.035 for t in times["fast"])
 
 
 def test_bench_reports_medians_of_paired_ratios_against_the_targets(monkeypatch):
@@ -83,13 +90,49 @@ def test_a_quiet_run_carries_no_warning_and_a_target_bounds_tokens_per_second_fr
     assert "WARNING" not in format_table(result) and "| >= 0.85 | yes |" in format_table(result)
 
 
-def test_bench_refuses_architectures_without_an_entry_and_presets_of_other_models():
-    with pytest.raises(ValueError, match="'hyperset' has no bench entry in the registry; benched: eqt-llama, fem"):
+def test_bench_refuses_architectures_without_an_entry_and_presets_of_other_models(monkeypatch):
+    monkeypatch.setitem(ARCHITECTURES, "hyperset", replace(ARCHITECTURES["hyperset"], bench=None))
+    with pytest.raises(ValueError, match="'hyperset' has no bench entry in the registry; benched: eer-looped, "
+                                         "eqt-llama, fem, tel-gpt2, tel-resnet, tel-vit$"):
         run_bench("hyperset")
     with pytest.raises(ValueError, match="'llama-tiny' is a 'llama' preset"):
         run_bench("llama-tiny")
     with pytest.raises(ValueError, match="fem-lm-tiny sweeps no forward keyword"):
         run_bench("fem-lm-tiny", sweep=(1, 2))
+
+
+def test_a_contrast_pairs_two_presets_of_the_entry_over_the_same_repeats(monkeypatch):
+    """EER's regularised loss against cross-entropy: a row from the per-repeat ratios of the two presets, without a
+    target; each preset also against the baseline; a single preset measured gives no contrast."""
+    scripted = {"eer-looped-gpt2 (baseline)": [1.0, 1.0, 1.0], "eer-induction": [3.0, 4.0, 2.0],
+                "eer-induction-ce": [1.0, 2.0, 2.0]}
+    monkeypatch.setattr(speed, "_paired_times", lambda fns, repeats, device: {key: scripted[key] for key in fns})
+    memory = {"eer-looped-gpt2": 2.0, "eer-induction": 3.0, "eer-induction-ce": 1.5}
+    monkeypatch.setattr(speed, "measure_peak_memory", lambda arm, settings: memory[arm.preset] * 2**20)
+    settings = BenchSettings(batch_size=2, seq_len=8, repeats=3, workloads=("train_step", "peak_memory"))
+    rows = [(row["arm"], row["workload"], row["ratio"], row["target"]) for row in run_bench("eer-looped",
+                                                                                            settings)["rows"]]
+    assert rows == [("eer-induction", "train_step", 3.0, None), ("eer-induction-ce", "train_step", 2.0, None),
+                    ("eer-induction vs eer-induction-ce", "train_step", 2.0, None),  # median of 3, 2, 1
+                    ("eer-induction", "peak_memory", 1.5, None), ("eer-induction-ce", "peak_memory", 0.75, None),
+                    ("eer-induction vs eer-induction-ce", "peak_memory", 2.0, None)]
+    alone = run_bench("eer-induction", settings)["rows"]
+    assert [row["arm"] for row in alone] == ["eer-induction", "eer-induction"]
+
+
+def test_bench_all_measures_every_benched_architecture_at_its_own_shape(tmp_path, monkeypatch):
+    seen = []
+
+    def fake_run_bench(name, settings):
+        seen.append((name, settings.batch_size, settings.repeats))
+        return {"title": name, "rows": [], "notes": []}
+
+    monkeypatch.setattr(speed, "run_bench", fake_run_bench)
+    output = tmp_path / "bench.json"
+    assert main(["bench", "--all", "--repeats", "3", "--output", str(output)]) == 0
+    names = [name for name, entry in ARCHITECTURES.items() if entry.bench is not None]
+    assert seen == [(name, None, 3) for name in names] and len(names) == len(ARCHITECTURES)
+    assert [result["title"] for result in json.loads(output.read_text())] == names
 
 
 def test_bench_times_image_classifiers_on_images_of_their_size(monkeypatch):

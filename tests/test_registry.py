@@ -12,7 +12,7 @@ from contract import ModelContract
 from transformers import AutoConfig, AutoModel
 
 from energyzoo.hub_cards import export_model
-from energyzoo.hub_cards.export import render_card
+from energyzoo.hub_cards.export import measured_speed, render_card
 from energyzoo.presets import config_from_preset, preset_card, preset_names
 from energyzoo.registry import ARCHITECTURES, TASKS, architecture
 
@@ -69,8 +69,19 @@ def test_every_bench_preset_is_the_architecture_and_names_a_baseline(model_type)
     for preset in entry.presets:
         assert type(config_from_preset(preset)) is ARCHITECTURES[model_type].config_class
     assert set(entry.workloads) <= {"forward", "train_step", "peak_memory", "decode", "decode_static"}
+    assert all({own, reference} <= set(entry.presets) for own, reference in entry.contrasts)
     decodes = {"decode", "decode_static"} & set(entry.workloads)
     assert not decodes or preset_card(entry.presets[0])["task"] == "causal-lm"
+
+
+def test_the_shipped_bench_results_cover_every_bench_entry_as_declared():
+    """hub_cards/bench.json (the README's and the cards' speed rows) was measured with the registry's entries."""
+    measured = {tuple(result["presets"]): result for result in measured_speed()}
+    for model_type, architecture_entry in ARCHITECTURES.items():
+        entry = architecture_entry.bench
+        result = measured[entry.presets]
+        assert result["baseline"] == preset_card(entry.presets[0])["baseline"], model_type
+        assert {row["workload"] for row in result["rows"]} == set(entry.workloads), model_type
 
 
 @pytest.mark.parametrize("tester", [t for t in TESTERS if t.task == next(iter(ARCHITECTURES[t.model_type].heads))],

@@ -7,7 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
@@ -20,7 +20,8 @@ from transformers import AutoModelForCausalLM
 
 from energyzoo.cli import main
 from energyzoo.eval.harness import evaluate_folder, local_task_documents, write_local_tasks
-from energyzoo.hub_cards import export_folder
+from energyzoo.eval.speed import timed_row
+from energyzoo.hub_cards import export, export_folder
 from energyzoo.modeling import modeling_fem
 from energyzoo.presets import preset_names
 from energyzoo.quickstart import run_quickstart
@@ -268,6 +269,7 @@ def test_export_folder_card_and_push(trained_model, tmp_path):
     assert "lm-evaluation-harness 0.4.13" in card.text and "energyzoo_pydoc_mc 0-shot" in card.text
     assert "dtype torch.float32, batch size 8, device cpu" in card.text
     assert "`transformers>=5.23`" in card.text
+    assert "This model's preset (fem-lm-tiny) was not timed: `energyzoo bench fem`" in card.text
     assert "Free Energy Mixer" in card.text and "from_pretrained(\"someone/fem-tiny\"" in card.text
     assert ("the Python documentation shipped with CPython (`pydoc_data.topics`) in blocks of 128 tokens: 30 steps"
             in card.text)
@@ -279,6 +281,17 @@ def test_export_folder_card_and_push(trained_model, tmp_path):
     assert b"model-index" in uploaded["README.md"]
     auto_map = json.loads(uploaded["config.json"])["auto_map"]
     assert set(auto_map) == {"AutoConfig", "AutoModel", "AutoModelForCausalLM", "AutoModelForSequenceClassification"}
+
+
+def test_the_card_carries_the_measured_bench_rows_of_its_preset_only(trained_model, tmp_path, monkeypatch):
+    rows = [asdict(timed_row(arm, "forward", [2.0, 2.0, 2.0], [1.0, 1.0, 1.0], 1.10))
+            for arm in ("fem-lm-tiny", "fem-lm-tiny-wide")]
+    measured = [{"title": "fem-lm-tiny vs llama-tiny (batch 1, seq 16)", "rows": rows, "notes": []}]
+    monkeypatch.setattr(export, "measured_speed", lambda: measured)
+    card = ModelCard.load(export_folder(trained_model, tmp_path / "export") / "README.md")
+    assert "fem-lm-tiny vs llama-tiny (batch 1, seq 16)" in card.text
+    assert "| fem-lm-tiny | forward (s) | 2 | 1 | 2.000 | 2.000-2.000 | <= 1.10 | NO |" in card.text
+    assert "fem-lm-tiny-wide" not in card.text
 
 
 def test_exported_folder_loads_and_generates_without_energyzoo(trained_model, tmp_path):

@@ -5,11 +5,13 @@ Workloads: ``forward`` (full sequence, no cache, eval mode), ``train_step`` (for
 backward, AdamW step), ``peak_memory`` (of a train step) and, for language models, ``decode`` (cached greedy
 decoding with the dynamic cache, tokens/s) and ``decode_static`` (the same with transformers' static cache and its
 compiled decoding step, `CompileConfig(fullgraph=True)`; compiled on any device, while `generate()` compiles by itself
-only on accelerators). Every arm (a preset, or one value of the entry's swept keyword) and the baseline run back to
-back in one process, in an order that rotates every repeat, ``repeats`` times after a warm-up; a row gives the
-medians and the median of the per-repeat ratios arm / baseline (baseline / arm for tokens/s), which cancels the
-slow drifts of a shared machine, with the spread (min-max) of those ratios. A spread wider than `BUSY_SPREAD` of
-the ratio says the machine was busy: such a run is no measurement. On CPU, peak memory is the peak resident set of a
+only on accelerators). Every arm (a preset, or in the forward workload one value of the entry's swept keyword) and
+the baseline run back to back in one process, in an order that rotates every repeat, ``repeats`` times after a
+warm-up; a row gives the medians and the median of the per-repeat ratios arm / baseline (baseline / arm for
+tokens/s), which cancels the slow drifts of a shared machine, with the spread (min-max) of those ratios. An entry's
+contrasts (one of its presets against another) are rows of their own from the same repeats. A call shorter than
+`MIN_SAMPLE_SECONDS` is repeated within each sample. A spread wider than `BUSY_SPREAD` of the ratio says the machine
+was busy: such a run is no measurement. On CPU, peak memory is the peak resident set of a
 fresh process that builds the model and runs train steps, minus that process's footprint before the model exists;
 on CUDA it is the allocator's peak. (Linux: the resident high-water mark is reset after imports.)
 
@@ -28,11 +30,13 @@ table: the long length is the arm, the short one its baseline.
 """
 
 import json
+import math
 import statistics
 import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 
 import torch
 from transformers import AutoModel, CompileConfig
@@ -40,6 +44,7 @@ from transformers import AutoModel, CompileConfig
 from ..presets import config_from_preset, model_from_preset, preset_card
 from ..registry import ARCHITECTURES, Bench
 
+MIN_SAMPLE_SECONDS = 0.25  # a timed sample repeats a faster call until it lasts about this long
 BUSY_SPREAD = 0.15  # (max - min) / median of the per-repeat ratios above which a run is flagged
 LINEAR_SCALING_TARGET = 4.5  # time(T=4096) / time(T=1024) for O(T) priors (DESIGN.md)
 UNITS = {"forward": "s", "train_step": "s", "peak_memory": "MiB", "decode": "tok/s", "decode_static": "tok/s"}
@@ -73,6 +78,10 @@ class Arm:
     baseline: bool = False
 
 
+def benched_architectures() -> list[str]:
+    return [name for name, entry in ARCHITECTURES.items() if entry.bench is not None]
+
+
 def bench_entry(name: str) -> tuple[Bench, tuple[str, ...]]:
     """(the registry's bench entry, the presets to measure) for an architecture or one of its presets."""
     model_type = name if name in ARCHITECTURES else config_from_preset(name).model_type
@@ -80,8 +89,8 @@ def bench_entry(name: str) -> tuple[Bench, tuple[str, ...]]:
         raise ValueError(f"{name!r} is a {model_type!r} preset; energyzoo bench measures zoo architectures")
     entry = ARCHITECTURES[model_type].bench
     if entry is None:
-        benched = sorted(key for key, value in ARCHITECTURES.items() if value.bench is not None)
-        raise ValueError(f"{model_type!r} has no bench entry in the registry; benched: {', '.join(benched)}")
+        raise ValueError(f"{model_type!r} has no bench entry in the registry; benched: "
+                         f"{', '.join(sorted(benched_architectures()))}")
     return entry, entry.presets if name in ARCHITECTURES else (name,)
 
 
@@ -93,10 +102,11 @@ def card_baseline(presets: tuple[str, ...]) -> str:
     return next(iter(baselines.values()))
 
 
-def bench_arms(entry: Bench, presets: tuple[str, ...], baseline: str) -> list[Arm]:
+def bench_arms(entry: Bench, presets: tuple[str, ...], baseline: str, workload: str) -> list[Arm]:
+    """The baseline, then an arm per preset, or in the forward workload of a swept entry per swept value."""
     arms = [Arm(f"{baseline} (baseline)", baseline, baseline=True)]
     for preset in presets:
-        if entry.sweep is None:
+        if entry.sweep is None or workload != "forward":
             arms.append(Arm(preset, preset))
         else:
             keyword, values = entry.sweep
@@ -104,12 +114,21 @@ def bench_arms(entry: Bench, presets: tuple[str, ...], baseline: str) -> list[Ar
     return arms
 
 
+def compared_pairs(entry: Bench, arms: list[Arm]) -> list[tuple[Arm, Arm]]:
+    """(arm, reference) of each row of a workload: every arm against the baseline, then the entry's contrasts
+    whose two presets are both measured."""
+    by_preset = {arm.preset: arm for arm in arms[1:] if not arm.call}
+    return [(arm, arms[0]) for arm in arms[1:]] + [(by_preset[own], by_preset[reference])
+                                                   for own, reference in entry.contrasts
+                                                   if {own, reference} <= by_preset.keys()]
+
+
 def _build(arm: Arm, settings: BenchSettings):
     torch.manual_seed(settings.seed)
     overrides = {} if arm.baseline else dict(settings.overrides)
-    if preset_card(arm.preset)["task"] == "causal-lm":
-        needed = settings.seq_len + settings.decode_tokens
-        overrides["max_position_embeddings"] = max(needed, config_from_preset(arm.preset).max_position_embeddings)
+    limit = getattr(config_from_preset(arm.preset), "max_position_embeddings", None)  # EER: positions for any length
+    if preset_card(arm.preset)["task"] == "causal-lm" and limit is not None:
+        overrides["max_position_embeddings"] = max(settings.seq_len + settings.decode_tokens, limit)
     model = model_from_preset(arm.preset, **overrides)
     if settings.attn_implementation != "sdpa" and getattr(model.config, "prior", "softmax") == "softmax":
         model.set_attn_implementation(settings.attn_implementation)
@@ -246,18 +265,25 @@ def _memory_probe(payload: str) -> None:
     print(_status_bytes("VmHWM") - before)
 
 
-def _paired_times(fns: dict, repeats: int, device: str) -> dict[str, list[float]]:
+def _paired_times(fns: dict, repeats: int, device: str, min_seconds: float = MIN_SAMPLE_SECONDS
+                  ) -> dict[str, list[float]]:
     """Seconds per call of each function, run back to back `repeats` times after a warm-up, in an order that
-    rotates every repeat so no model always runs first."""
-    for fn in fns.values():
-        fn()
+    rotates every repeat so no model always runs first. A function faster than ``min_seconds`` at the warm-up is
+    called that many times more within each sample, whose time is divided by the count: a single call of a few
+    milliseconds is dominated by timer and scheduler jitter."""
+    calls = {key: max(1, math.ceil(min_seconds / max(_timed(fn, device), 1e-9))) for key, fn in fns.items()}
     keys = list(fns)
     times = {key: [] for key in keys}
     for repeat in range(repeats):
         shift = repeat % len(keys)
         for key in keys[shift:] + keys[:shift]:
-            times[key].append(_timed(fns[key], device))
+            times[key].append(_timed(partial(_call_repeatedly, fns[key], calls[key]), device) / calls[key])
     return times
+
+
+def _call_repeatedly(fn, count: int) -> None:
+    for _ in range(count):
+        fn()
 
 
 @dataclass
@@ -328,28 +354,31 @@ def run_bench(name: str, settings: BenchSettings | None = None, baseline: str | 
     for preset in presets:  # refuse a field the measured presets do not have before building anything
         config_from_preset(preset, **settings.overrides)
     torch.set_grad_enabled(True)
-    arms = bench_arms(entry, presets, baseline or card_baseline(presets))
-    models = {preset: _build(Arm(preset, preset, baseline=preset == arms[0].preset), settings)
-              for preset in dict.fromkeys(arm.preset for arm in arms)}
-    inputs = _inputs(models[arms[0].preset], settings)
+    baseline = baseline or card_baseline(presets)
+    arms = {workload: bench_arms(entry, presets, baseline, workload) for workload in entry.workloads}
+    base = arms[entry.workloads[0]][0]
+    models = {preset: _build(Arm(preset, preset, baseline=preset == base.preset), settings)
+              for preset in dict.fromkeys((base.preset, *presets))}
+    inputs = _inputs(models[base.preset], settings)
     times = {workload: _paired_times({arm.label: _workload_fn(workload, models[arm.preset], inputs, arm, settings)
-                                      for arm in arms}, settings.repeats, settings.device)
+                                      for arm in arms[workload]}, settings.repeats, settings.device)
              for workload in entry.workloads if workload in TIMED}
     configs = {preset: model.config for preset, model in models.items()}
     del models
-    base = arms[0]
     rows = []
     for workload in entry.workloads:
         if workload == "peak_memory":
-            memory = {arm.label: measure_peak_memory(arm, settings) / 2**20 for arm in arms}
-        for arm in arms[1:]:
-            target = entry.targets(configs[arm.preset], arm.call).get(workload)
+            memory = {arm.label: measure_peak_memory(arm, settings) / 2**20 for arm in arms[workload]}
+        for arm, reference in compared_pairs(entry, arms[workload]):
+            # a target bounds an arm against the baseline; a contrast is reported without one
+            target = entry.targets(configs[arm.preset], arm.call).get(workload) if reference.baseline else None
+            label = arm.label if reference.baseline else f"{arm.label} vs {reference.label}"
             if workload == "peak_memory":
-                ratio = memory[arm.label] / memory[base.label]
-                rows.append(BenchRow(arm.label, workload, UNITS[workload], memory[arm.label], memory[base.label],
+                ratio = memory[arm.label] / memory[reference.label]
+                rows.append(BenchRow(label, workload, UNITS[workload], memory[arm.label], memory[reference.label],
                                      ratio, (ratio, ratio), target))
             else:
-                rows.append(timed_row(arm.label, workload, times[workload][arm.label], times[workload][base.label],
+                rows.append(timed_row(label, workload, times[workload][arm.label], times[workload][reference.label],
                                       target, per_call=settings.decode_tokens if workload in RATES else 1.0))
     shape = (f"batch {settings.batch_size}" + (f", seq {settings.seq_len}" if "input_ids" in inputs else "")
              + f", {settings.dtype} on {settings.device}" + (", torch.compile" if settings.compile else "")

@@ -4,8 +4,10 @@ The folder loads with `trust_remote_code=True` on a machine without energyzoo: s
 config whose `auto_map` names every Auto class the architecture supports, the modeling files (copied by
 transformers through `register_for_auto_class`), the tokenizer, the generation config, and a model card
 rendered from this folder's per-paper templates (`fem.md`, `tel.md`) with the evaluation results that
-`energyzoo eval` left in ``MODEL_DIR/eval`` as `model-index` metadata. The card declares a ``pipeline_tag`` only
-where that transformers pipeline runs on the folder (it holds the tokenizer or image processor the pipeline reads).
+`energyzoo eval` left in ``MODEL_DIR/eval`` as `model-index` metadata, and the speed rows of the model's preset as
+`energyzoo bench --all` measured them (``bench.json`` here, the README's "Speed" table). The card declares a
+``pipeline_tag`` only where that transformers pipeline runs on the folder (it holds the tokenizer or image processor
+the pipeline reads).
 Nothing touches the network unless ``push_to`` names a repository.
 
 The output folder is new, empty or an earlier export (which is replaced as a whole), never the model folder or a
@@ -22,6 +24,7 @@ from huggingface_hub import EvalResult, HfApi, ModelCard, ModelCardData
 from transformers import AutoConfig, AutoTokenizer
 
 from ..eval.harness import scores
+from ..eval.speed import format_table
 from ..modeling.checks import MINIMUM_TRANSFORMERS
 from ..registry import ARCHITECTURES, TASKS, architecture, auto_map_for
 from ..training.checkpoints import RECIPE, write_folder_whole
@@ -32,6 +35,7 @@ from ..training.tasks import training_task
 SKIPPED_CONFIG_KEYS = {"auto_map", "architectures", "transformers_version", "id2label", "label2id", "dtype"}
 # The file each preprocessor saves, which a pipeline reads from the folder.
 PREPROCESSOR_FILES = {"tokenizer": "tokenizer_config.json", "image_processor": "preprocessor_config.json"}
+BENCH_RESULTS = "bench.json"
 
 
 def export_model(model, output_dir: str | Path, tokenizer=None) -> Path:
@@ -154,6 +158,24 @@ def _eval_table(model_dir: Path) -> str:
     return "\n\n".join(tables)
 
 
+def measured_speed() -> list[dict]:
+    """`energyzoo bench --all` as measured for the README (``hub_cards/bench.json``, one result per architecture)."""
+    return json.loads((resources.files("energyzoo") / "hub_cards" / BENCH_RESULTS).read_text())
+
+
+def _speed_table(model_dir: Path, model_type: str) -> str:
+    """The measured bench rows of the preset the model was trained from (its arms' labels start with the preset)."""
+    recipe = _recipe(model_dir)
+    preset = recipe.model.preset if recipe else None
+    for result in measured_speed():
+        rows = [row for row in result["rows"] if preset and row["arm"].split(" ")[0] == preset]
+        if rows:
+            return (f"`energyzoo bench {model_type}`, this preset's rows:\n\n"
+                    + format_table({"title": result["title"], "rows": rows, "notes": []}))
+    return (f"This model's preset{f' ({preset})' if preset else ''} was not timed: `energyzoo bench {model_type}` "
+            f"times the architecture's bench presets against their baseline (energyzoo's README, \"Speed\").")
+
+
 def runnable_pipeline(task: str, folder: Path) -> str | None:
     """The ``pipeline_tag`` of ``task`` if its transformers pipeline runs on ``folder``: the folder holds the
     tokenizer or image processor that pipeline reads (a model trained on token ids, such as a Sudoku or parity
@@ -186,7 +208,7 @@ def render_card(model, model_dir: Path, task: str, repo_id: str | None = None,
         auto_class=TASKS[task].auto_class.__name__, task_description=TASKS[task].description,
         repo_id=repo_id or "path/to/this/folder", parameters=f"{sum(p.numel() for p in model.parameters()):,}",
         config_table=_config_table(config), training_data=_training_data(model_dir, task),
-        eval_table=_eval_table(model_dir),
+        eval_table=_eval_table(model_dir), speed_table=_speed_table(model_dir, model_type),
         minimum_transformers=MINIMUM_TRANSFORMERS,
         **entry.card_facts(config),
     )
