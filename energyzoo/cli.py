@@ -125,7 +125,14 @@ def _config_fields(assignments: list[str]) -> dict:
 
 
 def _bench(args) -> int:
-    from .eval.speed import BenchSettings, benched_architectures, format_table, run_bench, run_length_scaling
+    from .eval.speed import (
+        BenchSettings,
+        benched_architectures,
+        format_table,
+        profile_tables,
+        run_bench,
+        run_length_scaling,
+    )
 
     _available_device(args.device)
     if args.scaling:
@@ -138,6 +145,11 @@ def _bench(args) -> int:
                                  device=args.device, dtype=args.dtype, compile=args.compile,
                                  attn_implementation=args.attn_implementation, overrides=overrides,
                                  workloads=tuple(args.workloads) if args.workloads else None)
+        if args.profile:
+            if args.all:
+                raise ValueError("--profile takes one NAME, not --all")
+            print(profile_tables(args.name or "fem", args.profile, settings, baseline=args.baseline))
+            return 0
         if args.all:
             if args.name or args.baseline or args.sweep:
                 raise ValueError("--all benches every architecture against its own baseline: drop NAME, --baseline "
@@ -274,6 +286,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--sweep", type=int, nargs="+", default=None,
                        help="values of the entry's swept forward keyword (eqt-llama: refinement steps K, default "
                             "0 1 2 4 8 16)")
+    bench.add_argument("--profile", default=None, metavar="WORKLOAD",
+                       choices=["forward", "train_step", "decode", "decode_static"],
+                       help="instead: torch.profiler's top operators of one call of WORKLOAD per model (where the "
+                            "time goes)")
     bench.add_argument("--scaling", action="store_true",
                        help="instead: FEM's forward time at T=1024 vs T=4096 per prior (NAME: a FEM preset, default "
                             "fem-lm-tiny)")

@@ -135,6 +135,20 @@ def test_bench_all_measures_every_benched_architecture_at_its_own_shape(tmp_path
     assert [result["title"] for result in json.loads(output.read_text())] == names
 
 
+def test_profile_lists_the_operators_of_one_call_per_model(capsys):
+    """One forward of each looped model (T = 25 block applications, each with one GELU) after the warm-up call."""
+    assert main(["bench", "eer-induction", "--profile", "forward", "--batch-size", "2", "--seq-len", "8"]) == 0
+    shown = capsys.readouterr().out.split("== ")[1:]
+    assert [section.split(",")[0] for section in shown] == ["eer-looped-gpt2 (baseline)", "eer-induction"]
+    every_operator = speed.profile_tables("eer-induction", "forward", BenchSettings(batch_size=2, seq_len=8),
+                                          row_limit=-1)
+    for section in every_operator.split("== ")[1:]:
+        (gelu,) = [line.split() for line in section.splitlines() if line.strip().startswith("aten::gelu ")]
+        assert int(gelu[-1]) == 25
+    with pytest.raises(ValueError, match="--profile peak_memory: eer-looped times forward, train_step, decode$"):
+        speed.profile_tables("eer-looped", "peak_memory")
+
+
 def test_bench_times_image_classifiers_on_images_of_their_size(monkeypatch):
     seen = []
     forward_fn = speed._forward_fn
@@ -162,11 +176,10 @@ def test_peak_memory_grows_with_the_model():
 def test_bench_command_writes_json(tmp_path):
     output = tmp_path / "bench.json"
     code = main(["bench", "fem-lm-tiny", "--seq-len", "16", "--batch-size", "1", "--repeats", "1", "--output",
-                 str(output)])
+                 str(output), "--workloads", "forward", "decode"])
     saved = json.loads(output.read_text())
     assert code == 0 and saved["baseline"] == "llama-tiny" and saved["settings"]["seq_len"] == 16
-    assert [row["workload"] for row in saved["rows"]] == ["forward", "train_step", "peak_memory", "decode",
-                                                          "decode_static"]
+    assert [row["workload"] for row in saved["rows"]] == ["forward", "decode"]
 
 
 def test_bench_command_measures_the_chosen_workloads_of_a_model_with_the_fields_set(tmp_path, monkeypatch):

@@ -53,9 +53,11 @@ def test_stage1_datasets_are_the_embedded_ones():
 
 
 def test_tel_bench_rows_compare_equal_size_models():
-    result = run_bench("tel-gpt2-tiny", BenchSettings(batch_size=1, seq_len=16, repeats=2), baseline="gpt2-tiny")
-    (head,) = result["rows"]
+    settings = BenchSettings(batch_size=1, seq_len=16, repeats=2, workloads=("forward", "train_step"))
+    result = run_bench("tel-gpt2-tiny", settings, baseline="gpt2-tiny")
+    head, step = result["rows"]
     assert (head["arm"], head["workload"], head["target"]) == ("tel-gpt2-tiny", "forward", 1.05)
+    assert (step["arm"], step["workload"], step["target"]) == ("tel-gpt2-tiny", "train_step", 1.05)
     seconds = result["raw_seconds"]["forward"]
     paired = zip(seconds["tel-gpt2-tiny"], seconds["gpt2-tiny (baseline)"])
     assert head["ratio"] == statistics.median(tel / gpt2 for tel, gpt2 in paired)

@@ -25,6 +25,9 @@ train step of flash softmax attention.
 inductor backend, also inside the memory probe) and warms every workload up before timing, so compilation and
 recompilation for new shapes are not timed.
 
+`profile_tables` (`energyzoo bench NAME --profile WORKLOAD`) lists the top operators of one call per model, to say
+where a missed target's time goes.
+
 `run_length_scaling` (`energyzoo bench --scaling`) times FEM's base model at two lengths per prior, in the same
 table: the long length is the arm, the short one its baseline.
 """
@@ -39,6 +42,7 @@ from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 from transformers import AutoModel, CompileConfig
 
 from ..presets import config_from_preset, model_from_preset, preset_card
@@ -335,6 +339,42 @@ def sweep_fit(entry: Bench, rows: list[BenchRow], workload: str = "forward") -> 
             f"{deviation:.3f})")
 
 
+def _with_entry_shape(entry: Bench, settings: BenchSettings | None) -> BenchSettings:
+    """``settings`` with the entry's batch size and sequence length where they leave them unset."""
+    return replace(settings or BenchSettings(), batch_size=(settings and settings.batch_size) or entry.batch_size,
+                   seq_len=(settings and settings.seq_len) or entry.seq_len)
+
+
+def profile_tables(name: str, workload: str, settings: BenchSettings | None = None, baseline: str | None = None,
+                   row_limit: int = 12) -> str:
+    """Where a ratio's time goes: torch.profiler's top operators by self time over one call of ``workload`` (after a
+    warm-up call) for the baseline and each measured preset at its own settings, at the entry's shape."""
+    entry, presets = bench_entry(name)
+    if workload not in entry.workloads or workload not in TIMED:
+        timed = [item for item in entry.workloads if item in TIMED]
+        raise ValueError(f"--profile {workload}: {name} times {', '.join(timed)}")
+    settings = _with_entry_shape(entry, settings)
+    baseline = baseline or card_baseline(presets)
+    on_cuda = settings.device.startswith("cuda")
+    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if on_cuda else [])]
+    sections = []
+    torch.set_grad_enabled(True)
+    for arm in [Arm(f"{baseline} (baseline)", baseline, baseline=True), *(Arm(preset, preset) for preset in presets)]:
+        model = _build(arm, settings)
+        call = _workload_fn(workload, model, _inputs(model, settings), arm, settings)
+        call()
+        with profile(activities=activities) as profiler:
+            call()
+        _synchronize(settings.device)
+        averages = profiler.key_averages()
+        total = sum(event.self_cpu_time_total for event in averages) / 1e6
+        sections.append(f"== {arm.label}, {workload}: {total:.3f} s self CPU time\n" + averages.table(
+            sort_by="self_device_time_total" if on_cuda else "self_cpu_time_total", row_limit=row_limit,
+            max_name_column_width=48))
+        del model, call
+    return "\n".join(sections)
+
+
 def run_bench(name: str, settings: BenchSettings | None = None, baseline: str | None = None,
               sweep: tuple[int, ...] | None = None) -> dict:
     """Measure an architecture (its entry's presets) or one preset against the baseline; a JSON-ready dict with
@@ -344,8 +384,7 @@ def run_bench(name: str, settings: BenchSettings | None = None, baseline: str | 
         if entry.sweep is None:
             raise ValueError(f"{name} sweeps no forward keyword; drop --sweep")
         entry = replace(entry, sweep=(entry.sweep[0], tuple(sweep)))
-    settings = replace(settings or BenchSettings(), batch_size=(settings and settings.batch_size) or entry.batch_size,
-                       seq_len=(settings and settings.seq_len) or entry.seq_len)
+    settings = _with_entry_shape(entry, settings)
     if settings.workloads is not None:
         unknown = sorted(set(settings.workloads) - set(entry.workloads))
         if unknown:
