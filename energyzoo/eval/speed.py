@@ -359,7 +359,7 @@ def profile_tables(name: str, workload: str, settings: BenchSettings | None = No
     activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if on_cuda else [])]
     sections = []
     torch.set_grad_enabled(True)
-    for arm in [Arm(f"{baseline} (baseline)", baseline, baseline=True), *(Arm(preset, preset) for preset in presets)]:
+    for arm in bench_arms(replace(entry, sweep=None), presets, baseline, workload):  # each preset at its own settings
         model = _build(arm, settings)
         call = _workload_fn(workload, model, _inputs(model, settings), arm, settings)
         call()

@@ -167,8 +167,8 @@ def _speed_table(model_dir: Path, model_type: str) -> str:
     """The measured bench rows of the preset the model was trained from (its arms' labels start with the preset)."""
     recipe = _recipe(model_dir)
     preset = recipe.model.preset if recipe else None
-    for result in measured_speed():
-        rows = [row for row in result["rows"] if preset and row["arm"].split(" ")[0] == preset]
+    for result in measured_speed() if preset else []:
+        rows = [row for row in result["rows"] if row["arm"].split(" ")[0] == preset]
         if rows:
             return (f"`energyzoo bench {model_type}`, this preset's rows:\n\n"
                     + format_table({"title": result["title"], "rows": rows, "notes": []}))
