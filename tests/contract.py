@@ -21,6 +21,7 @@ from transformers import AutoConfig, AutoModel, Trainer, TrainingArguments
 
 from energyzoo.hub_cards import export_model
 from energyzoo.modeling.outputs import COMMON_ENERGY_KEYS, EnergyTrace
+from energyzoo.modeling.transformers_compat import cache_of
 from energyzoo.registry import ARCHITECTURES, TASKS
 
 REMOTE_LOAD_SCRIPT = Path(__file__).with_name("remote_load_check.py")
@@ -554,10 +555,10 @@ class CausalLMContract(TokenContract):
             full = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
             pieces, cache = [], None
             for start, stop in [(0, 6), (6, 10), *((t, t + 1) for t in range(10, ids.shape[1]))]:
-                step = model(input_ids=ids[:, start:stop], attention_mask=mask[:, :stop], past_key_values=cache,
+                step = model(input_ids=ids[:, start:stop], attention_mask=mask[:, :stop], cache=cache,
                              use_cache=True)
                 pieces.append(step.logits)
-                cache = step.past_key_values
+                cache = cache_of(step)
         stepped = torch.cat(pieces, dim=1)
         torch.testing.assert_close(stepped[0, real], full[0, real], rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(stepped[1], full[1], rtol=1e-4, atol=1e-4)

@@ -17,6 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from energyzoo import EERForCausalLM
 from energyzoo.modeling.eer_energy import attention_energy_gradient, tsallis_entropy
+from energyzoo.modeling.transformers_compat import cache_of
 
 
 def build(seed: int = 0, **overrides) -> EERForCausalLM:
@@ -279,9 +280,9 @@ def test_cache_must_hold_the_loops_a_call_runs():
     model = build()
     ids = torch.randint(3, 16, (2, 6), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
-        cache = model(input_ids=ids, use_cache=True).past_key_values
+        cache = cache_of(model(input_ids=ids, use_cache=True))
         with pytest.raises(ValueError, match="one cache layer per loop"):
-            model(input_ids=ids[:, :1], past_key_values=cache, refinement_steps=6)
+            model(input_ids=ids[:, :1], cache=cache, refinement_steps=6)
     settings_ = dict(max_new_tokens=5, do_sample=False, pad_token_id=0, refinement_steps=7)
     cached = model.generate(ids, use_cache=True, **settings_)
     assert torch.equal(cached, model.generate(ids, use_cache=False, **settings_))

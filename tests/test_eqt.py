@@ -13,6 +13,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from energyzoo.modeling.configuration_eqt import EqTLlamaConfig
 from energyzoo.modeling.eqt_energy import position_mask
 from energyzoo.modeling.modeling_eqt import EqTLlamaForCausalLM
+from energyzoo.modeling.transformers_compat import cache_of
 
 LARGE_PRESET_OPTIONS = dict(erm_head_vocabulary="window", erm_confidence_topk=5)  # as eqt-llama-340m
 MODES = {"paper": {}, "large-preset": LARGE_PRESET_OPTIONS}
@@ -178,9 +179,9 @@ def test_causal_and_cached_in_eval_mode_with_every_energy_on(mode):
         assert not torch.allclose(other[:, 6:], full[:, 6:])
         cache, pieces = None, []
         for start, stop in [(0, 4), *((t, t + 1) for t in range(4, 9))]:
-            step = model(input_ids=ids[:, start:stop], attention_mask=mask[:, :stop], past_key_values=cache,
+            step = model(input_ids=ids[:, start:stop], attention_mask=mask[:, :stop], cache=cache,
                          use_cache=True)
-            cache = step.past_key_values
+            cache = cache_of(step)
             pieces.append(step.logits)
     stepped = torch.cat(pieces, dim=1)
     real = mask.bool()

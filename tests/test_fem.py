@@ -10,6 +10,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, St
 from energyzoo import FEMConfig, FEMForCausalLM, config_from_preset, model_from_preset, preset_names
 from energyzoo.modeling.configuration_fem import FEM_PRIORS, PRIORS
 from energyzoo.modeling.modeling_fem import GATES, PRIOR_CODE, FEMAttention
+from energyzoo.modeling.transformers_compat import cache_of, with_cache
 
 ALL_OFF = dict(use_time_decay=False, use_lse=False, use_temperature_gate=False, use_outer_gate=False)
 
@@ -126,7 +127,7 @@ def fem_layer_gradients(layer, model, hidden, mask, weights):
     causal_mask = None
     if model.config.prior == "softmax":
         causal_mask = create_causal_mask(config=model.config, inputs_embeds=hidden, attention_mask=mask,
-                                         past_key_values=None, position_ids=positions)
+                                         position_ids=positions, **with_cache(None))
     layer.zero_grad()
     output, _ = layer(hidden, position_embeddings=model.model.rotary_emb(hidden, positions),
                       attention_mask=causal_mask, padding_mask=mask.bool())
@@ -240,14 +241,14 @@ def test_empty_caches_of_other_classes_take_fem_layers_and_filled_ones_are_refus
         full = model(ids, use_cache=False).logits
         for cache in (DynamicCache(), DynamicCache(config=model.config)):
             cache.layers[:] = [DynamicLayer() for _ in cache.layers]  # another copy's (here: no FEM) layer classes
-            first = model(ids[:, :5], past_key_values=cache, use_cache=True)
-            steps = [model(ids[:, t : t + 1], past_key_values=first.past_key_values, use_cache=True).logits
+            first = model(ids[:, :5], cache=cache, use_cache=True)
+            steps = [model(ids[:, t : t + 1], cache=cache_of(first), use_cache=True).logits
                      for t in range(5, 9)]
             torch.testing.assert_close(torch.cat([first.logits, *steps], 1), full, rtol=1e-4, atol=1e-4)
         filled = DynamicCache()
         filled.update(torch.zeros(2, 4, 3, 8), torch.zeros(2, 4, 3, 8), 0)
         with pytest.raises(TypeError, match="found a filled transformers.cache_utils.DynamicLayer.*DynamicCache"):
-            model(ids, past_key_values=filled, use_cache=True)
+            model(ids, cache=filled, use_cache=True)
 
 
 @pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
@@ -261,8 +262,8 @@ def test_cache_keeps_its_exp_shift_even_78_below_new_values(static):
     with torch.no_grad():
         full = model(ids, use_cache=False).logits
         cache = StaticCache(config=model.config, max_cache_len=30) if static else None
-        step = model(ids[:, :10], past_key_values=cache, use_cache=True)
-        cache = step.past_key_values
+        step = model(ids[:, :10], cache=cache, use_cache=True)
+        cache = cache_of(step)
         layer = cache.layers[0]
         layer.exp_shift = layer.exp_shift - lower_shift_by
         half = layer.values.shape[-1] // 2
@@ -270,7 +271,7 @@ def test_cache_keeps_its_exp_shift_even_78_below_new_values(static):
         start = layer.exp_shift.clone()
         pieces = [step.logits]
         for t in range(10, 30):
-            step = model(ids[:, t : t + 1], past_key_values=cache, use_cache=True)
+            step = model(ids[:, t : t + 1], cache=cache, use_cache=True)
             pieces.append(step.logits)
     assert torch.equal(layer.exp_shift, start)
     torch.testing.assert_close(torch.cat(pieces, dim=1), full, rtol=1e-4, atol=1e-4)
@@ -374,9 +375,9 @@ def test_half_precision_cached_decoding_keeps_the_exp_branch(prior, dtype):
         low = model.to(dtype)
         full = low(ids, use_cache=False).logits
         step = low(ids[:, :6], use_cache=True)
-        pieces, cache = [step.logits], step.past_key_values
+        pieces, cache = [step.logits], cache_of(step)
         for t in range(6, 14):
-            step = low(ids[:, t : t + 1], past_key_values=cache, use_cache=True)
+            step = low(ids[:, t : t + 1], cache=cache, use_cache=True)
             pieces.append(step.logits)
     stepped = torch.cat(pieces, dim=1)
     assert torch.isfinite(stepped).all()
@@ -424,8 +425,8 @@ def test_transformers_cache_utilities_on_fem_caches(prior):
     model = tiny_fem(prior=prior)
     ids = torch.randint(3, 97, (3, 7))
     with torch.no_grad():
-        cache = model(ids[:, :5], use_cache=True).past_key_values
-        model(ids[:, 5:6], past_key_values=cache, use_cache=True)
+        cache = cache_of(model(ids[:, :5], use_cache=True))
+        model(ids[:, 5:6], cache=cache, use_cache=True)
         assert cache.get_seq_length() == 6 and cache.get_mask_sizes(1, 0) == (7, 0)
         layer = cache.layers[0]
         if prior != "softmax":
@@ -436,13 +437,13 @@ def test_transformers_cache_utilities_on_fem_caches(prior):
             cache.crop(1)
         cache.batch_select_indices(torch.tensor([2, 0]))  # rows 2 and 0, as a batch of those two alone
         expected = model(ids[[2, 0]], use_cache=False).logits[:, -1]
-        torch.testing.assert_close(model(ids[[2, 0], 6:7], past_key_values=cache).logits[:, -1], expected,
+        torch.testing.assert_close(model(ids[[2, 0], 6:7], cache=cache).logits[:, -1], expected,
                                    rtol=1e-5, atol=1e-5)
         cache.reset()
         assert prior == "softmax" or not cache.layers[0].is_initialized
         if prior != "softmax":  # a reset recurrent cache starts over (the softmax one keeps its zeroed tensors)
             assert cache.get_seq_length() == 0
-            torch.testing.assert_close(model(ids, past_key_values=cache).logits, model(ids).logits, rtol=1e-5,
+            torch.testing.assert_close(model(ids, cache=cache).logits, model(ids).logits, rtol=1e-5,
                                        atol=1e-5)
 
 

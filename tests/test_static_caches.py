@@ -18,6 +18,7 @@ from energyzoo.modeling.fem_prior_softmax import FEMSoftmaxStaticCacheLayer
 from energyzoo.modeling.modeling_eer import EERForCausalLM
 from energyzoo.modeling.modeling_eqt import EqTLlamaForCausalLM
 from energyzoo.modeling.modeling_fem import FEMForCausalLM
+from energyzoo.modeling.transformers_compat import cache_of
 
 VOCAB = 61
 SMALL = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_attention_heads=4, pad_token_id=0,
@@ -65,8 +66,8 @@ def test_static_cache_generates_the_dynamic_caches_tokens_and_scores(name, num_b
                     return_dict_in_generate=True, output_scores=True, pad_token_id=0, eos_token_id=None)
     dynamic = model.generate(ids, **settings)
     static = model.generate(ids, cache_implementation="static", **settings)
-    assert isinstance(static.past_key_values, StaticCache)
-    assert len(static.past_key_values.layers) == model.config.num_hidden_layers
+    assert isinstance(cache_of(static), StaticCache)
+    assert len(cache_of(static).layers) == model.config.num_hidden_layers
     assert torch.equal(static.sequences, dynamic.sequences)
     for ours, reference in zip(static.scores, dynamic.scores, strict=True):
         torch.testing.assert_close(ours, reference, rtol=1e-5, atol=1e-5)
@@ -85,8 +86,8 @@ def test_static_cache_built_from_the_config_holds_the_models_own_layers(name, ow
                for index, layer in enumerate(cache.layers))
     with torch.no_grad():
         full = model(ids, attention_mask=mask).logits
-        first = model(ids[:, :6], attention_mask=mask[:, :6], past_key_values=cache).logits
-        steps = [model(ids[:, t : t + 1], attention_mask=mask[:, : t + 1], past_key_values=cache).logits
+        first = model(ids[:, :6], attention_mask=mask[:, :6], cache=cache).logits
+        steps = [model(ids[:, t : t + 1], attention_mask=mask[:, : t + 1], cache=cache).logits
                  for t in range(6, 9)]
     real = mask.bool()
     torch.testing.assert_close(torch.cat([first, *steps], 1)[real], full[real], rtol=1e-4, atol=1e-4)
@@ -107,7 +108,7 @@ def test_eqt_refuses_assisted_decoding_up_front_and_its_window_cannot_be_cropped
         model.generate(ids, max_new_tokens=3, assistant_model=build("eqt-llama"), pad_token_id=0)
     with pytest.raises(ValueError, match="assisted generation is not supported with stateful models"):
         model.generate(ids, max_new_tokens=3, prompt_lookup_num_tokens=2, pad_token_id=0)
-    cache = model(ids, use_cache=True).past_key_values
+    cache = cache_of(model(ids, use_cache=True))
     assert len(cache.layers) == model.config.num_hidden_layers and not cache.is_croppable
     with pytest.raises(NotImplementedError, match="cannot be rewound"):
         cache.crop(1)

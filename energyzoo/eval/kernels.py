@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from ..modeling.fem_free_energy import installed
+from ..modeling.transformers_compat import cache_of
 from ..presets import model_from_preset
 
 # (prior, kernel, the package the kernel needs); the softmax prior's kernel is its attention implementation
@@ -61,10 +62,10 @@ def _run(model, ids, mask):
     with torch.no_grad():
         prefix = ids.shape[1] - DECODED_TOKENS
         step = model(input_ids=ids[:, :prefix], attention_mask=mask[:, :prefix], use_cache=True)
-        cache, decoded = step.past_key_values, []
+        cache, decoded = cache_of(step), []
         for position in range(prefix, ids.shape[1]):
             step = model(input_ids=ids[:, position:position + 1], attention_mask=mask[:, :position + 1],
-                         past_key_values=cache, use_cache=True)
+                         cache=cache, use_cache=True)
             decoded.append(step.logits)
     return outputs.logits.detach(), gradients, torch.cat(decoded, dim=1)
 

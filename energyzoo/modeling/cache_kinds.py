@@ -5,6 +5,8 @@ they are refused before anything runs."""
 
 from transformers.masking_utils import create_causal_mask
 
+from .transformers_compat import takes_cache, with_cache
+
 CACHE_IMPLEMENTATIONS = (None, "dynamic", "static")
 
 
@@ -27,7 +29,8 @@ class CacheKindsMixin:
         """Whether the layers read a causal mask over the cache (False: the recurrences read only padding flags)."""
         return True
 
-    def create_masks_for_generate(self, config, inputs_embeds, attention_mask, past_key_values, position_ids,
+    @takes_cache
+    def create_masks_for_generate(self, config, inputs_embeds, attention_mask, cache, position_ids,
                                   is_first_iteration: bool = False, **kwargs):
         """The mask `generate()` passes with a compileable cache. The prompt gets its 2-D mask, from which the model
         reads the padding flags, positions and masks it needs (transformers' default would pass only a 4-D mask,
@@ -40,4 +43,4 @@ class CacheKindsMixin:
         if not self._decodes_with_causal_mask():
             return None
         return create_causal_mask(config=config, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
-                                  past_key_values=past_key_values, position_ids=position_ids)
+                                  position_ids=position_ids, **with_cache(cache))

@@ -57,17 +57,17 @@ class CacheStatesMixin:
 
 
 
-def own_cache_layer(past_key_values: Cache | None, layer_idx: int, cache_layers: tuple[type, type], owner: str
+def own_cache_layer(cache: Cache | None, layer_idx: int, cache_layers: tuple[type, type], owner: str
                     ) -> CacheLayerMixin | None:
     """Layer ``layer_idx``'s own cache layer (one of the (dynamic, static) ``cache_layers`` of ``owner``) in
-    ``past_key_values``. An empty layer of another class takes this code's place (the static class where it was a
+    ``cache``. An empty layer of another class takes this code's place (the static class where it was a
     static layer, of its length): transformers builds `DynamicCache(config=...)` / `StaticCache(config=...)` from
     process-wide tables of layer types, which hold the classes of the copy of this code loaded last (another exported
     folder's, or the installed package's), and a plain `DynamicCache()` holds none yet. A filled one of another class
     is refused."""
-    if past_key_values is None:
+    if cache is None:
         return None
-    layers = past_key_values.layers
+    layers = cache.layers
     layer = layers[layer_idx] if layer_idx < len(layers) else None
     if isinstance(layer, cache_layers):
         return layer

@@ -9,25 +9,20 @@ one-line `TypeError` / `ValueError`), and run `check_transformers_fields` on the
 transformers' ``__post_init__``.
 
 Every configuration file imports this one, so an exported folder's code starts here: it refuses, in one line, a
-transformers older than the one it is written for (v5 configs are dataclasses; the cache and attention interfaces
-it uses are v5's).
+transformers release outside the range the code was tested on (`transformers_compat.TESTED_TRANSFORMERS`).
 """
 
 import dataclasses
 import functools
 
 import torch
-import transformers
 from huggingface_hub.dataclasses import strict
 from huggingface_hub.errors import StrictDataclassClassValidationError, StrictDataclassFieldValidationError
-from packaging.version import Version
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-MINIMUM_TRANSFORMERS = "5.23"  # keep in step with pyproject.toml
+from .transformers_compat import check_transformers_release
 
-if Version(transformers.__version__) < Version(MINIMUM_TRANSFORMERS):
-    raise ImportError(f"this model's code needs transformers>={MINIMUM_TRANSFORMERS}, found "
-                      f"{transformers.__version__}: pip install -U 'transformers>={MINIMUM_TRANSFORMERS}'")
+check_transformers_release()
 
 # Sizes and counts under transformers' names (Llama, GPT-2, ViT, ResNet and the zoo's own configs use them): positive
 # integers where set (None where the config's default is None, e.g. num_key_value_heads, n_inner).

@@ -15,6 +15,7 @@ from .checks import (
     set_cache_layer_types,
     strict_config,
 )
+from .transformers_compat import CACHE_FIELD
 
 logger = logging.get_logger(__name__)
 
@@ -121,7 +122,7 @@ class FEMConfig(OwnCacheLayerTypes, PreTrainedConfig):
     """
 
     model_type = "fem"
-    keys_to_ignore_at_inference = ["past_key_values"]
+    keys_to_ignore_at_inference = [CACHE_FIELD]
 
     vocab_size: int = 32000
     hidden_size: int = 1024

@@ -54,6 +54,7 @@ from .numerics import applied_weight, widened
 from .outputs import EnergyTrace, record_energies, recording_energies, records_energies
 from .positions import positions_from_mask, sinusoidal_positions
 from .refinement import refine, refinement_steps, takes_refinement_steps
+from .transformers_compat import CACHE_FIELD, cache_of, takes_cache, with_cache
 
 REGULARISERS = ("kinetic", "potential", "entropy")
 
@@ -162,16 +163,17 @@ class EERBlock(GradientCheckpointingLayer):
         self.post_attention_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.mlp = EERMLP(config)
 
+    @takes_cache
     def forward(self, latent: torch.Tensor, inputs: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                past_key_values: Cache | None = None, loop: int = 0, statistics_mask: torch.Tensor | None = None,
+                cache: Cache | None = None, loop: int = 0, statistics_mask: torch.Tensor | None = None,
                 with_statistics: bool = False, with_log_partition: bool = False):
         """(Z_{t+1}, the loop's attention probabilities or None, their log-partition or None); the statistics
         arguments are `EERAttention`'s."""
         state = latent + inputs
         normed = state if self.post_norm else self.input_layernorm(state)
         keys_values = self.self_attn.keys_values(normed)
-        if past_key_values is not None:
-            keys_values = past_key_values.update(*keys_values, loop)
+        if cache is not None:
+            keys_values = cache.update(*keys_values, loop)
         attended, probabilities, log_partition = self.self_attn(normed, attention_mask, keys_values, statistics_mask,
                                                                 with_statistics, with_log_partition)
         following = latent + attended + self.mlp(self.post_attention_layernorm(state + attended))
@@ -263,6 +265,7 @@ class EERModel(EERPreTrainedModel):
     def set_input_embeddings(self, value: nn.Embedding) -> None:
         self.embed_tokens = value
 
+    @takes_cache
     @records_energies
     @takes_refinement_steps
     @capture_outputs(tie_last_hidden_states=False)
@@ -271,7 +274,7 @@ class EERModel(EERPreTrainedModel):
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
         return_regularisers: bool = False,
@@ -282,16 +285,16 @@ class EERModel(EERPreTrainedModel):
         the loop means of eq. 3-5 over the real positions (what `EERForCausalLM`'s loss reads)."""
         config = self.config
         check_token_inputs(type(self).__name__, input_ids, inputs_embeds, attention_mask,
-                           self.embed_tokens.num_embeddings, config.hidden_size, past_key_values)
+                           self.embed_tokens.num_embeddings, config.hidden_size, cache)
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
         batch, length, _ = inputs_embeds.shape
         use_cache = config.use_cache if use_cache is None else use_cache
-        if use_cache and past_key_values is None:
-            past_key_values = DynamicCache()  # grows a layer per loop, whatever T this call runs
-        past_seen = past_key_values.get_seq_length() if past_key_values is not None else 0
+        if use_cache and cache is None:
+            cache = DynamicCache()  # grows a layer per loop, whatever T this call runs
+        past_seen = cache.get_seq_length() if cache is not None else 0
         loops = refinement_steps(self._configured_loops())
-        self._check_cache(past_key_values, past_seen, loops)
+        self._check_cache(cache, past_seen, loops)
         if position_ids is None:
             position_ids = self._position_ids(attention_mask, past_seen, length, inputs_embeds.device)
         positions = sinusoidal_positions(position_ids, config.hidden_size).expand(batch, -1, -1)
@@ -301,14 +304,14 @@ class EERModel(EERPreTrainedModel):
         with_statistics = bool(return_regularisers or tracing or output_attentions
                                or config.loop_dynamics == "hamiltonian")
         mask = create_causal_mask(config=config, inputs_embeds=inputs, attention_mask=attention_mask,
-                                  past_key_values=past_key_values, position_ids=position_ids,
-                                  allow_is_causal_skip=not with_statistics)
+                                  position_ids=position_ids, allow_is_causal_skip=not with_statistics,
+                                  **with_cache(cache))
         statistics_mask = additive_mask(mask) if with_statistics else None
         valid = torch.ones(batch, length, dtype=torch.bool, device=inputs.device)
         if attention_mask is not None and attention_mask.dim() == 2:
             valid = attention_mask[:, -length:].bool()
 
-        step, start = self._dynamics(inputs, (mask, statistics_mask), past_key_values, valid, with_statistics,
+        step, start = self._dynamics(inputs, (mask, statistics_mask), cache, valid, with_statistics,
                                      return_regularisers, tracing)
         records = "graph" if return_regularisers else "detached" if tracing else None
         result = refine(step, start, loops, records=records)
@@ -321,7 +324,7 @@ class EERModel(EERPreTrainedModel):
             record_energies({**result.records, "iterations": result.iterations,
                              "temperature": torch.tensor(config.attention_temperature)})
         readout = latent + inputs if config.readout_with_inputs else latent
-        return EERModelOutput(last_hidden_state=self.norm(readout), past_key_values=past_key_values,
+        return EERModelOutput(last_hidden_state=self.norm(readout), **with_cache(cache),
                               **regularisers)
 
     def _configured_loops(self) -> int:
@@ -392,7 +395,7 @@ class EERModel(EERPreTrainedModel):
 
         def residual_step(index: int, state: tuple):
             following, probabilities, log_partition = self.block(
-                state[0], inputs, attention_mask=mask, past_key_values=cache, loop=index,
+                state[0], inputs, attention_mask=mask, loop=index, **with_cache(cache),
                 statistics_mask=statistics_mask, with_statistics=with_statistics, with_log_partition=tracing)
             return (following,), None, loop_records(state[0], following, probabilities, log_partition)
 
@@ -419,13 +422,14 @@ class EERForCausalLM(CausalLMLossMixin, CacheKindsMixin, EERPreTrainedModel, Gen
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size)
         self.post_init()
 
+    @takes_cache
     @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
@@ -442,7 +446,7 @@ class EERForCausalLM(CausalLMLossMixin, CacheKindsMixin, EERPreTrainedModel, Gen
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=past_key_values,
+            cache=cache,
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
             output_energies=output_energies,
@@ -465,7 +469,7 @@ class EERForCausalLM(CausalLMLossMixin, CacheKindsMixin, EERPreTrainedModel, Gen
         return EERCausalLMOutput(
             loss=loss,
             logits=logits,
-            past_key_values=outputs.past_key_values,
+            **with_cache(cache_of(outputs)),
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
             task_loss=task_loss,
@@ -478,7 +482,7 @@ class EERForCausalLM(CausalLMLossMixin, CacheKindsMixin, EERPreTrainedModel, Gen
         transformers' `StaticCache` of one layer per configured loop (``num_loops``; decode with that loop count);
         other cache kinds are refused up front."""
         if generation_config.cache_implementation in (None, "dynamic") and generation_config.use_cache is not False \
-                and model_kwargs.get("past_key_values") is None:
-            model_kwargs["past_key_values"] = DynamicCache()
+                and model_kwargs.get(CACHE_FIELD) is None:
+            model_kwargs[CACHE_FIELD] = DynamicCache()
             return None
         return super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)

@@ -46,6 +46,7 @@ from .outputs import (
     records_energies,
 )
 from .refinement import EarlyExit, refine, refinement_steps, takes_refinement_steps
+from .transformers_compat import cache_of, takes_cache, with_cache
 
 
 @dataclass
@@ -235,6 +236,7 @@ class EqTLlamaModel(EqTLlamaPreTrainedModel):
         self.gradient_checkpointing = False
         self.post_init()
 
+    @takes_cache
     @records_energies
     @takes_refinement_steps
     @capture_outputs
@@ -243,7 +245,7 @@ class EqTLlamaModel(EqTLlamaPreTrainedModel):
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
         readout_weight: torch.Tensor | None = None,
@@ -256,22 +258,22 @@ class EqTLlamaModel(EqTLlamaPreTrainedModel):
         (the proposals f at refined layers)."""
         config = self.config
         check_token_inputs(type(self).__name__, input_ids, inputs_embeds, attention_mask,
-                           self.embed_tokens.num_embeddings, config.hidden_size, past_key_values)
+                           self.embed_tokens.num_embeddings, config.hidden_size, cache)
         if input_ids is None and (config.lambda_rev or config.lambda_mask):
             raise ValueError("EqT-LLaMA's reverse and masked energies (eq. 12-13) read the token ids: pass input_ids, "
                              "or set lambda_rev = lambda_mask = 0 to refine from inputs_embeds.")
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
         use_cache = config.use_cache if use_cache is None else use_cache
-        if use_cache and past_key_values is None:
-            past_key_values = DynamicCache(config=config)
+        if use_cache and cache is None:
+            cache = DynamicCache(config=config)
         if position_ids is None:
-            past_seen_tokens = past_key_values.get_seq_length() if past_key_values is not None else 0
+            past_seen_tokens = cache.get_seq_length() if cache is not None else 0
             position_ids = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past_seen_tokens
             position_ids = position_ids.unsqueeze(0)
         causal_mask = create_causal_mask(config=config, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
-                                         past_key_values=past_key_values, position_ids=position_ids)
-        valid, context = self._energy_inputs(input_ids, inputs_embeds, attention_mask, past_key_values)
+                                         position_ids=position_ids, **with_cache(cache))
+        valid, context = self._energy_inputs(input_ids, inputs_embeds, attention_mask, cache)
         readout = self.embed_tokens.weight if readout_weight is None else readout_weight
 
         hidden_states = inputs_embeds
@@ -283,8 +285,8 @@ class EqTLlamaModel(EqTLlamaPreTrainedModel):
                 attention_mask=causal_mask,
                 position_embeddings=position_embeddings,
                 position_ids=position_ids,
-                past_key_values=past_key_values,
                 use_cache=use_cache,
+                **with_cache(cache),
                 **kwargs,
             )
             if index in config.erm_sites:
@@ -299,10 +301,10 @@ class EqTLlamaModel(EqTLlamaPreTrainedModel):
         if return_refined_energy:
             per_position = sum(energies) / len(energies)
             refined_energy = (per_position * valid).sum() / valid.sum().clamp_min(1)
-        return EqTModelOutput(last_hidden_state=self.norm(hidden_states), past_key_values=past_key_values,
+        return EqTModelOutput(last_hidden_state=self.norm(hidden_states), **with_cache(cache),
                               refined_energy=refined_energy)
 
-    def _energy_inputs(self, input_ids, inputs_embeds, attention_mask, past_key_values):
+    def _energy_inputs(self, input_ids, inputs_embeds, attention_mask, cache):
         """The chunk's real-token flags, and the `EnergyContext` of eq. 12-13 over the chunk and the token window
         kept in the cache (which it advances)."""
         config = self.config
@@ -315,7 +317,7 @@ class EqTLlamaModel(EqTLlamaPreTrainedModel):
             return valid, None
         input_ids = input_ids.long()  # the window's ids index gathers and one-hot targets, whatever int type came in
         keep = config.erm_context_length
-        layer = self._window_layer(past_key_values)
+        layer = self._window_layer(cache)
         if layer is not None and layer.ids is not None:
             previous_ids, previous_valid, previous_keys, real_seen = layer.states()
         else:  # an empty window when caching (slots flagged as padding, keyed -1 like left padding), else none
@@ -334,9 +336,9 @@ class EqTLlamaModel(EqTLlamaPreTrainedModel):
         return valid, self.erm.energy.context(self.embed_tokens.weight, ids, all_valid, all_keys, length)
 
     @staticmethod
-    def _window_layer(past_key_values: Cache | None) -> TokenWindow | None:
+    def _window_layer(cache: Cache | None) -> TokenWindow | None:
         """The first decoder layer's cache layer, which keeps the token window (`eqt_cache`)."""
-        return own_cache_layer(past_key_values, 0, WINDOW_LAYERS, "EqT-LLaMA")
+        return own_cache_layer(cache, 0, WINDOW_LAYERS, "EqT-LLaMA")
 
     def _site_inputs(self, site: int, proposal: torch.Tensor, context, readout: torch.Tensor) -> SiteInputs:
         config = self.config
@@ -371,13 +373,14 @@ class EqTLlamaForCausalLM(CausalLMLossMixin, CacheKindsMixin, EqTLlamaPreTrained
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
 
+    @takes_cache
     @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
@@ -392,7 +395,7 @@ class EqTLlamaForCausalLM(CausalLMLossMixin, CacheKindsMixin, EqTLlamaPreTrained
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=past_key_values,
+            cache=cache,
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
             output_energies=output_energies,
@@ -412,7 +415,7 @@ class EqTLlamaForCausalLM(CausalLMLossMixin, CacheKindsMixin, EqTLlamaPreTrained
         return CausalLMOutputWithEnergies(
             loss=loss,
             logits=logits,
-            past_key_values=outputs.past_key_values,
+            **with_cache(cache_of(outputs)),
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
             energies=outputs.energies,

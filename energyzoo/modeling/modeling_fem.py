@@ -52,6 +52,7 @@ from .outputs import (
     records_energies,
 )
 from .positions import positions_from_mask
+from .transformers_compat import CACHE_FIELD, cache_of, takes_cache, with_cache
 
 PRIOR_CODE = {
     "softmax": PriorCode(add_query_key, softmax_selection, softmax_free_energy_read,
@@ -130,18 +131,19 @@ class FEMAttention(nn.Module):
         """Per-channel maximum inverse temperature, (heads, value_head_dim) (FEM eq. 9, App. K)."""
         return F.softplus(widened(self.beta_max_raw) + self.beta_max_offset).view(-1, self.value_head_dim)
 
+    @takes_cache
     def forward(
         self,
         hidden_states: torch.Tensor,
         position_embeddings: tuple[torch.Tensor, torch.Tensor],
         attention_mask: torch.Tensor | None = None,
         padding_mask: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Returns the block output and the prior's probabilities (eager softmax prior only, else None)."""
         batch, length, _ = hidden_states.shape
-        cache_layer = own_cache_layer(past_key_values, self.layer_idx, self.prior.cache_layers, "FEM")
+        cache_layer = own_cache_layer(cache, self.layer_idx, self.prior.cache_layers, "FEM")
         if self.time_decay is None:
             projections = self._projections(hidden_states)
         else:
@@ -235,7 +237,7 @@ class FEMPreTrainedModel(PreTrainedModel):
     base_model_prefix = "model"
     supports_gradient_checkpointing = True
     _no_split_modules = ["FEMDecoderLayer"]
-    _skip_keys_device_placement = ["past_key_values"]
+    _skip_keys_device_placement = [CACHE_FIELD]
     _supports_sdpa = True
     _supports_flash_attn = True
     _can_compile_fullgraph = True
@@ -295,6 +297,7 @@ class FEMModel(FEMPreTrainedModel):
         self.rotary_emb = LlamaRotaryEmbedding(config=config)
         self.post_init()
 
+    @takes_cache
     @records_energies
     @capture_outputs
     def forward(
@@ -302,7 +305,7 @@ class FEMModel(FEMPreTrainedModel):
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
         **kwargs,
@@ -312,7 +315,7 @@ class FEMModel(FEMPreTrainedModel):
         ``output_attentions=True`` returns the softmax prior's probabilities; it needs
         ``attn_implementation="eager"`` (the other attention functions never form them)."""
         check_token_inputs(type(self).__name__, input_ids, inputs_embeds, attention_mask,
-                           self.embed_tokens.num_embeddings, self.config.hidden_size, past_key_values)
+                           self.embed_tokens.num_embeddings, self.config.hidden_size, cache)
         if kwargs.get("refinement_steps") is not None:
             raise TypeError("FEM-LM has no iterative refinement: refinement_steps does not apply to it")
         if kwargs.get("output_attentions", self.config.output_attentions) and (
@@ -327,8 +330,8 @@ class FEMModel(FEMPreTrainedModel):
             inputs_embeds = self.embed_tokens(input_ids)
         length = inputs_embeds.shape[1]
         use_cache = self.config.use_cache if use_cache is None else use_cache
-        if use_cache and past_key_values is None and not self.training:  # training builds no cache
-            past_key_values = DynamicCache(config=self.config)
+        if use_cache and cache is None and not self.training:  # training builds no cache
+            cache = DynamicCache(config=self.config)
         padding_mask = None
         if attention_mask is not None and attention_mask.dim() == 2:
             padding_mask = attention_mask[:, -length:].bool()
@@ -337,7 +340,7 @@ class FEMModel(FEMPreTrainedModel):
                 # not shift-invariant, so a left-padded sequence must see the positions it has alone.
                 position_ids = positions_from_mask(attention_mask, length)
         if position_ids is None:
-            past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+            past_length = cache.get_seq_length() if cache is not None else 0
             position_ids = torch.arange(length, device=inputs_embeds.device)[None] + past_length
         causal_mask = None
         if PRIORS[self.config.prior].attention_function:  # the others are causal by construction, read padding_mask
@@ -345,8 +348,8 @@ class FEMModel(FEMPreTrainedModel):
                 config=self.config,
                 inputs_embeds=inputs_embeds,
                 attention_mask=attention_mask,
-                past_key_values=past_key_values,
                 position_ids=position_ids,
+                **with_cache(cache),
             )
 
         hidden_states = inputs_embeds
@@ -357,9 +360,9 @@ class FEMModel(FEMPreTrainedModel):
                 position_embeddings=position_embeddings,
                 attention_mask=causal_mask,
                 padding_mask=padding_mask,
-                past_key_values=past_key_values,
+                **with_cache(cache),  # the release's name: GradientCheckpointingLayer drops it when checkpointing
             )
-        return BaseModelOutputWithEnergies(last_hidden_state=self.norm(hidden_states), past_key_values=past_key_values)
+        return BaseModelOutputWithEnergies(last_hidden_state=self.norm(hidden_states), **with_cache(cache))
 
 
 class FEMForCausalLM(CausalLMLossMixin, CacheKindsMixin, FEMPreTrainedModel, GenerationMixin):
@@ -377,13 +380,14 @@ class FEMForCausalLM(CausalLMLossMixin, CacheKindsMixin, FEMPreTrainedModel, Gen
     def _decodes_with_causal_mask(self) -> bool:
         return PRIORS[self.config.prior].attention_function
 
+    @takes_cache
     @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
@@ -395,7 +399,7 @@ class FEMForCausalLM(CausalLMLossMixin, CacheKindsMixin, FEMPreTrainedModel, Gen
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=past_key_values,
+            cache=cache,
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
             output_energies=output_energies,
@@ -411,7 +415,7 @@ class FEMForCausalLM(CausalLMLossMixin, CacheKindsMixin, FEMPreTrainedModel, Gen
         return CausalLMOutputWithEnergies(
             loss=loss,
             logits=logits,
-            past_key_values=outputs.past_key_values,
+            **with_cache(cache_of(outputs)),
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
             energies=outputs.energies,
@@ -467,7 +471,7 @@ class FEMForSequenceClassification(FEMPreTrainedModel):
         output_energies: bool = False,
         **kwargs,
     ) -> SequenceClassifierOutputWithEnergies:
-        """`FEMModel`'s arguments (position_ids, inputs_embeds, past_key_values, use_cache, ...) pass through."""
+        """`FEMModel`'s arguments (position_ids, inputs_embeds, cache, use_cache, ...) pass through."""
         outputs = self.model(
             input_ids=input_ids, attention_mask=attention_mask, output_energies=output_energies, **kwargs
         )
@@ -488,7 +492,7 @@ class FEMForSequenceClassification(FEMPreTrainedModel):
         return SequenceClassifierOutputWithEnergies(
             loss=loss,
             logits=pooled_logits,
-            past_key_values=outputs.past_key_values,
+            **with_cache(cache_of(outputs)),
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
             energies=outputs.energies,

@@ -51,6 +51,7 @@ from .outputs import records_energies
 from .positions import positions_from_mask
 from .refinement import takes_refinement_steps
 from .tel_layer import FP32_PARAMETERS, ThermodynamicRefinement
+from .transformers_compat import CACHE_FIELD, takes_cache
 
 logger = logging.get_logger(__name__)
 
@@ -67,7 +68,7 @@ def gpt2_inputs(arguments: dict) -> None:
     new tokens, so this also holds for cached steps."""
     model, mask = arguments["self"], arguments.get("attention_mask")
     owner, config = type(model).__name__, model.config
-    cache = arguments.get("past_key_values")
+    cache = arguments.get(CACHE_FIELD)
     check_token_inputs(owner, arguments.get("input_ids"), arguments.get("inputs_embeds"), mask,
                        model.get_input_embeddings().num_embeddings, config.n_embd, cache)
     tokens = arguments.get("input_ids")
@@ -121,7 +122,8 @@ def forward_with_energies(vanilla_forward, prepare):
         prepare(bound.arguments)
         return vanilla_forward(self, *bound.args[1:], **bound.kwargs)
 
-    forward = records_energies(takes_refinement_steps(prepared))
+    prepared.__signature__ = signature  # what `takes_cache` reads: the vanilla cache argument and keywords
+    forward = records_energies(takes_refinement_steps(takes_cache(prepared)))
     parameters = list(signature.parameters.values())
     keywords = [
         inspect.Parameter("output_energies", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=bool),
