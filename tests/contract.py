@@ -9,14 +9,17 @@ checks (item 8, second half) live in each architecture's own test files.
 """
 
 import copy
+import os
 import pickle
 import subprocess
 import sys
+import warnings
 from collections import Counter
 from pathlib import Path
 
 import pytest
 import torch
+import transformers
 from transformers import AutoConfig, AutoModel, Trainer, TrainingArguments
 
 from energyzoo.hub_cards import export_model
@@ -25,6 +28,10 @@ from energyzoo.modeling.transformers_compat import cache_of
 from energyzoo.registry import ARCHITECTURES, TASKS
 
 REMOTE_LOAD_SCRIPT = Path(__file__).with_name("remote_load_check.py")
+# Exported folders load in a fresh process of this environment, and of one at the other end of the supported
+# transformers range when ENERGYZOO_OTHER_END_PYTHON names its python (.ci/run sets it both ways).
+OTHER_END_PYTHON = os.environ.get("ENERGYZOO_OTHER_END_PYTHON")
+RUNTIMES = {"this-release": sys.executable, **({"other-end-of-range": OTHER_END_PYTHON} if OTHER_END_PYTHON else {})}
 
 
 def output_tensor(outputs) -> torch.Tensor:
@@ -120,7 +127,8 @@ class ModelContract:
             assert torch.equal(output_tensor(model(**inputs)), output_tensor(reloaded(**inputs)))
 
     # 2. remote code in a fresh process ---------------------------------------------------------------
-    def test_exported_folder_loads_as_remote_code_without_energyzoo(self, tmp_path):
+    @pytest.mark.parametrize("runtime", RUNTIMES)
+    def test_exported_folder_loads_as_remote_code_without_energyzoo(self, tmp_path, runtime):
         model = self.build()
         inputs = self.without_labels(self.make_inputs(model.config))
         folder = export_model(model, tmp_path / "export")
@@ -133,7 +141,7 @@ class ModelContract:
             payload["generated"] = model.generate(**inputs, **generation)
         torch.save(payload, tmp_path / "payload.pt")
         result = subprocess.run(
-            [sys.executable, str(REMOTE_LOAD_SCRIPT), str(folder), str(tmp_path / "payload.pt")],
+            [RUNTIMES[runtime], str(REMOTE_LOAD_SCRIPT), str(folder), str(tmp_path / "payload.pt")],
             capture_output=True,
             text=True,
             cwd=tmp_path,
@@ -142,6 +150,8 @@ class ModelContract:
         )
         assert result.returncode == 0, result.stdout + result.stderr
         assert "REMOTE_OK transformers_modules" in result.stdout
+        release = result.stdout.split("REMOTE_OK transformers_modules")[1].split()[-1]
+        assert (release == transformers.__version__) == (runtime == "this-release"), release
 
     # 3. loss and gradients ---------------------------------------------------------------------------
     def test_labels_give_loss_and_finite_gradients_everywhere(self):
@@ -544,6 +554,50 @@ class CausalLMContract(TokenContract):
         uncached = model.generate(**prompts, use_cache=False, **settings)
         assert cached.shape == (2, 20)
         assert torch.equal(cached, uncached)
+
+    @pytest.mark.parametrize("padded", [False, True], ids=["one-sequence-no-mask", "left-padded"])
+    def test_generate_decodes_each_step_from_one_new_token_and_the_cache_it_built(self, padded):
+        """No silent fallback (a forward that ignored the cache generate() passes, as on a transformers release
+        renaming it, would decode each step from one token without context): after the prompt every forward gets
+        exactly one new token and a cache already holding every earlier token, and the tokens equal uncached
+        decoding. Without an attention mask too, where nothing else would catch it."""
+        model = self.build()
+        if padded:
+            prompts = self._left_padded_prompts(model)
+        else:
+            prompts = {"input_ids": self.random_ids(model.config, 6, seed=3)}
+        prompt_length = prompts["input_ids"].shape[1]
+        calls = []
+
+        def record(module, args, kwargs):
+            cache = next((kwargs[name] for name in ("cache", "past_key_values") if kwargs.get(name) is not None), None)
+            calls.append((kwargs["input_ids"].shape[1], int(cache.get_seq_length()) if cache is not None else 0))
+
+        settings = dict(max_new_tokens=5, do_sample=False, pad_token_id=model.config.pad_token_id)
+        handle = model.register_forward_pre_hook(record, with_kwargs=True)
+        try:
+            cached = model.generate(**prompts, use_cache=True, **settings)
+        finally:
+            handle.remove()
+        assert calls == [(prompt_length, 0)] + [(1, prompt_length + step) for step in range(4)]
+        assert torch.equal(cached, model.generate(**prompts, use_cache=False, **settings))
+
+    def test_a_cache_under_a_name_the_model_does_not_read_is_refused(self):
+        """A cache under 5.23's name reaches the model as 5.24's (with transformers' FutureWarning on 5.24, as its
+        own models give); under any name the forward does not read it is refused, not dropped."""
+        model = self.build()
+        ids = self.random_ids(model.config, 6, seed=2)
+        with torch.no_grad():
+            expected = model(input_ids=ids, use_cache=False).logits[:, -1]
+            for name in ("cache", "past_key_values"):
+                cache = cache_of(model(input_ids=ids[:, :-1], use_cache=True))
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", FutureWarning)
+                    step = model(input_ids=ids[:, -1:], use_cache=True, **{name: cache})
+                torch.testing.assert_close(step.logits[:, -1], expected, rtol=1e-4, atol=1e-4)
+            for name in ("cache_params", "mems"):
+                with pytest.raises(TypeError, match=f"got a cache as `{name}`, which it does not read"):
+                    model(input_ids=ids[:, -1:], **{name: cache})
 
     def test_prefill_chunks_and_steps_match_one_forward_on_a_left_padded_batch(self):
         """Prefill, then a chunk of several tokens, then one-token steps, with a cache: the logits of one full

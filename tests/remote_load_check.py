@@ -33,4 +33,4 @@ torch.testing.assert_close(result, payload["expected"], rtol=1e-5, atol=1e-5)
 if "generated" in payload:
     generated = model.generate(**payload["inputs"], **payload["generation"])
     assert torch.equal(generated, payload["generated"]), (generated, payload["generated"])
-print("REMOTE_OK", type(model).__module__)
+print("REMOTE_OK", type(model).__module__, transformers.__version__)

@@ -14,6 +14,7 @@ from transformers.testing_utils import CaptureLogger
 
 from energyzoo import (
     TELGPT2LMHeadModel,
+    TELResNetConfig,
     TELResNetForImageClassification,
     TELViTForImageClassification,
     ThermodynamicRefinement,
@@ -129,3 +130,17 @@ def test_presets_have_their_nominal_shapes():
     assert 87e6 < parameter_count("vit-base-patch32") < 89e6
     for name in ("tel-gpt2-tiny", "tel-vit-tiny", "tel-resnet-tiny"):
         assert parameter_count(name) < 2e6
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 16, 1), (2, 3, 1, 16), (2, 3, 24, 2)], ids=str)
+def test_tel_resnet_in_bfloat16_on_narrow_images_matches_float32(shape):
+    """torch's oneDNN bfloat16 convolutions on the CPU return wrong values for images with a side narrower than the
+    network's stride (pytorch/pytorch#163347; a 16 x 1 image came out NaN): TEL-ResNet matches its float32 self there,
+    at bfloat16's precision."""
+    torch.manual_seed(0)
+    model = TELResNetForImageClassification(TELResNetConfig(**{**RESNET_FIELDS, "layer_type": "basic"})).eval()
+    images = torch.randn(*shape)
+    with torch.no_grad():
+        expected = model(pixel_values=images).logits
+        narrow = model.to(torch.bfloat16)(pixel_values=images.to(torch.bfloat16)).logits.float()
+    torch.testing.assert_close(narrow, expected, rtol=0.05, atol=0.05 * expected.abs().max().item())

@@ -268,7 +268,7 @@ def test_export_folder_card_and_push(trained_model, tmp_path):
     assert row[4] == "acc" and float(row[6]) == pytest.approx(mc, abs=5e-4)
     assert "lm-evaluation-harness 0.4.13" in card.text and "energyzoo_pydoc_mc 0-shot" in card.text
     assert "dtype torch.float32, batch size 8, device cpu" in card.text
-    assert "`transformers>=5.23`" in card.text
+    assert "`transformers>=5.23,<5.25`, the releases this code was tested on" in card.text
     assert "This model's preset (fem-lm-tiny) was not timed: `energyzoo bench fem`" in card.text
     assert "Free Energy Mixer" in card.text and "from_pretrained(\"someone/fem-tiny\"" in card.text
     assert ("the Python documentation shipped with CPython (`pydoc_data.topics`) in blocks of 128 tokens: 30 steps"
@@ -397,9 +397,9 @@ def load_trained(model_dir):
     return AutoModelForImageClassification.from_pretrained(model_dir).eval()
 
 
-OLD_TRANSFORMERS = """
+UNTESTED_TRANSFORMERS = """
 import sys, transformers
-transformers.__version__ = "5.0.0"
+transformers.__version__ = sys.argv[2]
 from transformers import AutoModelForCausalLM
 AutoModelForCausalLM.from_pretrained(sys.argv[1], trust_remote_code=True)
 """
@@ -415,15 +415,18 @@ except ValueError as error:
 """
 
 
-def test_exported_code_refuses_old_transformers_and_the_tokenizer_needs_no_remote_code(trained_model, tmp_path):
+def test_exported_code_refuses_untested_transformers_and_the_tokenizer_needs_no_remote_code(trained_model, tmp_path):
+    """The folder's code loads only on the releases it was tested on, the package's own range (below and above it
+    a release is refused in one line, instead of decoding wrong tokens); its tokenizer needs no remote code."""
     from transformers import AutoTokenizer
 
     folder = export_folder(trained_model, tmp_path / "export")
-    old = subprocess.run([sys.executable, "-c", OLD_TRANSFORMERS, str(folder)], capture_output=True, text=True,
-                         timeout=300)
-    assert old.returncode == 1
-    assert "ImportError: this model's code needs transformers>=5.23, found 5.0.0: pip install -U" in old.stderr
-    assert '"transformers>=5.23,' in (Path(__file__).parents[1] / "pyproject.toml").read_text()  # the same floor
+    for release in ("5.22.0", "5.25.0"):
+        untested = subprocess.run([sys.executable, "-c", UNTESTED_TRANSFORMERS, str(folder), release],
+                                  capture_output=True, text=True, timeout=300)
+        assert untested.returncode == 1
+        assert (f"ImportError: energyzoo's model code was tested on transformers >=5.23,<5.25, but {release} is "
+                "installed: install one of those") in untested.stderr
     plain = subprocess.run([sys.executable, "-c", NO_REMOTE_CODE, str(folder)], capture_output=True, text=True,
                            timeout=300, stdin=subprocess.DEVNULL)
     assert plain.returncode == 0, plain.stderr[-2000:]

@@ -3,9 +3,10 @@
 transformers'; this file only wires model testers to them.
 
 transformers' sdist does not ship its ``tests/`` folder and CI cannot download it, so this module reads a copy: the one
-``ENERGYZOO_TRANSFORMERS_TESTS`` names, or else ``../shared/transformers-tests/tests`` beside the repository (where CI
-and the project's machines keep one that works with the installed transformers; its README says where each part comes
-from). Without either it is skipped, the one skip of its kind in the suite. To use transformers' own checkout::
+``ENERGYZOO_TRANSFORMERS_TESTS`` names, or else the copy of the installed release beside the repository
+(`SHARED_COPIES`: ``../shared/transformers-tests/tests`` for 5.23, ``../shared/transformers-tests-5.24/tests`` for 5.24,
+where CI and the project's machines keep them; each README says where each part comes from). Without one it is
+skipped, the one skip of its kind in the suite. To use transformers' own checkout::
 
     git clone --depth 1 --branch v$(python -c "import transformers; print(transformers.__version__)") \\
         https://github.com/huggingface/transformers /tmp/transformers
@@ -24,12 +25,17 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers
+from packaging.version import Version
 
-SHARED_COPY = Path(__file__).resolve().parents[2] / "shared" / "transformers-tests" / "tests"
+# the copy of transformers' tests/ that matches each supported release (major.minor)
+SHARED_COPIES = {"5.23": "transformers-tests", "5.24": "transformers-tests-5.24"}
+RELEASE = ".".join(map(str, Version(transformers.__version__).release[:2]))
+SHARED_COPY = Path(__file__).resolve().parents[2] / "shared" / SHARED_COPIES.get(RELEASE, "none") / "tests"
 TRANSFORMERS_TESTS = os.environ.get("ENERGYZOO_TRANSFORMERS_TESTS") or (SHARED_COPY.is_dir() and str(SHARED_COPY))
 if not TRANSFORMERS_TESTS:
-    pytest.skip(f"no copy of transformers' tests/: set ENERGYZOO_TRANSFORMERS_TESTS or keep one at {SHARED_COPY} (see "
-                "this module's docstring)", allow_module_level=True)
+    pytest.skip(f"no copy of transformers' tests/ for transformers {RELEASE}: set ENERGYZOO_TRANSFORMERS_TESTS or keep "
+                f"one at {SHARED_COPY} (see this module's docstring)", allow_module_level=True)
 sys.path.insert(0, str(Path(TRANSFORMERS_TESTS).resolve().parent))
 
 from tests.generation.test_utils import GenerationTesterMixin  # noqa: E402

@@ -25,7 +25,7 @@ from transformers import AutoConfig, AutoTokenizer
 
 from ..eval.harness import scores
 from ..eval.speed import format_table
-from ..modeling.checks import MINIMUM_TRANSFORMERS
+from ..modeling.transformers_compat import TESTED_TRANSFORMERS
 from ..registry import ARCHITECTURES, TASKS, architecture, auto_map_for
 from ..training.checkpoints import RECIPE, write_folder_whole
 from ..training.data import image_processor_for
@@ -209,7 +209,7 @@ def render_card(model, model_dir: Path, task: str, repo_id: str | None = None,
         repo_id=repo_id or "path/to/this/folder", parameters=f"{sum(p.numel() for p in model.parameters()):,}",
         config_table=_config_table(config), training_data=_training_data(model_dir, task),
         eval_table=_eval_table(model_dir), speed_table=_speed_table(model_dir, model_type),
-        minimum_transformers=MINIMUM_TRANSFORMERS,
+        transformers_range=TESTED_TRANSFORMERS,
         **entry.card_facts(config),
     )
     template = resources.files("energyzoo") / "hub_cards" / entry.card_template

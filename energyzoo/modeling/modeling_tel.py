@@ -24,6 +24,7 @@ per-step diagnostics (tel.txt §3.4, App. H.7): ``temperature`` T_i, ``step_size
 """
 
 import inspect
+from contextlib import contextmanager, nullcontext
 
 import torch
 from transformers import GenerationMixin
@@ -93,9 +94,12 @@ def vit_inputs(arguments: dict) -> None:
     check_classifier_labels(owner, arguments.get("labels"), config, len(pixel_values))
 
 
-def resnet_inputs(arguments: dict) -> None:
+def resnet_inputs(arguments: dict):
     """The zoo's checks of ResNet's inputs: images of the configured channels (any size; in training, enough pixels
-    or images that the last stage's BatchNorm sees more than one value per channel), class labels."""
+    or images that the last stage's BatchNorm sees more than one value per channel), class labels. Returns the
+    context the forward runs in: oneDNN off for bfloat16 images on the CPU with a side narrower than the network's
+    total stride, where torch's oneDNN bfloat16 convolutions return wrong values (a 16 x 1 image came out NaN;
+    pytorch/pytorch#163347): PyTorch's own convolutions then run instead."""
     model = arguments["self"]
     owner, config, pixel_values = type(model).__name__, model.config, arguments.get("pixel_values")
     check_pixel_values(owner, pixel_values, config.num_channels)
@@ -107,6 +111,21 @@ def resnet_inputs(arguments: dict) -> None:
                  f"more than {stride} pixels a side (BatchNorm's statistics need 2+ values per channel)",
                  f"shape {tuple(pixel_values.shape)}")
     check_classifier_labels(owner, arguments.get("labels"), config, batch)
+    if pixel_values.device.type == "cpu" and pixel_values.dtype == torch.bfloat16 and min(height, width) < stride:
+        return onednn_off()
+    return nullcontext()
+
+
+@contextmanager
+def onednn_off():
+    """torch's own CPU kernels instead of oneDNN's for the block (`torch.backends.mkldnn.flags` would also set, and
+    warn about, TF32 on Intel GPUs)."""
+    enabled = torch.backends.mkldnn.enabled
+    torch.backends.mkldnn.enabled = False
+    try:
+        yield
+    finally:
+        torch.backends.mkldnn.enabled = enabled
 
 
 def forward_with_energies(vanilla_forward, prepare):
@@ -114,13 +133,13 @@ def forward_with_energies(vanilla_forward, prepare):
     carries the `EnergyTrace` its TEL layers record, `outputs.records_energies`) and ``refinement_steps`` (K of
     every TEL layer for this call, `refinement.takes_refinement_steps`). The signature is the vanilla one plus
     those keywords, so `generate()` and `Trainer` see the arguments they expect. `prepare(arguments)` checks (and
-    may edit) the bound arguments, ``self`` among them, first."""
+    may edit) the bound arguments, ``self`` among them, first, and may return a context for the vanilla forward."""
     signature = inspect.signature(vanilla_forward)
 
     def prepared(self, *args, **kwargs):
         bound = signature.bind(self, *args, **kwargs)
-        prepare(bound.arguments)
-        return vanilla_forward(self, *bound.args[1:], **bound.kwargs)
+        with prepare(bound.arguments) or nullcontext():
+            return vanilla_forward(self, *bound.args[1:], **bound.kwargs)
 
     prepared.__signature__ = signature  # what `takes_cache` reads: the vanilla cache argument and keywords
     forward = records_energies(takes_refinement_steps(takes_cache(prepared)))

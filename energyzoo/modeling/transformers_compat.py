@@ -24,7 +24,7 @@ from transformers.cache_utils import Cache
 from transformers.modeling_outputs import BaseModelOutputWithPast
 from transformers.utils.deprecation import deprecate_kwarg
 
-TESTED_TRANSFORMERS = SpecifierSet(">=5.23,<5.25")
+TESTED_TRANSFORMERS = ">=5.23,<5.25"  # keep in step with pyproject.toml
 UNTESTED_OVERRIDE = "ENERGYZOO_ALLOW_UNTESTED_TRANSFORMERS"
 # The names transformers has given a model's cache; a cache under one the forward does not read is refused.
 CACHE_NAMES = ("cache", "past_key_values", "cache_params")
@@ -32,7 +32,7 @@ CACHE_NAMES = ("cache", "past_key_values", "cache_params")
 
 def check_transformers_release(version: str = transformers.__version__) -> None:
     """Refuse, in one line naming the tested range, a transformers release outside `TESTED_TRANSFORMERS`."""
-    if Version(version) not in TESTED_TRANSFORMERS and os.environ.get(UNTESTED_OVERRIDE) != "1":
+    if Version(version) not in SpecifierSet(TESTED_TRANSFORMERS) and os.environ.get(UNTESTED_OVERRIDE) != "1":
         raise ImportError(
             f"energyzoo's model code was tested on transformers {TESTED_TRANSFORMERS}, but {version} is installed: "
             f'install one of those (pip install "transformers{TESTED_TRANSFORMERS}"), or set {UNTESTED_OVERRIDE}=1 '

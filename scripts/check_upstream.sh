@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The upstream canary: a scratch venv with the newest release of every library energyzoo builds on (torch included,
+# whatever the pins in pyproject.toml say), the model contract + generation + export tests run there, and the versions
+# with what broke. Run it before raising a pin or when a release lands:
+#
+#     bash scripts/check_upstream.sh            # a fresh venv under a temporary folder, removed afterwards
+#     CANARY_VENV=/tmp/canary bash scripts/check_upstream.sh   # keep (and reuse) the venv
+#
+# The newest torch on the package index may be a CUDA build of several GB (it runs on CPU too). The model code refuses
+# transformers releases outside its tested range (energyzoo/modeling/transformers_compat.py); the canary lets it run
+# with ENERGYZOO_ALLOW_UNTESTED_TRANSFORMERS=1, so a new release's breakage shows as failing tests, not one refusal.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+if [ -z "${CANARY_VENV:-}" ]; then
+  scratch=$(mktemp -d)
+  trap 'rm -rf "$scratch"' EXIT
+  CANARY_VENV="$scratch/venv"
+fi
+[ -x "$CANARY_VENV/bin/python" ] || python3 -m venv "$CANARY_VENV"
+python="$CANARY_VENV/bin/python"
+pip_install() { "$python" -m pip install --quiet --disable-pip-version-check --upgrade "$@"; }
+pip_install pip
+pip_install torch
+pip_install transformers accelerate peft datasets tokenizers safetensors huggingface_hub lm-eval
+# energyzoo itself without its pins, then the rest of its dependencies and test tools as they resolve
+pip_install --no-deps -e .
+pip_install tqdm pyyaml omegaconf pillow scikit-learn scikit-image matplotlib pytest pytest-timeout hypothesis \
+  parameterized tensorboard
+echo "== the newest releases"
+"$python" - <<'EOF'
+from importlib.metadata import version
+for name in ("torch", "transformers", "accelerate", "peft", "datasets", "tokenizers", "safetensors",
+             "huggingface_hub", "lm_eval"):
+    print(f"{name:16} {version(name)}")
+EOF
+echo "== the contract, generation and export tests on them"
+tests=(tests/test_*_contract.py tests/test_static_caches.py tests/test_exports.py tests/test_remote_code_isolation.py
+       tests/test_transformers_common.py)
+export ENERGYZOO_ALLOW_UNTESTED_TRANSFORMERS=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 OMP_NUM_THREADS=1
+"$python" -m pytest -q -p no:cacheprovider -rf --tb=line "${tests[@]}" 2>&1 | tail -n 60
+status=${PIPESTATUS[0]}
+echo "== canary: pytest exit status $status (0: nothing broke)"
+exit "$status"
