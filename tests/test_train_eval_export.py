@@ -427,6 +427,9 @@ def test_exported_code_refuses_untested_transformers_and_the_tokenizer_needs_no_
         assert untested.returncode == 1
         assert (f"ImportError: energyzoo's model code was tested on transformers >=5.23,<5.25, but {release} is "
                 "installed: install one of those") in untested.stderr
+    allowed = subprocess.run([sys.executable, "-c", UNTESTED_TRANSFORMERS, str(folder), "5.25.0"], capture_output=True,
+                             text=True, timeout=300, env={**os.environ, "ENERGYZOO_ALLOW_UNTESTED_TRANSFORMERS": "1"})
+    assert allowed.returncode == 0, allowed.stderr[-2000:]  # what the upstream canary runs under
     plain = subprocess.run([sys.executable, "-c", NO_REMOTE_CODE, str(folder)], capture_output=True, text=True,
                            timeout=300, stdin=subprocess.DEVNULL)
     assert plain.returncode == 0, plain.stderr[-2000:]
