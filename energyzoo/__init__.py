@@ -12,6 +12,7 @@ from pathlib import Path
 __version__ = "0.1.0"
 
 _PUBLIC = {
+    "modeling.errors": ["UserError", "UserTypeError"],
     "modeling.configuration_eer": ["EERConfig"],
     "modeling.configuration_eqt": ["EqTLlamaConfig"],
     "modeling.configuration_fem": ["FEMConfig"],

@@ -8,12 +8,16 @@ after the arguments are parsed, so ``--help`` answers at once.
 import argparse
 import json
 import sys
+import traceback
 from pathlib import Path
 
+from .modeling.errors import UntestedTransformers, UserError
 from .reproduce.experiments import EXPERIMENTS  # a table of names: no torch before the arguments are parsed
 
-# bad values and types, missing files and folders (the library's own errors name the field or input)
-USER_ERRORS = (ValueError, TypeError, OSError, ImportError)
+# What the user can fix: energyzoo's own checks (they name the field, file or input), a transformers release outside
+# the tested range, a file the user may not read or write. Anything else is a bug in energyzoo.
+USER_ERRORS = (UserError, UntestedTransformers, PermissionError)
+BUG_REPORT = "this is a bug in energyzoo, not in your input: please report it with the traceback above"
 
 
 def _quickstart(args) -> int:
@@ -104,10 +108,10 @@ def _available_device(name: str) -> str:
     try:
         device = torch.device(name)
     except RuntimeError as error:
-        raise ValueError(f"--device {name!r} is no torch device ({str(error).split(':')[0]})") from None
+        raise UserError(f"--device {name!r} is no torch device ({str(error).split(':')[0]})") from None
     accelerator = getattr(torch, device.type, None)
     if device.type != "cpu" and not (accelerator is not None and accelerator.is_available()):
-        raise ValueError(f"--device {name}: this torch ({torch.__version__}) has no {device.type} device")
+        raise UserError(f"--device {name}: this torch ({torch.__version__}) has no {device.type} device")
     return name
 
 
@@ -119,7 +123,7 @@ def _config_fields(assignments: list[str]) -> dict:
     for assignment in assignments:
         field, equals, value = assignment.partition("=")
         if not equals or not field:
-            raise ValueError(f"--set {assignment!r}: expected FIELD=VALUE, e.g. use_time_decay=false")
+            raise UserError(f"--set {assignment!r}: expected FIELD=VALUE, e.g. use_time_decay=false")
         fields[field] = yaml.safe_load(value)
     return fields
 
@@ -147,12 +151,12 @@ def _bench(args) -> int:
                                  workloads=tuple(args.workloads) if args.workloads else None)
         if args.profile:
             if args.all:
-                raise ValueError("--profile takes one NAME, not --all")
+                raise UserError("--profile takes one NAME, not --all")
             print(profile_tables(args.name or "fem", args.profile, settings, baseline=args.baseline))
             return 0
         if args.all:
             if args.name or args.baseline or args.sweep:
-                raise ValueError("--all benches every architecture against its own baseline: drop NAME, --baseline "
+                raise UserError("--all benches every architecture against its own baseline: drop NAME, --baseline "
                                  "and --sweep")
             results = [run_bench(name, settings) for name in benched_architectures()]
             _print_and_save("\n\n".join(format_table(result) for result in results), results, args.output)
@@ -180,7 +184,7 @@ def _reproduce(args) -> int:
 
     if args.experiment == "all":
         if args.overrides:
-            raise ValueError(f"reproduce all takes no settings ({' '.join(args.overrides)}): each experiment has its "
+            raise UserError(f"reproduce all takes no settings ({' '.join(args.overrides)}): each experiment has its "
                              f"own; run `energyzoo reproduce NAME field=value` for one")
         output_dir = Path(args.output_dir or "runs/reproduce")
         reports = {name: run_experiment(name, [], output_dir / name, args.quick, reuse=True) for name in EXPERIMENTS}
@@ -194,6 +198,16 @@ def _reproduce(args) -> int:
     print(EXPERIMENTS[args.experiment].code().format_markdown(report))
     print(f"\n{report['seconds']:.0f} s; wrote its markdown, JSON and PNG in {output_dir}")
     return 0
+
+
+def quiet_libraries() -> None:
+    """One progress bar at a time: the command's own (training steps, lm-eval's requests), not transformers' bars for
+    every weight file it reads or writes, nor datasets' for every local split it builds."""
+    import datasets
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()
+    datasets.disable_progress_bars()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -329,6 +343,7 @@ def main(argv=None) -> int:
             from .registry import register_all  # the first import of torch and transformers
 
             register_all()
+            quiet_libraries()
         return args.run(args)
     except USER_ERRORS as error:
         if args.debug:
@@ -336,6 +351,10 @@ def main(argv=None) -> int:
         message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         print(f"energyzoo {args.command}: error: {message} (--debug for the traceback)", file=sys.stderr)
         return 2
+    except Exception:  # noqa: BLE001 - shown whole, as what it is
+        traceback.print_exc()
+        print(f"energyzoo {args.command}: internal error: {BUG_REPORT}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

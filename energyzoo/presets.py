@@ -14,6 +14,7 @@ from importlib import resources
 
 from transformers import CONFIG_MAPPING, AutoConfig, PretrainedConfig
 
+from .modeling.errors import UserError
 from .registry import TASKS
 
 
@@ -39,7 +40,7 @@ def preset_card(name: str) -> dict:
 def _entry(name: str) -> dict:
     catalogue = _catalogue()
     if name not in catalogue:
-        raise ValueError(f"Unknown preset {name!r}; known presets: {', '.join(sorted(catalogue))}")
+        raise UserError(f"Unknown preset {name!r}; known presets: {', '.join(sorted(catalogue))}")
     return catalogue[name]
 
 
@@ -69,7 +70,7 @@ def config_with_overrides(fields: dict, overrides: dict) -> PretrainedConfig:
             if key not in names:
                 close = difflib.get_close_matches(key, names, n=1)
                 hint = f"; did you mean {close[0]!r}?" if close else ""
-                raise ValueError(f"{config_class.__name__} has no field {key!r}{hint}")
+                raise UserError(f"{config_class.__name__} has no field {key!r}{hint}")
     return AutoConfig.for_model(**{**fields, **overrides})
 
 

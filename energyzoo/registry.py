@@ -26,6 +26,7 @@ from .modeling.configuration_eqt import EqTLlamaConfig
 from .modeling.configuration_fem import FEMConfig
 from .modeling.configuration_hyperset import HyperSETConfig
 from .modeling.configuration_tel import TELGPT2Config, TELResNetConfig, TELViTConfig
+from .modeling.errors import UserError
 from .modeling.image_processing_grayscale import GrayscaleImageProcessor
 from .modeling.modeling_eer import EERForCausalLM, EERModel
 from .modeling.modeling_eqt import EqTLlamaForCausalLM, EqTLlamaModel
@@ -214,7 +215,7 @@ ARCHITECTURES = {
 
 def architecture(model_type: str) -> Architecture:
     if model_type not in ARCHITECTURES:
-        raise ValueError(f"{model_type!r} is not a zoo architecture; the zoo has {sorted(ARCHITECTURES)}")
+        raise UserError(f"{model_type!r} is not a zoo architecture; the zoo has {sorted(ARCHITECTURES)}")
     return ARCHITECTURES[model_type]
 
 

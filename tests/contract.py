@@ -9,6 +9,7 @@ checks (item 8, second half) live in each architecture's own test files.
 """
 
 import copy
+import inspect
 import os
 import pickle
 import subprocess
@@ -36,6 +37,16 @@ RUNTIMES = {"this-release": sys.executable, **({"other-end-of-range": OTHER_END_
 
 def output_tensor(outputs) -> torch.Tensor:
     return outputs.logits if getattr(outputs, "logits", None) is not None else outputs.last_hidden_state
+
+
+def distinct_weights(model) -> set[str]:
+    """The names of ``model``'s state dict, a tied weight (an LM head's) once, under its first name."""
+    seen, names = set(), set()
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        if tensor.data_ptr() not in seen:
+            seen.add(tensor.data_ptr())
+            names.add(name)
+    return names
 
 
 def loss_and_gradients(model, inputs, forward=None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -125,6 +136,31 @@ class ModelContract:
         assert type(reloaded) is self.head_class
         with torch.no_grad():
             assert torch.equal(output_tensor(model(**inputs)), output_tensor(reloaded(**inputs)))
+
+    @pytest.mark.parametrize("saved", ["head", "base"])
+    def test_base_model_and_head_load_each_others_folders(self, tmp_path, saved):
+        """`AutoModel` on the head's folder (and the head's Auto class on the base model's) loads every weight the
+        folder holds: newly initialised are exactly the parameters the saved class lacks (the head's classifier, a
+        pooler), and the base outputs are the saved model's own."""
+        base_class = ARCHITECTURES[self.model_type].base_model
+        source = self.build(self.head_class if saved == "head" else base_class)
+        inputs = self.without_labels(self.make_inputs(source.config))
+        source.save_pretrained(tmp_path)
+        loader = AutoModel if saved == "head" else self.head_auto_class
+        loaded, info = loader.from_pretrained(tmp_path, output_loading_info=True)
+        loaded.eval()
+        head, base = (source, loaded) if saved == "head" else (loaded, source)
+        prefix = head.base_model_prefix
+        base_names = {f"{prefix}.{name}" for name in distinct_weights(base)}
+        source_names = distinct_weights(source) if saved == "head" else base_names
+        loaded_names = base_names if saved == "head" else distinct_weights(head)
+        lacked = {name.removeprefix(f"{prefix}.") if saved == "head" else name for name in loaded_names - source_names}
+        assert set(info["missing_keys"]) == lacked
+        accepted = set(inspect.signature(base.forward).parameters)
+        base_inputs = {key: value for key, value in inputs.items() if key in accepted}
+        with torch.no_grad():
+            expected = getattr(head, prefix)(**base_inputs)[0]
+            assert torch.equal(base(**base_inputs)[0], expected)
 
     # 2. remote code in a fresh process ---------------------------------------------------------------
     @pytest.mark.parametrize("runtime", RUNTIMES)

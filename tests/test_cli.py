@@ -76,6 +76,10 @@ def test_bad_paths_are_answered_in_one_line_with_exit_code_2_before_any_network_
      "recipe training.learning_rte: Key 'learning_rte' not in 'TrainingSection'. Did you mean: 'learning_rate'?"),
     (["train", "fem-lm-tiny", "training.steps=many"],
      "recipe training.steps: Value 'many' of type 'str' could not be converted to Integer"),
+    (["train", "fem-lm-tiny", "training.adam_betas=[0.9]"],  # was "recipe None: None"
+     "recipe training.adam_betas must be [beta1, beta2], each in [0, 1), got [0.9]"),
+    (["train", "fem-lm-tiny", "training.adam_betas=[0.9"], "a value is not valid YAML"),
+    (["train", "fem-lm-tiny", "data.language=[english]"], "recipe data.language must be None or a list of ISO 639-1"),
     (["train", "fem-lm-tiny", "model.overrides.hidden_sise=32"],
      "recipe model: FEMConfig has no field 'hidden_sise'; did you mean 'hidden_size'?"),
     (["reproduce", "tel-stage1", "epochs=many"],
@@ -117,7 +121,7 @@ def test_debug_shows_the_traceback(tmp_path):
     done = subprocess.run(["energyzoo", "--debug", "export", "missing_dir", "out"], capture_output=True, text=True,
                           timeout=300, cwd=tmp_path)
     assert done.returncode == 1 and "Traceback (most recent call last)" in done.stderr
-    assert "FileNotFoundError: missing_dir is not a folder" in done.stderr
+    assert "UserError: missing_dir is not a folder" in done.stderr
 
 
 def test_export_refuses_non_zoo_folders_in_one_line(tmp_path, capsys):
@@ -204,3 +208,64 @@ def test_doctor_without_a_gpu_says_what_it_could_not_run_and_why(tmp_path, capsy
         ("softmax", "flash_attention_2", "not run: needs a CUDA device"),
     ]
     assert "0 passed, 0 failed, 3 not run" in capsys.readouterr().out
+
+
+def one_error_line(capsys, command: str) -> str:
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"energyzoo {command}: error: "), lines
+    return lines[0]
+
+
+def test_a_truncated_or_unreadable_recipe_is_named_in_one_line(tmp_path, capsys, monkeypatch):
+    truncated = tmp_path / "cut.yaml"
+    truncated.write_text(shipped_recipe_path("fem-lm-tiny").read_text()[:300])  # an interrupted copy
+    assert main(["train", str(truncated)]) == 2
+    assert f"{truncated}: not valid YAML (" in one_error_line(capsys, "train")
+    from omegaconf import OmegaConf
+
+    def unreadable(path):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(OmegaConf, "load", unreadable)
+    assert main(["train", str(truncated)]) == 2
+    assert f"{truncated}: cannot be read (Permission denied)" in one_error_line(capsys, "train")
+
+
+def refuse_sockets(monkeypatch) -> None:
+    import socket
+
+    def refused(*args, **kwargs):
+        raise OSError(101, "Network is unreachable (sockets refused by the test)")
+
+    monkeypatch.setattr(socket.socket, "connect", refused)
+    monkeypatch.setattr(socket, "getaddrinfo", refused)
+
+
+@pytest.mark.parametrize("offline", ["0", "1"])
+def test_a_push_without_network_or_credentials_says_why_and_keeps_the_folder(run_folder, tmp_path, capsys,
+                                                                              monkeypatch, offline):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", offline == "1")  # read once, when huggingface_hub is imported
+    monkeypatch.setenv("HF_TOKEN", "")
+    refuse_sockets(monkeypatch)
+    output = tmp_path / "export"
+    assert main(["export", str(run_folder / "model"), str(output), "--push", "someone/fem-tiny"]) == 2
+    line = one_error_line(capsys, "export")
+    assert "--push someone/fem-tiny failed (" in line and f"{output} is complete: push it again" in line
+    assert ("OfflineModeIsEnabled" if offline == "1" else "Network is unreachable") in line
+    assert (output / "model.safetensors").is_file() and (output / "README.md").is_file()
+
+
+def test_an_internal_error_is_a_traceback_exit_1_and_says_it_is_a_bug(capsys, monkeypatch):
+    from energyzoo.training import run
+
+    def broken(*args, **kwargs):
+        raise TypeError("create_masks_for_generate() missing 1 required positional argument")
+
+    monkeypatch.setattr(run, "run_training", broken)
+    assert main(["train", "fem-lm-tiny", *TINY, "output_dir=unused"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and "TypeError: create_masks_for_generate() missing" in err
+    assert err.strip().splitlines()[-1] == ("energyzoo train: internal error: this is a bug in energyzoo, not in your "
+                                            "input: please report it with the traceback above")

@@ -7,12 +7,12 @@ import pytest
 import torch
 from eqt_reference import reference_energy
 from test_eqt_contract import tiny_eqt_config
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, LlamaModel
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from energyzoo.modeling.configuration_eqt import EqTLlamaConfig
 from energyzoo.modeling.eqt_energy import position_mask
-from energyzoo.modeling.modeling_eqt import EqTLlamaForCausalLM
+from energyzoo.modeling.modeling_eqt import EqTLlamaForCausalLM, EqTLlamaModel
 from energyzoo.modeling.transformers_compat import cache_of
 
 LARGE_PRESET_OPTIONS = dict(erm_head_vocabulary="window", erm_confidence_topk=5)  # as eqt-llama-340m
@@ -230,6 +230,12 @@ def test_llama_checkpoint_loads_and_k0_or_zero_weights_give_llama_exactly(tmp_pa
         with torch.no_grad():
             assert torch.equal(model(input_ids=ids, attention_mask=mask).logits, expected)
         assert torch.equal(model.generate(input_ids=ids, attention_mask=mask, **settings), expected_tokens)
+    base, info = EqTLlamaModel.from_pretrained(tmp_path, output_loading_info=True, erm_num_steps=0,
+                                               erm_memory_size=16)
+    assert info["missing_keys"] and all(key.startswith("erm.") for key in info["missing_keys"])
+    with torch.no_grad():  # the base model on the LM's folder: transformers' LlamaModel on it
+        assert torch.equal(base.eval()(input_ids=ids, attention_mask=mask).last_hidden_state,
+                           LlamaModel.from_pretrained(tmp_path)(input_ids=ids, attention_mask=mask).last_hidden_state)
     in_memory = EqTLlamaForCausalLM.from_llama(llama, erm_num_steps=0, erm_memory_size=16).eval()
     with torch.no_grad():
         assert torch.equal(in_memory(input_ids=ids, attention_mask=mask).logits, expected)

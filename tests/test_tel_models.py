@@ -5,18 +5,24 @@ import torch
 from transformers import (
     GPT2Config,
     GPT2LMHeadModel,
+    GPT2Model,
     ResNetConfig,
     ResNetForImageClassification,
+    ResNetModel,
     ViTConfig,
     ViTForImageClassification,
+    ViTModel,
 )
 from transformers.testing_utils import CaptureLogger
 
 from energyzoo import (
     TELGPT2LMHeadModel,
+    TELGPT2Model,
     TELResNetConfig,
     TELResNetForImageClassification,
+    TELResNetModel,
     TELViTForImageClassification,
+    TELViTModel,
     ThermodynamicRefinement,
     config_from_preset,
     model_from_preset,
@@ -36,6 +42,27 @@ FAMILIES = {
     "resnet": (ResNetForImageClassification, ResNetConfig(**RESNET_FIELDS), TELResNetForImageClassification, 3,
                {"pixel_values": torch.randn(2, 3, 32, 32)}),
 }
+
+
+BASES = {"gpt2": (GPT2Model, TELGPT2Model), "vit": (ViTModel, TELViTModel), "resnet": (ResNetModel, TELResNetModel)}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_tel_base_models_load_a_vanilla_heads_folder_as_transformers_base_model_does(family, tmp_path):
+    """The TEL base model (TEL-ViT's included, whose folder names are ViT's legacy ones) on a vanilla classifier's or
+    LM's folder: with no TEL layer it is transformers' own base model on that folder, the same weights loaded and the
+    same left out (ViT's pooler, which a classifier lacks)."""
+    vanilla_class, vanilla_config, _, _, inputs = FAMILIES[family]
+    vanilla_base_class, tel_base_class = BASES[family]
+    torch.manual_seed(0)
+    vanilla_class(vanilla_config).save_pretrained(tmp_path)
+    torch.manual_seed(1)
+    expected, expected_info = vanilla_base_class.from_pretrained(tmp_path, output_loading_info=True)
+    torch.manual_seed(1)
+    tel, info = tel_base_class.from_pretrained(tmp_path, tel_placement=[], output_loading_info=True)
+    assert set(info["missing_keys"]) == set(expected_info["missing_keys"])
+    with torch.no_grad():
+        assert torch.equal(tel.eval()(**inputs)[0], expected.eval()(**inputs)[0])
 
 
 def tel_blocks_of(model) -> list[str]:

@@ -5,6 +5,7 @@ import json
 import math
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from dataclasses import asdict, replace
@@ -16,13 +17,14 @@ import yaml
 from huggingface_hub import ModelCard
 from huggingface_hub.repocard_data import model_index_to_eval_results
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from energyzoo.cli import main
 from energyzoo.eval.harness import evaluate_folder, local_task_documents, write_local_tasks
 from energyzoo.eval.speed import timed_row
 from energyzoo.hub_cards import export, export_folder
 from energyzoo.modeling import modeling_fem
+from energyzoo.modeling.errors import UserError
 from energyzoo.presets import preset_names
 from energyzoo.quickstart import run_quickstart
 from energyzoo.training.finetune import finetune_with_trainer
@@ -283,6 +285,35 @@ def test_export_folder_card_and_push(trained_model, tmp_path):
     assert set(auto_map) == {"AutoConfig", "AutoModel", "AutoModelForCausalLM", "AutoModelForSequenceClassification"}
 
 
+def test_an_export_holds_nothing_of_the_machine_it_was_made_on(trained_model, tmp_path, monkeypatch):
+    """No absolute path, home folder, host name, environment value or lm-eval environment dump in any text file of
+    an export; the scores and versions stay. A recipe cannot read the environment, and its languages are codes."""
+    planted = "hf_planted0123456789secret"
+    monkeypatch.setenv("ENERGYZOO_PLANTED_SECRET", planted)
+    shared = tmp_path / "shared-recipe.yaml"  # a recipe someone shares, reading the token of whoever runs it
+    shared.write_text(shipped_recipe_path("fem-lm-tiny").read_text().replace(
+        "language: [en]", 'language: ["${oc.env:ENERGYZOO_PLANTED_SECRET}"]'))
+    with pytest.raises(UserError, match=r"recipe data.language\[0\]: '\$\{oc.env:ENERGYZOO_PLANTED_SECRET\}' calls a "
+                                        "resolver"):
+        load_recipe(shared)
+    assert load_recipe("fem-lm-tiny", ["output_dir=runs/${data.source}"]).output_dir == "runs/python-docs"
+    with pytest.raises(UserError, match=r"recipe data.language must be None or a list of ISO 639-1 codes"):
+        load_recipe("fem-lm-tiny", ["data.language=[english]"])
+    source = json.loads((trained_model / "eval" / "local.json").read_text())
+    assert str(trained_model) in json.dumps(source) and "pretty_env_info" in source  # what lm-eval writes locally
+    folder = export_folder(trained_model, tmp_path / "export")
+    private = [str(trained_model.parent), str(tmp_path), str(Path.home()), socket.gethostname(), planted, "Vulnerab",
+               "pretty_env_info"]
+    for path in sorted(folder.rglob("*")):
+        if path.is_file() and path.suffix != ".safetensors":
+            text = path.read_text()
+            assert not [value for value in private if value in text], path.relative_to(folder)
+    public = json.loads((folder / "eval" / "local.json").read_text())
+    assert public["results"] == source["results"] and public["versions"] == source["versions"]
+    assert public["lm_eval_version"] == source["lm_eval_version"] and public["config"]["model_dtype"] == "torch.float32"
+    assert yaml.safe_load((folder / "recipe.yaml").read_text())["output_dir"] == trained_model.parent.name
+
+
 def test_the_card_carries_the_measured_bench_rows_of_its_preset_only(trained_model, tmp_path, monkeypatch):
     rows = [asdict(timed_row(arm, "forward", [2.0, 2.0, 2.0], [1.0, 1.0, 1.0], 1.10))
             for arm in ("fem-lm-tiny", "fem-lm-tiny-wide")]
@@ -405,14 +436,41 @@ AutoModelForCausalLM.from_pretrained(sys.argv[1], trust_remote_code=True)
 """
 NO_REMOTE_CODE = """
 import json, sys
-from transformers import AutoModelForCausalLM, AutoTokenizer
-tokenizer = AutoTokenizer.from_pretrained(sys.argv[1])
-print(); print("IDS:", json.dumps(tokenizer("def f(x): return x").input_ids))
+sys.modules["energyzoo"] = None  # a plain transformers environment
+import transformers
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+transformers.logging.set_verbosity_warning()
+tokenizer = PreTrainedTokenizerFast.from_pretrained(sys.argv[1])
+print("IDS:", json.dumps(tokenizer("def f(x): return x").input_ids))
+print("TRUNCATED:", len(tokenizer("x = 1\\n" * 2000, truncation=True).input_ids))
 try:
-    AutoModelForCausalLM.from_pretrained(sys.argv[1])
+    AutoModelForCausalLM.from_pretrained(sys.argv[1], trust_remote_code=False)
 except ValueError as error:
-    print(); print("MODEL:", str(error).splitlines()[0])
+    print("MODEL:", str(error).splitlines()[0])
 """
+
+
+def run_in_terminal(command: list[str], timeout: float = 120) -> str:
+    """What ``command`` writes to a pseudo-terminal it runs under (where transformers asks about remote code and
+    waits for an answer); answers nothing."""
+    import pty
+    import select
+
+    pid, terminal = pty.fork()
+    if pid == 0:
+        os.execvp(command[0], command)
+    written = b""
+    while select.select([terminal], [], [], timeout)[0]:
+        try:
+            chunk = os.read(terminal, 4096)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        written += chunk
+    os.kill(pid, 9) if not os.waitpid(pid, os.WNOHANG)[0] else None
+    return written.decode(errors="replace").replace("\r\n", "\n")
+
 
 
 def test_exported_code_refuses_untested_transformers_and_the_tokenizer_needs_no_remote_code(trained_model, tmp_path):
@@ -425,18 +483,21 @@ def test_exported_code_refuses_untested_transformers_and_the_tokenizer_needs_no_
         untested = subprocess.run([sys.executable, "-c", UNTESTED_TRANSFORMERS, str(folder), release],
                                   capture_output=True, text=True, timeout=300)
         assert untested.returncode == 1
-        assert (f"ImportError: energyzoo's model code was tested on transformers >=5.23,<5.25, but {release} is "
-                "installed: install one of those") in untested.stderr
+        assert (f"UntestedTransformers: energyzoo's model code was tested on transformers >=5.23,<5.25, but {release} "
+                "is installed: install one of those") in untested.stderr
     allowed = subprocess.run([sys.executable, "-c", UNTESTED_TRANSFORMERS, str(folder), "5.25.0"], capture_output=True,
                              text=True, timeout=300, env={**os.environ, "ENERGYZOO_ALLOW_UNTESTED_TRANSFORMERS": "1"})
     assert allowed.returncode == 0, allowed.stderr[-2000:]  # what the upstream canary runs under
-    plain = subprocess.run([sys.executable, "-c", NO_REMOTE_CODE, str(folder)], capture_output=True, text=True,
-                           timeout=300, stdin=subprocess.DEVNULL)
-    assert plain.returncode == 0, plain.stderr[-2000:]
-    lines = {line.split(": ", 1)[0]: line.split(": ", 1)[1] for line in plain.stdout.splitlines()
-             if line.startswith(("IDS: ", "MODEL: "))}
+    written = run_in_terminal([sys.executable, "-c", NO_REMOTE_CODE, str(folder)])
+    assert "[y/N]" not in written and "model of type" not in written, written  # no prompt, no config read
+    lines = {line.split(": ", 1)[0]: line.split(": ", 1)[1] for line in written.splitlines()
+             if line.startswith(("IDS: ", "TRUNCATED: ", "MODEL: "))}
     assert json.loads(lines["IDS"]) == AutoTokenizer.from_pretrained(trained_model)("def f(x): return x").input_ids
+    assert int(lines["TRUNCATED"]) == AutoConfig.from_pretrained(trained_model).max_position_embeddings
     assert lines["MODEL"].startswith("The repository") and "custom code" in lines["MODEL"]  # transformers' advice
+    settings = json.loads((folder / "tokenizer_config.json").read_text())
+    assert settings["tokenizer_class"] == "PreTrainedTokenizerFast"
+    assert not {"is_local", "local_files_only", "name_or_path"} & set(settings)
 
 
 def test_fem_sequence_classifier_exports_as_text_classification_where_the_pipeline_runs(tmp_path):

@@ -24,6 +24,7 @@ import yaml
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from ..extras import needs_extra
+from ..modeling.errors import UserError
 from ..registry import ARCHITECTURES
 from ..training.data import python_docs_corpus
 
@@ -138,12 +139,12 @@ def require_causal_lm(model_dir: Path) -> None:
     """Refuse, in one line, a folder that holds no causal language model: lm-evaluation-harness scores text with the
     logits of a causal LM (its HFLM), which a classifier or an image model does not give."""
     if not (model_dir / "config.json").is_file():
-        raise FileNotFoundError(f"{model_dir} is not a model folder (no config.json)")
+        raise UserError(f"{model_dir} is not a model folder (no config.json)")
     saved = json.loads((model_dir / "config.json").read_text()).get("architectures") or []
     causal = set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()) | {
         head.__name__ for entry in ARCHITECTURES.values() for task, head in entry.heads.items() if task == "causal-lm"}
     if not causal & set(saved):
-        raise ValueError(f"energyzoo eval runs lm-evaluation-harness, which scores causal language models; {model_dir} "
+        raise UserError(f"energyzoo eval runs lm-evaluation-harness, which scores causal language models; {model_dir} "
                          f"holds {', '.join(saved) or 'a model of no saved architecture'} (evaluate it with its own "
                          "task's metrics, which energyzoo train reports)")
 
@@ -158,7 +159,7 @@ def evaluate_folder(model_dir: str | Path, suites: list[str] = ("local",), tasks
     (default ``model_dir/eval``); returns {name: results}."""
     unknown = sorted(set(suites) - set(SUITES))
     if unknown:
-        raise ValueError(f"unknown suite {unknown[0]!r}; choose from {sorted(SUITES)}")
+        raise UserError(f"unknown suite {unknown[0]!r}; choose from {sorted(SUITES)}")
     with needs_extra("eval"):
         import lm_eval
         from lm_eval.models.huggingface import HFLM

@@ -45,6 +45,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 from transformers import AutoModel, CompileConfig
 
+from ..modeling.errors import UserError
 from ..presets import config_from_preset, model_from_preset, preset_card
 from ..registry import ARCHITECTURES, Bench
 
@@ -90,10 +91,10 @@ def bench_entry(name: str) -> tuple[Bench, tuple[str, ...]]:
     """(the registry's bench entry, the presets to measure) for an architecture or one of its presets."""
     model_type = name if name in ARCHITECTURES else config_from_preset(name).model_type
     if model_type not in ARCHITECTURES:
-        raise ValueError(f"{name!r} is a {model_type!r} preset; energyzoo bench measures zoo architectures")
+        raise UserError(f"{name!r} is a {model_type!r} preset; energyzoo bench measures zoo architectures")
     entry = ARCHITECTURES[model_type].bench
     if entry is None:
-        raise ValueError(f"{model_type!r} has no bench entry in the registry; benched: "
+        raise UserError(f"{model_type!r} has no bench entry in the registry; benched: "
                          f"{', '.join(sorted(benched_architectures()))}")
     return entry, entry.presets if name in ARCHITECTURES else (name,)
 
@@ -102,7 +103,7 @@ def card_baseline(presets: tuple[str, ...]) -> str:
     """The one baseline the presets' cards name."""
     baselines = {preset: preset_card(preset).get("baseline") for preset in presets}
     if None in baselines.values() or len(set(baselines.values())) != 1:
-        raise ValueError(f"the presets' cards must name one baseline (got {baselines}); pass baseline=")
+        raise UserError(f"the presets' cards must name one baseline (got {baselines}); pass baseline=")
     return next(iter(baselines.values()))
 
 
@@ -352,7 +353,7 @@ def profile_tables(name: str, workload: str, settings: BenchSettings | None = No
     entry, presets = bench_entry(name)
     if workload not in entry.workloads or workload not in TIMED:
         timed = [item for item in entry.workloads if item in TIMED]
-        raise ValueError(f"--profile {workload}: {name} times {', '.join(timed)}")
+        raise UserError(f"--profile {workload}: {name} times {', '.join(timed)}")
     settings = _with_entry_shape(entry, settings)
     baseline = baseline or card_baseline(presets)
     on_cuda = settings.device.startswith("cuda")
@@ -382,13 +383,13 @@ def run_bench(name: str, settings: BenchSettings | None = None, baseline: str | 
     entry, presets = bench_entry(name)
     if sweep is not None:
         if entry.sweep is None:
-            raise ValueError(f"{name} sweeps no forward keyword; drop --sweep")
+            raise UserError(f"{name} sweeps no forward keyword; drop --sweep")
         entry = replace(entry, sweep=(entry.sweep[0], tuple(sweep)))
     settings = _with_entry_shape(entry, settings)
     if settings.workloads is not None:
         unknown = sorted(set(settings.workloads) - set(entry.workloads))
         if unknown:
-            raise ValueError(f"workloads {unknown}: {name} measures {', '.join(entry.workloads)}")
+            raise UserError(f"workloads {unknown}: {name} measures {', '.join(entry.workloads)}")
         entry = replace(entry, workloads=tuple(w for w in entry.workloads if w in settings.workloads))
     for preset in presets:  # refuse a field the measured presets do not have before building anything
         config_from_preset(preset, **settings.overrides)

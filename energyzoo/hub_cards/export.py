@@ -20,22 +20,27 @@ from dataclasses import asdict
 from importlib import resources
 from pathlib import Path
 
+import yaml
 from huggingface_hub import EvalResult, HfApi, ModelCard, ModelCardData
-from transformers import AutoConfig, AutoTokenizer
+from huggingface_hub.errors import HFValidationError, HTTPError, LocalTokenNotFoundError, OfflineModeIsEnabled
+from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerFast
 
 from ..eval.harness import scores
 from ..eval.speed import format_table
+from ..modeling.errors import UserError
 from ..modeling.transformers_compat import TESTED_TRANSFORMERS
 from ..registry import ARCHITECTURES, TASKS, architecture, auto_map_for
 from ..training.checkpoints import RECIPE, write_folder_whole
 from ..training.data import image_processor_for
 from ..training.recipe import Recipe, read_recipe
 from ..training.tasks import training_task
+from .public import is_local_path, public_evaluations, public_recipe
 
 SKIPPED_CONFIG_KEYS = {"auto_map", "architectures", "transformers_version", "id2label", "label2id", "dtype"}
 # The file each preprocessor saves, which a pipeline reads from the folder.
 PREPROCESSOR_FILES = {"tokenizer": "tokenizer_config.json", "image_processor": "preprocessor_config.json"}
 BENCH_RESULTS = "bench.json"
+CONTEXT_FIELDS = ("max_position_embeddings", "n_positions")  # a language model's context, under transformers' names
 
 
 def export_model(model, output_dir: str | Path, tokenizer=None) -> Path:
@@ -46,15 +51,29 @@ def export_model(model, output_dir: str | Path, tokenizer=None) -> Path:
     model.config.auto_map = auto_map_for(model.config.model_type)
     model.save_pretrained(output_dir)
     if tokenizer is not None:
-        tokenizer.save_pretrained(output_dir)
+        save_standard_tokenizer(tokenizer, model.config, output_dir)
     return output_dir
+
+
+def save_standard_tokenizer(tokenizer, config, output_dir: Path) -> None:
+    """Save ``tokenizer`` as transformers' standard fast tokenizer (``"tokenizer_class": "PreTrainedTokenizerFast"``,
+    the name every supported release loads without remote code), with ``model_max_length`` the model's context (so
+    ``truncation=True`` truncates there) and none of the fields `from_pretrained` records about where it was loaded
+    from (``is_local``, ``local_files_only``)."""
+    context = next((getattr(config, name) for name in CONTEXT_FIELDS if getattr(config, name, None)), None)
+    standard = PreTrainedTokenizerFast(tokenizer_object=tokenizer.backend_tokenizer, **tokenizer.special_tokens_map,
+                                       **({"model_max_length": context} if context else {}))
+    standard.save_pretrained(output_dir)
+    path = output_dir / "tokenizer_config.json"
+    settings = json.loads(path.read_text())
+    path.write_text(json.dumps({**settings, "tokenizer_class": "PreTrainedTokenizerFast"}, indent=2) + "\n")
 
 
 def load_for_export(model_dir: Path):
     """(model, tokenizer or None, task) of a zoo model folder; the task is the one of the saved head."""
     config = AutoConfig.from_pretrained(model_dir)
     if config.model_type not in ARCHITECTURES:
-        raise ValueError(f"{model_dir} holds a {config.model_type!r} model; energyzoo exports {sorted(ARCHITECTURES)}")
+        raise UserError(f"{model_dir} holds a {config.model_type!r} model; energyzoo exports {sorted(ARCHITECTURES)}")
     task, head = architecture(config.model_type).head(config.architectures)
     model = head.from_pretrained(model_dir)
     has_tokenizer = (model_dir / "tokenizer_config.json").exists()
@@ -66,7 +85,7 @@ PACKAGED_BUILDERS = {"json", "csv", "parquet", "text", "arrow", "imagefolder", "
 
 def hub_repository_id(name: str | None) -> str | None:
     """``name`` if it names a Hub repository, not a local path."""
-    return None if not name or Path(name).exists() or name.startswith((".", "/", "~")) else name
+    return None if not name or is_local_path(name) else name
 
 
 def hub_dataset_id(name: str | None) -> str | None:
@@ -75,9 +94,11 @@ def hub_dataset_id(name: str | None) -> str | None:
 
 
 def _recipe(model_dir: Path) -> Recipe | None:
-    """The recipe an `energyzoo train` run saved beside its model, read as a typed `Recipe`; None without one."""
+    """The recipe an `energyzoo train` run saved beside its model, read as a typed `Recipe` with its local paths
+    reduced to their names (`public_recipe`: the card and the exported copy say nothing of this machine); None
+    without one."""
     path = model_dir / RECIPE
-    return read_recipe(path) if path.exists() else None
+    return public_recipe(read_recipe(path)) if path.exists() else None
 
 
 def eval_results(model_dir: Path, pipeline_tag: str) -> list[EvalResult]:
@@ -95,8 +116,7 @@ def eval_results(model_dir: Path, pipeline_tag: str) -> list[EvalResult]:
                 results.append(EvalResult(task_type=pipeline_tag, dataset_type=source, dataset_name=source,
                                           dataset_config=recipe.data.subset, dataset_split="validation",
                                           metric_type=key.removeprefix("validation_"), metric_value=value))
-    for path in sorted((model_dir / "eval").glob("*.json")):
-        evaluation = json.loads(path.read_text())
+    for evaluation in public_evaluations(model_dir / "eval").values():
         for score in scores(evaluation):
             task_config = evaluation.get("configs", {}).get(score.task, {})
             dataset = hub_dataset_id(task_config.get("dataset_path"))
@@ -114,8 +134,8 @@ def card_datasets(model_dir: Path) -> list[str]:
     recipe, names = _recipe(model_dir), []
     if recipe and recipe.data.source.startswith("hf"):
         names.append(recipe.data.name)
-    for path in sorted((model_dir / "eval").glob("*.json")):
-        names.extend(task.get("dataset_path") for task in json.loads(path.read_text()).get("configs", {}).values())
+    for evaluation in public_evaluations(model_dir / "eval").values():
+        names.extend(task.get("dataset_path") for task in evaluation["configs"].values())
     return sorted({hub_dataset_id(name) for name in names} - {None})
 
 
@@ -144,9 +164,9 @@ def _training_data(model_dir: Path, task: str) -> str:
 
 
 def _eval_table(model_dir: Path) -> str:
-    tables = []
+    tables, evaluations = [], public_evaluations(model_dir / "eval")
     for path in sorted((model_dir / "eval").glob("*.md")):
-        settings = json.loads(path.with_suffix(".json").read_text()) if path.with_suffix(".json").exists() else {}
+        settings = evaluations.get(path.with_suffix(".json"), {})
         config = settings.get("config", {})
         shots = ", ".join(f"{task} {shots}-shot" for task, shots in sorted(settings.get("n-shot", {}).items()))
         tables.append(f"Suite `{path.stem}` (lm-evaluation-harness {settings.get('lm_eval_version', '')}, "
@@ -230,14 +250,14 @@ def check_export_folder(model_dir: Path, output_dir: Path) -> None:
     push to the Hub with the model."""
     source, target = model_dir.resolve(), output_dir.resolve()
     if target == source or source in target.parents or target in source.parents:
-        raise ValueError(f"export writes a folder of its own: {output_dir} is, lies in or holds the model folder "
+        raise UserError(f"export writes a folder of its own: {output_dir} is, lies in or holds the model folder "
                          f"{model_dir}; choose another output folder")
     if not target.exists():
         return
     present = sorted(path.name for path in target.iterdir()) if target.is_dir() else [target.name]
     if present and not _is_export(target):
         shown = ", ".join(present[:5]) + (", ..." if len(present) > 5 else "")
-        raise ValueError(f"{output_dir} holds files that are not an energyzoo export ({shown}); export into a new or "
+        raise UserError(f"{output_dir} holds files that are not an energyzoo export ({shown}); export into a new or "
                          "empty folder")
 
 
@@ -248,22 +268,44 @@ def export_folder(model_dir: str | Path, output_dir: str | Path, push_to: str | 
     check_export_folder(model_dir, output_dir)
     model, tokenizer, task = load_for_export(model_dir)
 
+    recipe = _recipe(model_dir)
+
     def write(folder: Path) -> None:
         export_model(model, folder, tokenizer)
         if task == "image-classification":
-            recipe = _recipe(model_dir)
             image_processor_for(recipe.data if recipe else None, model.config).save_pretrained(folder)
         render_card(model, model_dir, task, push_to, exported=folder).save(folder / "README.md")
-        for extra in (RECIPE, "training_metrics.json"):
-            if (model_dir / extra).exists():
-                shutil.copy(model_dir / extra, folder / extra)
+        if recipe is not None:
+            (folder / RECIPE).write_text(yaml.safe_dump(recipe.to_dict(), sort_keys=False))
+        if (model_dir / "training_metrics.json").exists():
+            shutil.copy(model_dir / "training_metrics.json", folder / "training_metrics.json")
         if (model_dir / "eval").exists():
-            shutil.copytree(model_dir / "eval", folder / "eval", ignore=shutil.ignore_patterns("local_tasks"))
+            (folder / "eval").mkdir()
+            for path, evaluation in public_evaluations(model_dir / "eval").items():
+                (folder / "eval" / path.name).write_text(json.dumps(evaluation, indent=2))
+            for table in sorted((model_dir / "eval").glob("*.md")):
+                shutil.copy(table, folder / "eval" / table.name)
 
     write_folder_whole(output_dir, write)
     if push_to is not None:
-        api = api or HfApi()
-        api.create_repo(push_to, repo_type="model", exist_ok=True, private=private)
-        api.upload_folder(folder_path=str(output_dir), repo_id=push_to, repo_type="model",
-                          commit_message=f"Upload {type(model).__name__} exported by energyzoo")
+        message = f"Upload {type(model).__name__} exported by energyzoo"
+        push_folder(output_dir, push_to, api or HfApi(), private, message)
     return output_dir
+
+
+# What a push meets on the user's side: no network or offline mode, no or a wrong token, a repository id the Hub
+# refuses (huggingface_hub's HTTPError is its HTTP client's base error, connection failures included).
+PUSH_FAILURES = (HTTPError, OfflineModeIsEnabled, LocalTokenNotFoundError, HFValidationError)
+
+
+def push_folder(folder: Path, repo_id: str, api: HfApi, private: bool, message: str) -> None:
+    """Upload the complete ``folder`` to the Hub model repository ``repo_id`` (created if missing). A failure the
+    user can fix is a one-line `UserError` saying why, and that the folder is complete and can be pushed again."""
+    try:
+        api.create_repo(repo_id, repo_type="model", exist_ok=True, private=private)
+        api.upload_folder(folder_path=str(folder), repo_id=repo_id, repo_type="model", commit_message=message)
+    except PUSH_FAILURES as error:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise UserError(f"--push {repo_id} failed ({type(error).__name__}: {reason}); {folder} is complete: push it "
+                        f"again with `hf upload {repo_id} {folder}` once the network and your token "
+                        "(`hf auth login`) are in place") from error

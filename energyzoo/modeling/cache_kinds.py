@@ -5,6 +5,7 @@ they are refused before anything runs."""
 
 from transformers.masking_utils import create_causal_mask
 
+from .errors import UserError
 from .transformers_compat import takes_cache, with_cache
 
 CACHE_IMPLEMENTATIONS = (None, "dynamic", "static")
@@ -19,7 +20,7 @@ class CacheKindsMixin:
     def _prepare_cache_for_generation(self, generation_config, *args, **kwargs):
         kind = generation_config.cache_implementation
         if kind not in CACHE_IMPLEMENTATIONS:
-            raise ValueError(
+            raise UserError(
                 f"{type(self).__name__} supports cache_implementation=None, 'dynamic' or 'static', got {kind!r}: "
                 f"{self.other_caches_refused}."
             )

@@ -5,6 +5,8 @@ own cache layer in a cache that transformers or a user built."""
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from .errors import UserTypeError
+
 
 class CacheStatesMixin:
     """Per-sequence states a zoo cache layer keeps besides keys/values (tensors or tuples of tensors, or
@@ -74,7 +76,7 @@ def own_cache_layer(cache: Cache | None, layer_idx: int, cache_layers: tuple[typ
     expected = cache_layers[0]
     if layer is not None and layer.is_initialized or layer_idx > len(layers):
         found = "none" if layer is None else f"a filled {type(layer).__module__}.{type(layer).__qualname__}"
-        raise TypeError(
+        raise UserTypeError(
             f"{owner} layer {layer_idx} needs an empty or its own {expected.__module__}.{expected.__qualname__} "
             f"cache layer (it keeps {owner}'s states); found {found}. Build caches with "
             "DynamicCache(config=model.config) or StaticCache(config=model.config, max_cache_len=...)."

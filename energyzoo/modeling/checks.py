@@ -20,6 +20,7 @@ from huggingface_hub.dataclasses import strict
 from huggingface_hub.errors import StrictDataclassClassValidationError, StrictDataclassFieldValidationError
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
+from .errors import UserError, UserTypeError
 from .transformers_compat import check_transformers_release
 
 check_transformers_release()
@@ -55,9 +56,9 @@ BASE_FIELDS = {
 
 
 def require(owner: str, condition: bool, field: str, allowed: str, value) -> None:
-    """Raise ``ValueError("<owner>.<field> must be <allowed>, got <value>")`` unless ``condition`` holds."""
+    """Raise ``UserError("<owner>.<field> must be <allowed>, got <value>")`` unless ``condition`` holds."""
     if not condition:
-        raise ValueError(f"{owner}.{field} must be {allowed}, got {value!r}")
+        raise UserError(f"{owner}.{field} must be {allowed}, got {value!r}")
 
 
 def _is_integer(value) -> bool:
@@ -142,10 +143,11 @@ def _one_line(error: Exception, owner: str) -> Exception:
     """huggingface_hub's two-line strict error as the `TypeError` / `ValueError` it wraps, on one line naming the
     config and, for a field's type check, the field."""
     cause = error.__cause__
+    kind = UserTypeError if isinstance(cause, TypeError) else UserError
     if isinstance(error, StrictDataclassFieldValidationError):
         field = str(error).split("'")[1]  # "Validation error for field '<name>':"
-        return type(cause)(f"{owner}.{field}: {cause}")
-    return type(cause)(str(cause) if str(cause).startswith(owner) else f"{owner}: {cause}")
+        return kind(f"{owner}.{field}: {cause}")
+    return kind(str(cause) if str(cause).startswith(owner) else f"{owner}: {cause}")
 
 
 def strict_config(cls):
@@ -163,7 +165,7 @@ def strict_config(cls):
         except (StrictDataclassFieldValidationError, StrictDataclassClassValidationError) as error:
             raise _one_line(error, cls.__name__) from error
         except KeyError as error:  # transformers' validate_rope names missing RoPE keys with a KeyError
-            raise ValueError(f"{cls.__name__}: {error.args[0]}") from error
+            raise UserError(f"{cls.__name__}: {error.args[0]}") from error
 
     @functools.wraps(setattr_)
     def __setattr__(self, name, value):

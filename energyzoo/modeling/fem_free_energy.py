@@ -46,6 +46,7 @@ import torch
 import torch.nn.functional as F
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
+from .errors import UserError
 from .numerics import widened, work_dtype
 
 EXP_ARGUMENT_CAP = 40.0
@@ -96,7 +97,7 @@ def read_kernel(requested: str, tensor: torch.Tensor, library: str, package: str
     same implementation. Naming ``library`` where it cannot run is an error, not a fallback."""
     runnable = tensor.is_cuda and work_dtype(tensor.dtype) == torch.float32 and installed(package)
     if requested == library and not runnable:
-        raise ValueError(
+        raise UserError(
             f"FEMConfig.kernel={library!r} needs CUDA tensors of at most float32 precision and the {package} package "
             f"(pip install 'energyzoo[cuda]'); got {tensor.dtype} tensors on {tensor.device}, {package} "
             f"{'installed' if installed(package) else 'not installed'}. Use kernel='auto' or 'torch'."

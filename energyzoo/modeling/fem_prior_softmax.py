@@ -16,6 +16,7 @@ from transformers.models.llama.modeling_llama import eager_attention_forward
 
 from .cache_states import CacheStatesMixin
 from .configuration_fem import fem_layer_type
+from .errors import UserError
 from .fem_free_energy import (
     FreeEnergyRead,
     clip_values_for_exp,
@@ -99,13 +100,13 @@ def attend(layer, query, key, value, attention_mask, scale):
         return sdpa_attention(query, key, value, attention_mask, scale)
     if implementation == "flash_attention_2":
         if query.dtype != torch.bfloat16:
-            raise ValueError(
+            raise UserError(
                 f"FEM's softmax prior under attn_implementation={implementation!r} needs a bfloat16 model: fp16 "
                 "cannot hold the exp branch (its values reach e^-80), and fp32 has no flash kernel. Use "
                 "dtype=torch.bfloat16, or attn_implementation='sdpa'."
             )
         if value.shape[-1] > query.shape[-1]:  # transformers pads narrower values to the query width
-            raise ValueError(
+            raise UserError(
                 f"attn_implementation={implementation!r} needs [v, exp(beta v)] no wider than the queries (2 x "
                 f"value_head_dim = {value.shape[-1]}, head_dim = {query.shape[-1]}): use value_ratio <= "
                 "qk_ratio / 2."

@@ -13,14 +13,16 @@ them once per check; while torch.compile traces they are skipped (the shapes of 
 import torch
 from transformers.loss.loss_utils import ForCausalLMLoss
 
+from .errors import UserError
+
 IGNORE_INDEX = -100  # transformers' loss functions skip this label
 ID_DTYPES = (torch.long, torch.int)  # what nn.Embedding takes
 
 
 def refuse_input(owner: str, condition: bool, name: str, allowed: str, got) -> None:
-    """Raise ``ValueError("<owner>: <name> must be <allowed>, got <got>")`` unless ``condition`` holds."""
+    """Raise ``UserError("<owner>: <name> must be <allowed>, got <got>")`` unless ``condition`` holds."""
     if not condition:
-        raise ValueError(f"{owner}: {name} must be {allowed}, got {got}")
+        raise UserError(f"{owner}: {name} must be {allowed}, got {got}")
 
 
 def _described(tensor: torch.Tensor) -> str:
@@ -48,7 +50,7 @@ def check_token_inputs(owner: str, input_ids: torch.Tensor | None, inputs_embeds
     (batch, length, hidden_size) floats, batch and length >= 1; an ``attention_mask`` of 0s and 1s, 2-D over the tokens
     of the ``cache`` and the new ones, or 4-D (a custom mask, taken as it is)."""
     if (input_ids is None) == (inputs_embeds is None):
-        raise ValueError(f"{owner}: pass exactly one of input_ids or inputs_embeds")
+        raise UserError(f"{owner}: pass exactly one of input_ids or inputs_embeds")
     if input_ids is not None:
         name, tokens = "input_ids", input_ids
         refuse_input(owner, input_ids.dim() == 2 and input_ids.dtype in ID_DTYPES, name,
@@ -90,7 +92,7 @@ def check_pixel_values(owner: str, pixel_values: torch.Tensor | None, num_channe
     """``pixel_values`` (batch >= 1, num_channels, height, width) floats: ``image_size`` square (or (height, width))
     if the model needs that size, else at least ``smallest`` pixels a side."""
     if pixel_values is None:
-        raise ValueError(f"{owner}: pass pixel_values")
+        raise UserError(f"{owner}: pass pixel_values")
     if image_size is None:
         sides, allowed_sides = None, f"height >= {smallest}, width >= {smallest}" if smallest > 1 else "height, width"
     else:

@@ -49,6 +49,7 @@ from .eer_energy import (
     loop_terms,
     regularised_loss,
 )
+from .errors import UserError
 from .inputs import CausalLMLossMixin, check_labels, check_token_inputs
 from .numerics import applied_weight, widened
 from .outputs import EnergyTrace, record_energies, recording_energies, records_energies
@@ -342,7 +343,7 @@ class EERModel(EERPreTrainedModel):
         fixed = getattr(cache, "layer_class_to_replicate", None) is None
         if (past_seen and (len(cache.layers) < needed or cache.get_seq_length(needed - 1) != past_seen)) or \
                 (fixed and len(cache.layers) < needed):
-            raise ValueError(
+            raise UserError(
                 f"EER keeps one cache layer per loop; this cache has {len(cache.layers)} layers for {past_seen} past "
                 f"tokens, but the call runs {loops} loops. Decode with the refinement_steps the cache was filled with, "
                 "and pass a DynamicCache() (which grows per loop) rather than DynamicCache(config=...).")

@@ -36,6 +36,7 @@ from .cache_states import own_cache_layer
 from .configuration_eqt import EqTLlamaConfig
 from .eqt_cache import WINDOW_LAYERS, TokenWindow
 from .eqt_energy import TERMS, EnergyContext, EqTEnergyNetwork
+from .errors import UserError
 from .inputs import CausalLMLossMixin, check_labels, check_token_inputs
 from .numerics import widened, work_dtype
 from .outputs import (
@@ -260,7 +261,7 @@ class EqTLlamaModel(EqTLlamaPreTrainedModel):
         check_token_inputs(type(self).__name__, input_ids, inputs_embeds, attention_mask,
                            self.embed_tokens.num_embeddings, config.hidden_size, cache)
         if input_ids is None and (config.lambda_rev or config.lambda_mask):
-            raise ValueError("EqT-LLaMA's reverse and masked energies (eq. 12-13) read the token ids: pass input_ids, "
+            raise UserError("EqT-LLaMA's reverse and masked energies (eq. 12-13) read the token ids: pass input_ids, "
                              "or set lambda_rev = lambda_mask = 0 to refine from inputs_embeds.")
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
@@ -429,6 +430,6 @@ class EqTLlamaForCausalLM(CausalLMLossMixin, CacheKindsMixin, EqTLlamaPreTrained
         model = cls(config).to(next(llama_model.parameters()).dtype)
         result = model.load_state_dict(llama_model.state_dict(), strict=False)
         if result.unexpected_keys or any(not key.startswith("model.erm.") for key in result.missing_keys):
-            raise ValueError(f"Llama weights do not fit EqT-LLaMA: unexpected {result.unexpected_keys[:4]}, "
+            raise UserError(f"Llama weights do not fit EqT-LLaMA: unexpected {result.unexpected_keys[:4]}, "
                              f"missing {[k for k in result.missing_keys if not k.startswith('model.erm.')][:4]}")
         return model

@@ -24,6 +24,7 @@ from transformers.utils.output_capturing import capture_outputs
 from .cache_kinds import CacheKindsMixin
 from .cache_states import own_cache_layer
 from .configuration_fem import PRIORS, FEMConfig
+from .errors import UserError, UserTypeError
 from .fem_free_energy import (
     PriorCode,
     gated_free_energy,
@@ -281,7 +282,7 @@ class FEMPreTrainedModel(PreTrainedModel):
                     else f"the {prior} prior is a chunkwise recurrence, not softmax attention; its read has one "
                     "implementation (the default)"
                 )
-                raise ValueError(  # opens with transformers' own words for an unsupported implementation
+                raise UserError(  # opens with transformers' own words for an unsupported implementation
                     f'Specified `attn_implementation="{attn_implementation}"` is not supported by FEM-LM with '
                     f"prior={prior!r}: it supports attn_implementation in {list(allowed)} (or None); {reason}."
                 )
@@ -317,11 +318,11 @@ class FEMModel(FEMPreTrainedModel):
         check_token_inputs(type(self).__name__, input_ids, inputs_embeds, attention_mask,
                            self.embed_tokens.num_embeddings, self.config.hidden_size, cache)
         if kwargs.get("refinement_steps") is not None:
-            raise TypeError("FEM-LM has no iterative refinement: refinement_steps does not apply to it")
+            raise UserTypeError("FEM-LM has no iterative refinement: refinement_steps does not apply to it")
         if kwargs.get("output_attentions", self.config.output_attentions) and (
             not PRIORS[self.config.prior].attention_function or self.config._attn_implementation != "eager"
         ):
-            raise ValueError(
+            raise UserError(
                 "output_attentions=True needs FEM's softmax prior with attn_implementation='eager' (got prior="
                 f"{self.config.prior!r}, attn_implementation={self.config._attn_implementation!r}): the other "
                 "attention functions and the recurrent priors never materialise the prior's probabilities."
@@ -432,7 +433,7 @@ class FEMForCausalLM(CausalLMLossMixin, CacheKindsMixin, FEMPreTrainedModel, Gen
         """
         llama_config = llama_model.config
         if llama_config.num_key_value_heads != llama_config.num_attention_heads:
-            raise ValueError("from_llama needs a Llama without grouped-query attention (num_key_value_heads == heads).")
+            raise UserError("from_llama needs a Llama without grouped-query attention (num_key_value_heads == heads).")
         fields = {name: getattr(llama_config, name) for name in LLAMA_FIELDS}
         fields.update(rope_parameters=dict(llama_config.rope_parameters), value_ratio=1.0,
                       qk_ratio=llama_config.head_dim * llama_config.num_attention_heads / llama_config.hidden_size)
@@ -440,7 +441,7 @@ class FEMForCausalLM(CausalLMLossMixin, CacheKindsMixin, FEMPreTrainedModel, Gen
         model = cls(FEMConfig(**fields)).to(next(llama_model.parameters()).dtype)
         result = model.load_state_dict(llama_model.state_dict(), strict=False)
         if result.unexpected_keys:
-            raise ValueError(f"Llama weights without a place in FEM-LM: {result.unexpected_keys[:4]}")
+            raise UserError(f"Llama weights without a place in FEM-LM: {result.unexpected_keys[:4]}")
         return model
 
 

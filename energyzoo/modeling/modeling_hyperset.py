@@ -22,6 +22,7 @@ from transformers.utils import can_return_tuple
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_hyperset import HyperSETConfig
+from .errors import UserError
 from .hyperset_layer import (
     DepthwiseLoRA,
     HyperSETLayer,
@@ -98,7 +99,7 @@ class HyperSETEmbeddings(nn.Module):
         given = [name for name, value in (("pixel_values", pixel_values), ("input_ids", input_ids),
                                           ("inputs_embeds", inputs_embeds)) if value is not None]
         if given not in ([own], ["inputs_embeds"]):
-            raise ValueError(f"{owner}: this Hyper-SET model (input_type={config.input_type!r}) takes exactly one of "
+            raise UserError(f"{owner}: this Hyper-SET model (input_type={config.input_type!r}) takes exactly one of "
                              f"{own} or inputs_embeds, got {given or 'none'}")
         if pixel_values is not None:
             check_pixel_values(owner, pixel_values, config.num_channels, config.image_size)
@@ -113,7 +114,7 @@ class HyperSETEmbeddings(nn.Module):
                                        inputs_embeds], dim=1)
         length = inputs_embeds.shape[1]
         if length > self.positions:
-            raise ValueError(f"Hyper-SET got {length} positions; this configuration has {self.positions}")
+            raise UserError(f"Hyper-SET got {length} positions; this configuration has {self.positions}")
         kind = self.config.position_embedding_type
         if kind == "learned":
             positions = self.position_embeddings[:, :length]
@@ -299,7 +300,7 @@ class HyperSETForMaskedImageModeling(HyperSETHead):
     def __init__(self, config: HyperSETConfig):
         super().__init__(config)
         if config.input_type != "tokens" or config.mask_token_id is None:
-            raise ValueError("HyperSETForMaskedImageModeling needs input_type='tokens' and a mask_token_id (got "
+            raise UserError("HyperSETForMaskedImageModeling needs input_type='tokens' and a mask_token_id (got "
                              f"{config.input_type!r}, {config.mask_token_id!r})")
         self.model = HyperSETModel(config)
         self.norm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
@@ -329,7 +330,7 @@ class HyperSETForMaskedImageModeling(HyperSETHead):
         schedule, arccos(r) / (pi / 2) at r = 1 .. 0, normalised to the cells masked in each sample. Cells given
         in ``input_ids`` never change. Returns the completed codes."""
         if steps < 1 or not temperature > 0:
-            raise ValueError(f"generate_codes needs steps >= 1 and temperature > 0, got {steps}, {temperature}")
+            raise UserError(f"generate_codes needs steps >= 1 and temperature > 0, got {steps}, {temperature}")
         codes = input_ids.clone()
         masked = codes == self.config.mask_token_id
         schedule = torch.arccos(torch.linspace(1.0, 0.0, steps)) / (math.pi / 2)

@@ -28,6 +28,7 @@ from contextlib import contextmanager, nullcontext
 
 import torch
 from transformers import GenerationMixin
+from transformers.conversion_mapping import get_checkpoint_conversion_mapping, register_checkpoint_conversion_mapping
 from transformers.models.gpt2.modeling_gpt2 import GPT2LMHeadModel, GPT2Model, GPT2PreTrainedModel
 from transformers.models.resnet.modeling_resnet import (
     ResNetForImageClassification,
@@ -249,6 +250,12 @@ class TELViTModel(TELViTPreTrainedModel, ViTModel):
         install_tel(self.layers, _vit_slot, config)
 
     forward = forward_with_energies(ViTModel.forward, prepare=vit_inputs)
+
+
+# A ViT classifier's folder (a vanilla or a TEL one) holds ViT's checkpoint names (vit.encoder.layer.N.attention.
+# attention.query), which transformers renames onto ViTModel's modules for its own classes only: a class outside
+# transformers gets the renaming where it registers it. (The classifier's `vit` is transformers' own ViTModel.)
+register_checkpoint_conversion_mapping("TELViTModel", get_checkpoint_conversion_mapping("ViTModel"), overwrite=True)
 
 
 class TELViTForImageClassification(TELViTPreTrainedModel, ViTForImageClassification):

@@ -44,6 +44,8 @@ from transformers.modeling_outputs import (
 )
 from transformers.utils.output_capturing import CompileableContextVar
 
+from .errors import UserError
+
 COMMON_ENERGY_KEYS = ("energy", "temperature", "step_size", "iterations", "residual")
 
 class ForwardContextVar(CompileableContextVar):
@@ -108,7 +110,7 @@ class EnergyTrace:
 
         present = [name for name in names if name in self.names()]
         if not present:
-            raise ValueError(f"the {self.architecture} trace has none of {names}; it has {self.names()}")
+            raise UserError(f"the {self.architecture} trace has none of {names}; it has {self.names()}")
         per_step = "iterations" in self.names()
         figure = Figure(figsize=(4.2 * len(present), 3.4))
         axes = figure.subplots(1, len(present), squeeze=False)

@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from .errors import UserError
 from .outputs import ForwardContextVar
 
 RECORD_MODES = (None, "detached", "graph")
@@ -76,9 +77,9 @@ def refine(
         backprop_steps: if set, only the last ``backprop_steps`` steps are differentiated through.
     """
     if records not in RECORD_MODES:
-        raise ValueError(f"refine records must be one of {RECORD_MODES}, got {records!r}")
+        raise UserError(f"refine records must be one of {RECORD_MODES}, got {records!r}")
     if steps < 0 or (backprop_steps is not None and backprop_steps < 0):
-        raise ValueError(f"refine needs steps >= 0 and backprop_steps None or >= 0, got {steps}, {backprop_steps}")
+        raise UserError(f"refine needs steps >= 0 and backprop_steps None or >= 0, got {steps}, {backprop_steps}")
     first_differentiated = 0 if backprop_steps is None else max(0, steps - backprop_steps)
     history: list[dict[str, torch.Tensor]] = []
     active = streak = taken = None
@@ -123,12 +124,12 @@ def takes_refinement_steps(forward):
     @functools.wraps(forward)
     def wrapper(self, *args, refinement_steps: int | None = None, **kwargs):
         if refinement_steps is not None and (not isinstance(refinement_steps, int) or refinement_steps < 0):
-            raise ValueError(f"refinement_steps must be None or an integer >= 0, got {refinement_steps!r}")
+            raise UserError(f"refinement_steps must be None or an integer >= 0, got {refinement_steps!r}")
         selection = kwargs.get("output_hidden_states")
         if (refinement_steps is not None and getattr(self, "_hidden_states_per_step", False)
                 and not isinstance(selection, (bool, type(None)))):
             # transformers resolves the indices against the configured step count, which this call changes
-            raise ValueError(f"{type(self).__name__} records a hidden state per refinement step: with "
+            raise UserError(f"{type(self).__name__} records a hidden state per refinement step: with "
                              f"refinement_steps={refinement_steps}, pass output_hidden_states=True rather than the "
                              f"indices {selection!r}")
         token = _STEPS_OVERRIDE.set(refinement_steps)

@@ -45,6 +45,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .checks import require
+from .errors import UserError
 from .numerics import widened, work_dtype
 from .outputs import record_energies, recording_energies
 from .refinement import EarlyExit, refine, refinement_steps
@@ -220,7 +221,7 @@ class EntropyForce(nn.Module):
             return 0.5 * ((y.square() - 1) * cdf + y * pdf)
         if self.kind == "prelu":
             return 0.5 * y.square() * torch.where(y >= 0, torch.ones_like(y), self._slope())
-        raise ValueError(f"the entropy of tel_activation={self.kind!r} has no closed form; use the gradient exit rule")
+        raise UserError(f"the entropy of tel_activation={self.kind!r} has no closed form; use the gradient exit rule")
 
 
 def _digamma(x: float) -> float:
@@ -487,4 +488,4 @@ def _output_width(anchor: nn.Module) -> int:
     for attribute in ("out_features", "out_channels", "nf"):
         if hasattr(anchor, attribute):
             return getattr(anchor, attribute)
-    raise ValueError(f"cannot tell the output width of anchor {type(anchor).__name__}; give it `out_features`")
+    raise UserError(f"cannot tell the output width of anchor {type(anchor).__name__}; give it `out_features`")

@@ -20,6 +20,8 @@ from torch.distributed.tensor.placement_types import _StridedShard
 from transformers.distributed.parallel_utils import _use_local_dtensor_params
 from transformers.distributed.tensor_parallel import ALL_PARALLEL_STYLES, TensorParallelLayer
 
+from .errors import UserError
+
 
 def _distribute(module: nn.Module, name: str, mesh, placement) -> None:
     meta = module._parameters.get(name)
@@ -86,7 +88,7 @@ class LocalHeads(TensorParallelLayer):
 
     def install_forward(self, module, mesh):
         if module.num_heads % mesh.size():
-            raise ValueError(f"TEL-GPT2 tensor parallelism splits attention heads: n_head ({module.num_heads}) must "
+            raise UserError(f"TEL-GPT2 tensor parallelism splits attention heads: n_head ({module.num_heads}) must "
                              f"be a multiple of the number of processes ({mesh.size()}).")
         module.split_size = module.embed_dim // mesh.size()
         return module

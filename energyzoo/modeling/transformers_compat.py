@@ -24,6 +24,8 @@ from transformers.cache_utils import Cache
 from transformers.modeling_outputs import BaseModelOutputWithPast
 from transformers.utils.deprecation import deprecate_kwarg
 
+from .errors import UntestedTransformers, UserError, UserTypeError
+
 TESTED_TRANSFORMERS = ">=5.23,<5.25"  # keep in step with pyproject.toml
 UNTESTED_OVERRIDE = "ENERGYZOO_ALLOW_UNTESTED_TRANSFORMERS"
 # The names transformers has given a model's cache; a cache under one the forward does not read is refused.
@@ -33,7 +35,7 @@ CACHE_NAMES = ("cache", "past_key_values", "cache_params")
 def check_transformers_release(version: str = transformers.__version__) -> None:
     """Refuse, in one line naming the tested range, a transformers release outside `TESTED_TRANSFORMERS`."""
     if Version(version) not in SpecifierSet(TESTED_TRANSFORMERS) and os.environ.get(UNTESTED_OVERRIDE) != "1":
-        raise ImportError(
+        raise UntestedTransformers(
             f"energyzoo's model code was tested on transformers {TESTED_TRANSFORMERS}, but {version} is installed: "
             f'install one of those (pip install "transformers{TESTED_TRANSFORMERS}"), or set {UNTESTED_OVERRIDE}=1 '
             "to run it untested."
@@ -64,8 +66,8 @@ def _refuses_unread_caches(forward):
     def checked(*args, **kwargs):
         for name, value in kwargs.items():
             if name not in read and (name in CACHE_NAMES and value is not None or isinstance(value, Cache)):
-                raise TypeError(f"{forward.__qualname__} got a cache as `{name}`, which it does not read: pass it as "
-                                "`cache` (transformers >= 5.24) or `past_key_values`.")
+                raise UserTypeError(f"{forward.__qualname__} got a cache as `{name}`, which it does not read: pass "
+                                    "it as `cache` (transformers >= 5.24) or `past_key_values`.")
         return forward(*args, **kwargs)
 
     return checked
@@ -78,7 +80,7 @@ def _renamed(forward, old: str, new: str):
     def renamed(*args, **kwargs):
         if old in kwargs:
             if kwargs.get(new) is not None:
-                raise ValueError(f"{forward.__qualname__}: pass the cache once, as `{new}` or `{old}`.")
+                raise UserError(f"{forward.__qualname__}: pass the cache once, as `{new}` or `{old}`.")
             kwargs[new] = kwargs.pop(old)
         return forward(*args, **kwargs)
 

@@ -12,6 +12,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ..modeling.errors import UserError
 from ..training.recipe import load_recipe
 from ..training.run import run_training
 from .eer_induction import CHANCE, length_evaluator
@@ -45,7 +46,7 @@ class ScreenSettings:
     def __post_init__(self):
         unknown = [arm for arm in self.arms if arm not in ARMS]
         if unknown or DEFAULT not in self.arms:
-            raise ValueError(f"eer-block-screen arms must include {DEFAULT!r} and be among {list(ARMS)}, got "
+            raise UserError(f"eer-block-screen arms must include {DEFAULT!r} and be among {list(ARMS)}, got "
                              f"{self.arms}")
 
 

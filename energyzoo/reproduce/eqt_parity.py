@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
+from ..modeling.errors import UserError
 from ..training.data import cumulative_parity_split
 from ..training.recipe import load_recipe
 from ..training.run import run_training
@@ -75,11 +76,11 @@ class ParitySettings:
 
     def __post_init__(self):
         if 0 not in self.eval_steps:
-            raise ValueError(f"eqt-parity eval_steps must include 0 (the flips and the verdicts compare with it), "
+            raise UserError(f"eqt-parity eval_steps must include 0 (the flips and the verdicts compare with it), "
                              f"got {self.eval_steps}")
         unknown = [arm for arm in self.arms if arm not in ARMS]
         if unknown or "llama" not in self.arms:
-            raise ValueError(f"eqt-parity arms must include llama and be among {list(ARMS)}, got {self.arms}")
+            raise UserError(f"eqt-parity arms must include llama and be among {list(ARMS)}, got {self.arms}")
 
 
 def predictions(model, ids: torch.Tensor, refinement_steps: int | None = None) -> tuple[torch.Tensor, float]:

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from transformers import get_cosine_schedule_with_warmup
 
 from ..modeling.configuration_fem import FEMConfig
+from ..modeling.errors import UserError
 from ..modeling.modeling_fem import FEMForCausalLM, FEMModel
 from ..training.mad import IGNORE, TASKS, MadTask, mad_split
 from .verdict import Claim, judged, ledger_lines, mean_std
@@ -87,9 +88,9 @@ class MadSettings:
     def __post_init__(self):
         unknown = [name for name in self.tasks if name not in TASKS] + [arm for arm in self.arms if arm not in ARMS]
         if self.workers < 1:
-            raise ValueError(f"fem-mad workers must be >= 1, got {self.workers}")
+            raise UserError(f"fem-mad workers must be >= 1, got {self.workers}")
         if unknown or not {"softmax", FULL} <= set(self.arms):
-            raise ValueError(f"fem-mad tasks must be among {list(TASKS)} and arms among {list(ARMS)} (softmax and "
+            raise UserError(f"fem-mad tasks must be among {list(TASKS)} and arms among {list(ARMS)} (softmax and "
                              f"{FULL} included), got tasks {self.tasks}, arms {self.arms}")
 
 

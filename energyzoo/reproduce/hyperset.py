@@ -37,6 +37,7 @@ from transformers import (
     AutoModelForTokenClassification,
 )
 
+from ..modeling.errors import UserError
 from ..training.data import shuffled_digit_images
 from ..training.image_tokenizer import DIGIT_PATCH_CODES, digit_patch_tokenizer, reconstruction_metrics
 from ..training.recipe import load_recipe
@@ -79,7 +80,7 @@ class HypersetSettings:
     def __post_init__(self):
         unknown = [arm for arm in self.sudoku_arms if arm not in SUDOKU_ARMS]
         if unknown or not {"hyperset", "transformer"} <= set(self.sudoku_arms):
-            raise ValueError(f"hyperset sudoku_arms must include hyperset and transformer and be among "
+            raise UserError(f"hyperset sudoku_arms must include hyperset and transformer and be among "
                              f"{list(SUDOKU_ARMS)}, got {self.sudoku_arms}")
 
 

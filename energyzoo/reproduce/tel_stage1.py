@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from ..extras import needs_extra
+from ..modeling.errors import UserError
 from ..modeling.outputs import tracing_energies
 from ..modeling.tel_layer import TELSettings, ThermodynamicEquilibriumLayer
 from .verdict import VERDICTS, Claim, judged, ledger_lines
@@ -71,7 +72,7 @@ def load_task(name: str) -> Task:
     if name in ("swiss_roll", "s_curve"):
         points, _ = getattr(datasets, f"make_{name}")(n_samples=1500, noise=0.05, random_state=0)
         return Task(name, "reconstruction", points)
-    raise ValueError(f"unknown Stage I dataset {name!r}; known: digits, wine, breast_cancer, diabetes, swiss_roll, "
+    raise UserError(f"unknown Stage I dataset {name!r}; known: digits, wine, breast_cancer, diabetes, swiss_roll, "
                      "s_curve")
 
 

@@ -23,6 +23,8 @@ import math
 import statistics
 from dataclasses import asdict, dataclass
 
+from ..modeling.errors import UserError
+
 MIN_SEEDS = 3
 NOISE_MULTIPLE = 2.0
 VERDICTS = ("reproduced", "not reproduced", "inconclusive")
@@ -51,12 +53,12 @@ class Claim:
 
     def __post_init__(self):
         if self.kind not in KINDS:
-            raise ValueError(f"Claim.kind must be one of {KINDS}, got {self.kind!r}")
+            raise UserError(f"Claim.kind must be one of {KINDS}, got {self.kind!r}")
         if (self.kind == "reaches") != (self.target is not None):
-            raise ValueError(f"Claim.target is the value a 'reaches' claim names, and only that (kind {self.kind!r}, "
+            raise UserError(f"Claim.target is the value a 'reaches' claim names, and only that (kind {self.kind!r}, "
                              f"target {self.target})")
         if self.margin < 0 or self.band < 0:
-            raise ValueError(f"Claim.margin and Claim.band must be >= 0, got {self.margin} and {self.band}")
+            raise UserError(f"Claim.margin and Claim.band must be >= 0, got {self.margin} and {self.band}")
 
 
 @dataclass(frozen=True)
@@ -77,9 +79,9 @@ def judge(claim: Claim, arm: list[float], baseline: list[float]) -> Verdict:
     """The verdict on ``claim`` from the per-seed values of the arm and the baseline (paired by index: seed s of
     each). Non-finite values are refused: a diverged run is a finding to report, not a number to average."""
     if len(arm) != len(baseline):
-        raise ValueError(f"{claim.arm} has {len(arm)} seeds and {claim.baseline} {len(baseline)}: pair them by seed")
+        raise UserError(f"{claim.arm} has {len(arm)} seeds and {claim.baseline} {len(baseline)}: pair them by seed")
     if not all(math.isfinite(value) for value in (*arm, *baseline)):
-        raise ValueError(f"non-finite {claim.metric} in {claim.arm} {arm} or {claim.baseline} {baseline}")
+        raise UserError(f"non-finite {claim.metric} in {claim.arm} {arm} or {claim.baseline} {baseline}")
     sign = 1.0 if claim.higher_is_better else -1.0
     references = [claim.target] * len(arm) if claim.kind == "reaches" else baseline
     differences = [sign * (own - reference) for own, reference in zip(arm, references)]

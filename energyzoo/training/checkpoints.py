@@ -17,6 +17,7 @@ import re
 import shutil
 from pathlib import Path
 
+from ..modeling.errors import UserError
 from .recipe import flat_settings, read_recipe
 
 logger = logging.getLogger(__name__)
@@ -109,19 +110,19 @@ def claim_run_folder(output_dir: Path, recipe: dict, resume: bool, overwrite: bo
     """Check that ``output_dir`` may hold this run; returns whether the old run's files are to be removed
     (``overwrite``). Raises `ValueError` for a folder holding another run (or this run, changed, under ``resume``)."""
     if resume and overwrite:
-        raise ValueError("--resume continues the run in output_dir and --overwrite starts it over: pass one of them")
+        raise UserError("--resume continues the run in output_dir and --overwrite starts it over: pass one of them")
     found = run_files(output_dir)
     if not found or overwrite:
         return bool(found)
     if not resume:
-        raise ValueError(f"{output_dir} holds a run already ({', '.join(found)}): pass --resume to continue it or "
+        raise UserError(f"{output_dir} holds a run already ({', '.join(found)}): pass --resume to continue it or "
                          "--overwrite to start it over (removing its files), or choose another output_dir")
     if not (output_dir / RECIPE).exists():
-        raise ValueError(f"--resume: {output_dir} holds run files ({', '.join(found)}) but no {RECIPE}; start it "
+        raise UserError(f"--resume: {output_dir} holds run files ({', '.join(found)}) but no {RECIPE}; start it "
                          "over with --overwrite")
     changes = changed_settings(read_recipe(output_dir / RECIPE).to_dict(), recipe)
     if changes:
-        raise ValueError(f"--resume: this recipe changes {'; '.join(changes)} from the run in {output_dir}, which "
+        raise UserError(f"--resume: this recipe changes {'; '.join(changes)} from the run in {output_dir}, which "
                          "would mix two runs: resume with the run's settings, or start a new run (--overwrite or "
                          "another output_dir)")
     return False

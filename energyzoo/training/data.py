@@ -14,6 +14,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 from ..extras import needs_extra
+from ..modeling.errors import UserError
 
 SPECIAL_TOKENS = {"pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
 
@@ -22,7 +23,7 @@ def python_docs_corpus(validation_fraction: float = 0.05) -> tuple[list[str], li
     """The ~0.45 MB of English in `pydoc_data.topics`, one document per help topic, split by topic (sorted
     by name, every k-th topic held out) so validation text is never seen in training."""
     if not 0 < validation_fraction < 1:
-        raise ValueError(f"validation_fraction must be in (0, 1), got {validation_fraction}")
+        raise UserError(f"validation_fraction must be in (0, 1), got {validation_fraction}")
     return split_documents([text for _, text in sorted(pydoc_data.topics.topics.items())], validation_fraction)
 
 
@@ -30,7 +31,7 @@ def train_bpe_tokenizer(texts: list[str], vocab_size: int = 2048) -> PreTrainedT
     """A byte-level BPE trained here, wrapped as a `PreTrainedTokenizerFast` (ids 0-3: pad, bos, eos, unk)."""
     if vocab_size < 256 + len(SPECIAL_TOKENS):
         smallest = 256 + len(SPECIAL_TOKENS)
-        raise ValueError(f"vocab_size must be at least {smallest} (bytes + specials), got {vocab_size}")
+        raise UserError(f"vocab_size must be at least {smallest} (bytes + specials), got {vocab_size}")
     tokenizer = Tokenizer(models.BPE(unk_token=SPECIAL_TOKENS["unk_token"]))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
@@ -53,7 +54,7 @@ def pack_into_blocks(texts: list[str], tokenizer, block_size: int) -> torch.Tens
         stream.append(tokenizer.eos_token_id)
     num_blocks = len(stream) // block_size
     if num_blocks == 0:
-        raise ValueError(f"{len(stream)} tokens do not fill one block of {block_size}")
+        raise UserError(f"{len(stream)} tokens do not fill one block of {block_size}")
     return torch.tensor(stream[: num_blocks * block_size]).view(num_blocks, block_size)
 
 
@@ -124,7 +125,7 @@ class PackedStream:
     def next_blocks(self, count: int) -> torch.Tensor:
         blocks = list(itertools.islice(self._blocks, count))
         if len(blocks) < count:
-            raise ValueError(f"the stream {self.data.name!r} ran out of documents for process {self.rank} "
+            raise UserError(f"the stream {self.data.name!r} ran out of documents for process {self.rank} "
                              f"after {self.documents} documents; lower training.steps")
         return torch.tensor(blocks)
 

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from ..extras import needs_extra
+from ..modeling.errors import UserError
 from .data import masking_split, shuffled_digit_images
 
 DIGIT_PATCH_CODES = 64  # codebook of the digits' 2x2 patches: an 8x8 digit becomes a 4x4 grid of 64 codes
@@ -35,7 +36,7 @@ class PatchKMeansTokenizer:
         count, height, width = images.shape
         size = self.patch_size
         if height % size or width % size:
-            raise ValueError(f"image side {height}x{width} is not a multiple of patch_size {size}")
+            raise UserError(f"image side {height}x{width} is not a multiple of patch_size {size}")
         grid = (height // size, width // size)
         patches = images.reshape(count, grid[0], size, grid[1], size).transpose(0, 1, 3, 2, 4)
         return patches.reshape(-1, size * size), grid
@@ -50,7 +51,7 @@ class PatchKMeansTokenizer:
     @property
     def centres(self) -> np.ndarray:
         if self._centres is None:
-            raise ValueError("PatchKMeansTokenizer is not fitted: call fit(images) or load(folder) first")
+            raise UserError("PatchKMeansTokenizer is not fitted: call fit(images) or load(folder) first")
         return self._centres
 
     def encode(self, images) -> torch.Tensor:

@@ -16,6 +16,8 @@ length per group, for `Trainer`).
 import numpy as np
 import torch
 
+from ..modeling.errors import UserError
+
 HOP, NONE, BLANK, PAD = 0, 5, 6, 7
 SYMBOLS = 4  # a-d, ids 1..4
 VOCABULARY = 8  # with PAD, so that mixed lengths can be padded
@@ -25,7 +27,7 @@ def induction_batch(batch: int, length: int, seed: int | list[int]) -> tuple[tor
     """(input_ids, labels), each (batch, length), of ``batch`` fresh sequences of L = ``length`` positions (``seed``:
     numpy's seed, an integer or a list of them)."""
     if length < 2:
-        raise ValueError(f"an induction sequence needs length >= 2 (HOP and one symbol), got {length}")
+        raise UserError(f"an induction sequence needs length >= 2 (HOP and one symbol), got {length}")
     rng = np.random.default_rng(seed)
     count = length - 1
     # s_1 uniform; each later symbol uniform over the 3 others: add 1-3 (mod 4) to the previous one

@@ -25,6 +25,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
+from ..modeling.errors import UserError
+
 IGNORE = -100
 MEMORIZE_MAP_SEED = 12345  # MAD's default seed, which fixes the memorisation map
 
@@ -50,7 +52,7 @@ class MadTask:
         if max_length is None or max_length >= self.seq_len:
             return self
         if self.copies and max_length <= 2 * self.copies + 1:
-            raise ValueError(f"MAD {self.name} copies {self.copies} tokens: its length must be > "
+            raise UserError(f"MAD {self.name} copies {self.copies} tokens: its length must be > "
                              f"{2 * self.copies + 1}, got max_length {max_length}")
         return replace(self, seq_len=max_length)
 

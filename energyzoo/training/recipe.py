@@ -19,15 +19,19 @@ warmup steps for language models: they are converted with the block size.
 import importlib.util
 import logging
 import math
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import pycountry
+import yaml
 from accelerate.utils import LoggerType
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from transformers import PretrainedConfig
 
 from ..modeling.checks import require
+from ..modeling.errors import UserError
 from ..presets import config_with_overrides, preset_card, preset_config_fields
 from .data import MASK_SCHEDULES
 from .recipe_files import shipped_recipe_path, shipped_recipes
@@ -37,6 +41,7 @@ logger = logging.getLogger(__name__)
 DATA_SOURCES = tuple(dict.fromkeys(source for task in TRAINING_TASKS.values() for source in task.sources))
 MIXED_PRECISION = ("no", "bf16", "fp16")
 LR_SCHEDULES = ("cosine", "linear", "constant_with_warmup")  # transformers' `get_scheduler` names
+RESOLVER_CALL = re.compile(r"\$\{[^}]*:")  # ${name:arguments}; a plain ${a.b} reference has no colon
 
 
 @dataclass
@@ -68,7 +73,7 @@ class ModelSection:
         try:
             self.build_config()
         except (TypeError, ValueError) as error:
-            raise ValueError(f"recipe model: {error}") from error
+            raise UserError(f"recipe model: {error}") from error
 
     def base_fields(self) -> dict:
         """The config fields before overrides: the preset's, or ``config``."""
@@ -141,6 +146,8 @@ class DataSection:
         cells = self.sudoku_box**4
         ordered = len(self.givens) == 2 and 1 <= self.givens[0] <= self.givens[1] < cells
         require(owner, ordered, "givens", f"[min, max] with 1 <= min <= max < {cells}", self.givens)
+        unknown = [code for code in self.language or [] if pycountry.languages.get(alpha_2=code) is None]
+        require(owner, not unknown, "language", "None or a list of ISO 639-1 codes (en, fr, ...)", self.language)
 
 
 @dataclass
@@ -172,7 +179,7 @@ class TrainingSection:
     lr_schedule: str = "cosine"
     weight_decay: float = 0.1
     max_grad_norm: float = 1.0
-    adam_betas: tuple[float, float] = (0.9, 0.95)
+    adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.95])  # AdamW's [beta1, beta2]
     mixed_precision: str = "no"
     save_every: int = 100
     save_total_limit: int | None = 3  # the newest checkpoints kept (None: all)
@@ -233,6 +240,9 @@ class TrainingSection:
             value = getattr(self, name)
             require(owner, isinstance(value, (int, float)) and math.isfinite(value), name, "a finite number", value)
         require(owner, self.learning_rate > 0, "learning_rate", "> 0", self.learning_rate)
+        betas = self.adam_betas
+        require(owner, len(betas) == 2 and all(0 <= beta < 1 for beta in betas), "adam_betas",
+                "[beta1, beta2], each in [0, 1)", betas)
         require(owner, isinstance(self.warmup_steps, int) and self.warmup_steps >= 0, "warmup_steps",
                 "an integer >= 0", self.warmup_steps)
         if self.warmup_steps >= self.steps:  # as transformers' Trainer does: the warmup ends with the run
@@ -288,20 +298,65 @@ def flat_settings(recipe: dict) -> dict[str, object]:
     return flat
 
 
+def _yaml_file(path: Path):
+    """The YAML file ``path`` as an OmegaConf config; a file that cannot be read or parsed is a one-line `UserError`
+    naming it (and the line of a YAML error)."""
+    try:
+        return OmegaConf.load(path)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+        raise UserError(f"{path}: not valid YAML ({problem}{where}; a truncated file?)") from None
+    except OSError as error:
+        raise UserError(f"{path}: cannot be read ({error.strerror or error})") from None
+
+
+def _leaves(node, key: str = ""):
+    """(dotted key, value) of every leaf of a nested dict / list."""
+    if isinstance(node, dict):
+        for name, value in node.items():
+            yield from _leaves(value, f"{key}.{name}" if key else str(name))
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            yield from _leaves(value, f"{key}[{index}]")
+    else:
+        yield key, node
+
+
+def refuse_resolvers(config, owner: str) -> None:
+    """Refuse an interpolation that calls a resolver (``${oc.env:HF_TOKEN}``, ``${oc.decode:...}``, any
+    ``${name:...}``): it would write the machine's environment into recipe.yaml and the model card, which a push
+    publishes. Plain references to other keys (``${data.block_size}``) stay."""
+    for key, value in _leaves(OmegaConf.to_container(config, resolve=False)):
+        if isinstance(value, str) and RESOLVER_CALL.search(value):
+            raise UserError(f"{owner} {key}: {value!r} calls a resolver, which would copy the machine's environment "
+                            "into files a push publishes; write the value itself (plain ${section.key} references "
+                            "are fine)")
+
+
 def typed_settings(schema: type, overrides: list[str] = (), path: str | Path | None = None, owner: str = "recipe"):
     """An instance of the dataclass ``schema`` from a YAML file (``path``) and dotted ``key=value`` overrides, read as
     an OmegaConf structured config: every key is checked against its dataclass (an unknown one is refused by name,
-    with the closest known key) and every value converted to its field's annotation (``1e-5`` for a float field,
-    ``[0.9, 0.95]`` for a pair of floats). Errors are one-line `ValueError`s naming ``owner`` and the key."""
+    with the closest known key), every value converted to its field's annotation (``1e-5`` for a float field), and
+    resolver interpolations refused (`refuse_resolvers`). Errors are one-line `UserError`s naming ``owner`` and the
+    key (or the file)."""
     for override in overrides:
         if "=" not in override:
-            raise ValueError(f"override {override!r} must look like key=value (in a recipe: section.key=value)")
-    sources = [OmegaConf.load(path)] if path is not None else []
+            raise UserError(f"override {override!r} must look like key=value (in a recipe: section.key=value)")
+    sources = [_yaml_file(Path(path))] if path is not None else []
     try:
-        merged = OmegaConf.merge(OmegaConf.structured(schema), *sources, OmegaConf.from_dotlist(list(overrides)))
+        sources.append(OmegaConf.from_dotlist(list(overrides)))
+    except yaml.YAMLError as error:
+        raise UserError(f"{owner} overrides {' '.join(overrides)}: a value is not valid YAML "
+                        f"({getattr(error, 'problem', None) or error}); quote it") from None
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(schema), *sources)
+        refuse_resolvers(merged, owner)
         return OmegaConf.to_object(merged)
     except OmegaConfBaseException as error:
-        raise ValueError(f"{owner} {error.full_key}: {str(error.msg).splitlines()[0]}") from None
+        where = f" {error.full_key}" if error.full_key else ""
+        raise UserError(f"{owner}{where}: {str(error.msg or error).splitlines()[0]}") from None
 
 
 def read_recipe(path: str | Path, overrides: list[str] = ()) -> Recipe:
@@ -316,7 +371,7 @@ def load_recipe(path_or_name: str | Path, overrides: list[str] = ()) -> Recipe:
     if not path.is_file():
         path = shipped_recipe_path(str(path_or_name))
         if not path.is_file():
-            raise FileNotFoundError(
+            raise UserError(
                 f"no recipe file {str(path_or_name)!r} and no shipped recipe of that name; shipped: "
                 f"{', '.join(shipped_recipes())}"
             )

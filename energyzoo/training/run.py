@@ -48,6 +48,7 @@ from tqdm.auto import tqdm
 from transformers import AutoTokenizer, get_scheduler
 
 from ..modeling.checks import require
+from ..modeling.errors import UserError
 from ..registry import ARCHITECTURES, TASKS, auto_map_for
 from .checkpoints import (
     BEST_MODEL,
@@ -113,7 +114,7 @@ class BatchSchedule:
 
     def __init__(self, examples: int, batch_size: int, seed: int):
         if batch_size > examples:
-            raise ValueError(f"training.batch_size {batch_size} exceeds the {examples} training examples")
+            raise UserError(f"training.batch_size {batch_size} exceeds the {examples} training examples")
         self.examples, self.batch_size, self.seed = examples, batch_size, seed
         self._permutations: dict[int, torch.Tensor] = {}
 
@@ -363,7 +364,7 @@ def _micro_batch_size(recipe: Recipe, accelerator: Accelerator) -> int:
     """Examples per forward pass of one process: the global batch over processes and accumulation steps."""
     settings, processes = recipe.training, accelerator.num_processes
     if settings.batch_size % (processes * settings.gradient_accumulation):
-        raise ValueError(f"training.batch_size {settings.batch_size} must divide into {processes} "
+        raise UserError(f"training.batch_size {settings.batch_size} must divide into {processes} "
                          f"processes x {settings.gradient_accumulation} accumulation steps")
     return settings.batch_size // (processes * settings.gradient_accumulation)
 
@@ -375,7 +376,7 @@ def _optimizer_and_schedule(model, recipe: Recipe):
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": settings.weight_decay},
                                    {"params": no_decay, "weight_decay": 0.0}],
-                                  lr=settings.learning_rate, betas=settings.adam_betas)
+                                  lr=settings.learning_rate, betas=tuple(settings.adam_betas))
     return optimizer, get_scheduler(settings.lr_schedule, optimizer, settings.warmup_steps, settings.steps)
 
 
@@ -407,7 +408,7 @@ class _Run:
         set_seed(settings.seed)
         data, tokenizer = prepare_data(recipe, output_dir, accelerator.is_main_process, accelerator)
         if len(data.validation_inputs) < accelerator.num_processes:
-            raise ValueError(f"{len(data.validation_inputs)} validation examples cannot be shared by "
+            raise UserError(f"{len(data.validation_inputs)} validation examples cannot be shared by "
                              f"{accelerator.num_processes} processes")
         model = build_model(recipe, tokenizer)
         if settings.activation_checkpointing:
@@ -491,7 +492,7 @@ class _Run:
         back from the saved folder, so a resumed run compares with the evaluations before the interruption)."""
         name = self.recipe.training.keep_best
         if name not in metrics:
-            raise ValueError(f"recipe training.keep_best: the evaluation has no metric {name!r}; it has "
+            raise UserError(f"recipe training.keep_best: the evaluation has no metric {name!r}; it has "
                              f"{sorted(metrics)}")
         saved = self.output_dir / BEST_MODEL / "training_metrics.json"
         if saved.is_file():
@@ -592,20 +593,20 @@ def model_folder(path: str | Path, checkpoint: str | None = None) -> Path:
     in that checkpoint of the run folder ``path`` (or of the run whose ``model/`` folder ``path`` is)."""
     path = Path(path)
     if not path.is_dir():
-        raise FileNotFoundError(f"{path} is not a folder")
+        raise UserError(f"{path} is not a folder")
     if checkpoint is not None:
         run = path.parent if path.name == MODEL and not (path / CHECKPOINTS).is_dir() else path
         chosen = Path(checkpoint)
         if not chosen.is_dir():
             step = checkpoint.removeprefix("step-")
             if not step.isdigit():
-                raise ValueError(f"--checkpoint must be step-N or a checkpoint folder, got {checkpoint!r}")
+                raise UserError(f"--checkpoint must be step-N or a checkpoint folder, got {checkpoint!r}")
             chosen = run / CHECKPOINTS / f"step-{int(step):07d}"
         path = chosen / MODEL
         if not path.is_dir():
             saved = ", ".join(folder.name for folder in sorted((run / CHECKPOINTS).glob("step-*"))) or "none"
-            raise FileNotFoundError(f"no model in checkpoint {chosen} (checkpoints of {run}: {saved})")
+            raise UserError(f"no model in checkpoint {chosen} (checkpoints of {run}: {saved})")
     if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"{path} has no config.json: not a model folder (a run folder takes --checkpoint, "
+        raise UserError(f"{path} has no config.json: not a model folder (a run folder takes --checkpoint, "
                                 f"or use its {MODEL}/ folder)")
     return path

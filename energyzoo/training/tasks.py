@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..modeling.errors import UserError
 from .data import (
     PackedStream,
     cumulative_parity_split,
@@ -163,5 +164,5 @@ TRAINING_TASKS = {
 
 def training_task(task: str) -> TrainingTask:
     if task not in TRAINING_TASKS:
-        raise ValueError(f"energyzoo trains the tasks {sorted(TRAINING_TASKS)}; {task!r} has no training data here")
+        raise UserError(f"energyzoo trains the tasks {sorted(TRAINING_TASKS)}; {task!r} has no training data here")
     return TRAINING_TASKS[task]

@@ -1,0 +1,21 @@
+"""The zoo's own exception classes: what the user got wrong, told apart from what energyzoo got wrong.
+
+Every check of a config field, a recipe key, a file or a model input raises a `UserError` (a `ValueError`, as
+transformers' own checks raise, so ``except ValueError`` keeps working) whose one-line message names the field, file
+or input and what is allowed. The `energyzoo` command answers these in one line with exit code 2; any other exception
+is a bug in energyzoo and is shown with its traceback (exit code 1).
+"""
+
+
+class UserError(ValueError):
+    """A bad value, type, file or input, named in the message."""
+
+
+class UserTypeError(UserError, TypeError):
+    """A value of the wrong type (a config field's annotation, a keyword the forward does not read): a `TypeError`
+    too, as Python and huggingface_hub's ``@strict`` raise for a wrong type."""
+
+
+class UntestedTransformers(ImportError):
+    """The installed transformers release is outside the range this code was tested on (an `ImportError`, raised
+    when the model code is imported)."""
