@@ -231,7 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--overwrite", action="store_true",
                        help="start over in an output_dir that holds a run, removing that run's files")
     train.add_argument("--stop-after", type=int, default=None,
-                       help="stop this session after N steps without a final save (resume later with --resume)")
+                       help="stop this session after N steps, saving a checkpoint of step N (continue with --resume)")
     train.set_defaults(run=_train)
 
     evaluate = commands.add_parser(

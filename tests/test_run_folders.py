@@ -170,7 +170,7 @@ def test_resume_without_a_checkpoint_starts_the_run_at_step_zero(uninterrupted, 
     """--resume on a run killed before its first checkpoint (its recipe and tokenizer written) starts it over."""
     run = tmp_path / "run"
     train(run, "training.save_every=100", stop_after=1)
-    assert not (run / "checkpoints").exists()
+    shutil.rmtree(run / "checkpoints")  # what a kill before the first save leaves
     with caplog.at_level(logging.WARNING, logger="energyzoo.training.run"):
         train(run, "training.save_every=100", resume=True)
     assert "no complete checkpoint" in caplog.text and "starting at step 0" in caplog.text
@@ -211,3 +211,93 @@ def test_keep_best_names_the_metrics_an_evaluation_has(tmp_path):
         train(tmp_path, "training.steps=2", "training.eval_every=1", "training.keep_best=validation_bleu")
     with pytest.raises(ValueError, match="keep_best"):
         train(tmp_path, "training.keep_best=loss", overwrite=True)
+
+
+def test_stop_after_saves_its_last_step_so_resume_continues_from_it(uninterrupted, tmp_path, caplog):
+    """The README's example: a recipe that saves every 100 steps, stopped after 3 (was: nothing saved, and --resume
+    started at step 0). save_every beyond the run is warned about."""
+    run = tmp_path / "run"
+    with caplog.at_level(logging.WARNING, logger="energyzoo.training.recipe"):
+        stopped = train(run, "training.save_every=100", stop_after=3)
+    assert "training.save_every 100 > steps 8: no checkpoint before the final model" in caplog.text
+    assert stopped.model_dir is None and sorted(path.name for path in (run / "checkpoints").iterdir()) == [
+        "step-0000003"]
+    train(run, "training.save_every=100", resume=True)
+    assert [row["step"] for row in metric_rows(run) if "loss" in row] == list(range(1, 9))
+    assert_same_weights(weights(run), weights(uninterrupted))
+
+
+@pytest.fixture(scope="module")
+def stopped_at_five(tmp_path_factory):
+    run = tmp_path_factory.mktemp("stopped") / "run"
+    train(run, stop_after=5)
+    return run
+
+
+CHECKPOINT_FILES = ["model/model.safetensors", "optimizer.bin", "scheduler.bin", "random_states_0.pkl",
+                    "trainer_state.json", "model/config.json"]
+
+
+@pytest.mark.parametrize("damaged", CHECKPOINT_FILES)
+def test_resume_skips_a_checkpoint_with_a_truncated_file_for_the_intact_one_before_it(stopped_at_five, uninterrupted,
+                                                                                      tmp_path, caplog, damaged):
+    """An interrupted copy of the run folder: one file of the newest checkpoint cut in half. --resume names it, goes
+    back to the checkpoint before and ends with the uninterrupted run's weights."""
+    run = tmp_path / "run"
+    shutil.copytree(stopped_at_five, run)
+    path = run / "checkpoints" / "step-0000005" / damaged
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with caplog.at_level(logging.WARNING, logger="energyzoo.training.checkpoints"):
+        train(run, resume=True)
+    skipped = [line for line in caplog.text.splitlines() if "skipping" in line]
+    assert len(skipped) == 1 and "step-0000005: " in skipped[0] and damaged.split("/")[-1] in skipped[0], skipped
+    assert "resuming from the checkpoint before it" in skipped[0]
+    assert_same_weights(weights(run), weights(uninterrupted))
+    assert metric_rows(run) == metric_rows(uninterrupted)
+
+
+def small_disk(path: Path, size: str):
+    """A tmpfs of ``size`` mounted at ``path`` (root in a container may; None where the machine refuses)."""
+    path.mkdir(parents=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True)
+    return path if mounted.returncode == 0 else None
+
+
+def test_a_full_disk_during_a_save_is_one_line_and_the_run_resumes_after_space_is_freed(stopped_at_five,
+                                                                                         uninterrupted, tmp_path,
+                                                                                         monkeypatch):
+    """The newest checkpoint fills the disk: the error says so and where the run can resume from (not torch's
+    'unexpected pos'), nothing partial is left, and once there is space --resume ends with the uninterrupted run's
+    weights. On a small tmpfs where the machine allows mounting one, else with the write raising ENOSPC."""
+    from energyzoo.modeling.errors import UserError
+    from energyzoo.training import run as run_module
+
+    def pages(folder: Path) -> int:  # what a tmpfs holds a folder in: whole 4 KiB pages per file
+        return sum(-(-path.stat().st_size // 4096) * 4096 for path in folder.rglob("*") if path.is_file())
+
+    room = pages(stopped_at_five) + pages(stopped_at_five / "checkpoints" / "step-0000005") // 2
+    disk = small_disk(tmp_path / "disk", str(room))  # the run and half a checkpoint
+    run = (disk or tmp_path) / "run"
+    if disk is None:
+        original = run_module._Run.save_checkpoint
+
+        def fills_the_disk(self, folder, step, metrics):
+            original(self, folder, step, metrics)
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(run_module._Run, "save_checkpoint", fills_the_disk)
+    try:
+        shutil.copytree(stopped_at_five, run)
+        with pytest.raises(UserError, match=r"no space left on the device of .*checkpoints while saving step-0000006: "
+                                            r"the run can resume from step 5 \(free some space"):
+            train(run, resume=True)
+        assert sorted(path.name for path in (run / "checkpoints").iterdir()) == [
+            "step-0000003", "step-0000004", "step-0000005"]  # no partial folder left
+        if disk is not None:
+            subprocess.run(["mount", "-o", "remount,size=50m", str(disk)], check=True)
+        monkeypatch.undo()
+        train(run, resume=True)
+        assert_same_weights(weights(run), weights(uninterrupted))
+    finally:
+        if disk is not None:
+            subprocess.run(["umount", str(disk)], check=False)

@@ -8,9 +8,17 @@
   `write_folder_whole`); a file likewise (`write_text_whole`). A checkpoint is such a folder, so a kill during a save
   leaves a ``.partial`` folder, which
   `latest_checkpoint` skips (saying so) and removes.
+- A checkpoint records what it holds when it is written (`write_manifest`: each file's size and SHA-256), so that a
+  file damaged afterwards (an interrupted copy of the run folder, a truncated ``optimizer.bin``) is found before
+  resuming: `latest_checkpoint` takes the newest intact checkpoint and says which it skipped and why.
+- A disk that fills during a save (`disk_full`) leaves the folder as it was before that save, resumable from its newest
+  complete checkpoint.
 - `rotate_checkpoints` keeps the newest ``training.save_total_limit`` checkpoints.
 """
 
+import errno
+import hashlib
+import json
 import logging
 import os
 import re
@@ -29,6 +37,7 @@ TOKENIZER = "tokenizer"
 RECIPE = "recipe.yaml"
 METRICS = "metrics.jsonl"
 STATE_FILE = "trainer_state.json"
+MANIFEST = "manifest.json"  # every other file of a checkpoint: its size and SHA-256, written last
 TRACKERS = "trackers"  # accelerate's trackers (tensorboard, ...) log under output_dir/trackers/
 LOSS_CURVE = "loss_curve.png"
 RUN_FILES = (RECIPE, METRICS, LOSS_CURVE, TOKENIZER, CHECKPOINTS, MODEL, BEST_MODEL, TRACKERS)
@@ -138,6 +147,59 @@ def remove_run_files(output_dir: Path) -> None:
                 path.unlink()
 
 
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_manifest(folder: Path) -> None:
+    """Record every file under ``folder`` (its size and SHA-256) in ``folder/manifest.json``."""
+    files = sorted(path for path in folder.rglob("*") if path.is_file() and path.name != MANIFEST)
+    manifest = {str(path.relative_to(folder)): {"bytes": path.stat().st_size, "sha256": _sha256(path)}
+                for path in files}
+    (folder / MANIFEST).write_text(json.dumps(manifest, indent=1))
+
+
+def damage(folder: Path) -> str | None:
+    """Why the checkpoint ``folder`` cannot be resumed from (a file missing, of another size or content than its
+    manifest records, or a step file that does not parse), or None if it is intact. A checkpoint written before
+    manifests were kept is checked by its step file only."""
+    try:
+        json.loads((folder / STATE_FILE).read_text())["step"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        return f"{STATE_FILE} is unreadable ({type(error).__name__}: {error})"
+    if not (folder / MANIFEST).is_file():
+        return None
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+    except ValueError as error:
+        return f"{MANIFEST} is unreadable ({error})"
+    for name, recorded in manifest.items():
+        path = folder / name
+        if not path.is_file():
+            return f"{name} is missing"
+        if path.stat().st_size != recorded["bytes"]:
+            return f"{name} holds {path.stat().st_size} bytes, {recorded['bytes']} were written (truncated?)"
+        if _sha256(path) != recorded["sha256"]:
+            return f"{name} differs from what was written (its SHA-256)"
+    return None
+
+
+def checkpoint_step(folder: Path) -> int:
+    return json.loads((folder / STATE_FILE).read_text())["step"]
+
+
+def disk_full(error: BaseException) -> bool:
+    """Whether a save failed for want of space: ``ENOSPC``, or torch's zip writer reporting the short write it got
+    ("unexpected pos", torch.save's message on a full disk)."""
+    if isinstance(error, OSError):
+        return error.errno in (errno.ENOSPC, errno.EDQUOT)
+    return isinstance(error, RuntimeError) and ("unexpected pos" in str(error) or "No space left" in str(error))
+
+
 def complete_checkpoints(output_dir: Path) -> list[Path]:
     """The complete checkpoints of a run, oldest first."""
     folder = output_dir / CHECKPOINTS
@@ -146,8 +208,10 @@ def complete_checkpoints(output_dir: Path) -> list[Path]:
 
 
 def latest_checkpoint(output_dir: Path, main: bool = True) -> Path | None:
-    """The newest complete checkpoint of the run in ``output_dir`` (None if there is none). The ``main`` process
-    says which folders it skipped and why, and removes the interrupted saves among them."""
+    """The newest complete and intact checkpoint of the run in ``output_dir`` (None if there is none): a damaged one
+    (`damage`) is skipped for the one before it. The ``main`` process says which folders it skipped and why, and
+    removes the interrupted saves among them (a damaged checkpoint is kept, for the user to look at, until a save of
+    its step replaces it)."""
     folder = output_dir / CHECKPOINTS
     complete = complete_checkpoints(output_dir)
     for path in sorted(folder.iterdir()) if folder.is_dir() and main else []:
@@ -156,7 +220,13 @@ def latest_checkpoint(output_dir: Path, main: bool = True) -> Path | None:
             shutil.rmtree(path, ignore_errors=True)
         elif path not in complete and CHECKPOINT_NAME.fullmatch(path.name):
             logger.warning(f"--resume: skipping {path}: incomplete (no {STATE_FILE})")
-    return complete[-1] if complete else None
+    for path in reversed(complete):
+        reason = damage(path)
+        if reason is None:
+            return path
+        if main:
+            logger.warning(f"--resume: skipping {path}: {reason}; resuming from the checkpoint before it")
+    return None
 
 
 def rotate_checkpoints(output_dir: Path, keep: int | None) -> None:

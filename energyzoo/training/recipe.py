@@ -245,6 +245,9 @@ class TrainingSection:
                 "[beta1, beta2], each in [0, 1)", betas)
         require(owner, isinstance(self.warmup_steps, int) and self.warmup_steps >= 0, "warmup_steps",
                 "an integer >= 0", self.warmup_steps)
+        if self.save_every > self.steps:
+            logger.warning(f"recipe training.save_every {self.save_every} > steps {self.steps}: no checkpoint before "
+                           "the final model, so an interrupted run starts over (--stop-after saves where it stops)")
         if self.warmup_steps >= self.steps:  # as transformers' Trainer does: the warmup ends with the run
             logger.warning(f"recipe training.warmup_steps {self.warmup_steps} >= steps {self.steps}: warming up over "
                            f"the whole run ({self.steps - 1} steps)")

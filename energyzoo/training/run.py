@@ -61,13 +61,16 @@ from .checkpoints import (
     TOKENIZER,
     TRACKERS,
     checkpoint_path,
+    checkpoint_step,
     claim_run_folder,
+    disk_full,
     latest_checkpoint,
     partial_path,
     publish,
     remove_run_files,
     rotate_checkpoints,
     write_folder_whole,
+    write_manifest,
     write_text_whole,
 )
 from .data import tokenizer_training_texts, train_bpe_tokenizer
@@ -255,7 +258,8 @@ def run_training(recipe: Recipe, resume: bool = False, overwrite: bool = False, 
                  progress: bool = True, evaluation_hook: Callable | None = None) -> TrainingResult:
     """Train `recipe` into its output folder, which must hold no other run: with `resume`, continue the run there
     from its newest complete checkpoint (step 0 if it has none); with `overwrite`, remove that run's files first.
-    `stop_after` ends this session after that many steps without a final save (as if the job were killed).
+    `stop_after` ends this session after that many steps with a checkpoint of the last one (which ``resume`` continues
+    from), and no final model.
     `evaluation_hook(model, step) -> dict` adds its metrics to every evaluation row, and to a row of step 0 before
     training (e.g. a reproduction's own evaluation sets); it runs on every process, with the model in eval mode."""
     threads = torch.get_num_threads()
@@ -315,16 +319,29 @@ def tracker_config(recipe: Recipe) -> dict:
 
 
 def _saved_whole(accelerator: Accelerator, path: Path, write: Callable[[Path], None]) -> None:
-    """``write(folder)`` on every process into a partial folder, published as ``path`` once every process is done:
-    the folder is whole or absent whenever the run is killed."""
+    """``write(folder)`` on every process into a partial folder, which the main process records (`write_manifest`)
+    and publishes as ``path`` once every process is done: the folder is whole or absent whenever the run is killed.
+    A disk that fills on the way is one line (`UserError`) saying where the run can resume from, with the partial
+    folder removed."""
     written = partial_path(path)
     if accelerator.is_main_process:
         shutil.rmtree(written, ignore_errors=True)  # a save a kill interrupted
     accelerator.wait_for_everyone()
-    write(written)
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        publish(written, path)
+    try:
+        write(written)
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            write_manifest(written)
+            publish(written, path)
+    except (OSError, RuntimeError) as error:
+        if not disk_full(error):
+            raise
+        shutil.rmtree(written, ignore_errors=True)
+        output_dir = Path(accelerator.project_configuration.project_dir)
+        resumable = latest_checkpoint(output_dir, main=False)
+        step = checkpoint_step(resumable) if resumable else 0
+        raise UserError(f"no space left on the device of {path.parent} while saving {path.name}: the run can resume "
+                        f"from step {step} (free some space, then run again with --resume)") from error
 
 
 def _claim_output_dir(accelerator: Accelerator, recipe: Recipe, resume: bool, overwrite: bool) -> Path:
@@ -350,7 +367,7 @@ def _resumed_step(accelerator: Accelerator, output_dir: Path, resume: bool) -> t
     start_step = 0
     if checkpoint is not None:
         accelerator.load_state(str(checkpoint))
-        start_step = json.loads((checkpoint / STATE_FILE).read_text())["step"]
+        start_step = checkpoint_step(checkpoint)
     elif resume and is_main:
         logger.warning(f"--resume: no complete checkpoint in {output_dir / CHECKPOINTS}: starting at step 0")
     if is_main and start_step:
@@ -551,7 +568,7 @@ def _train(recipe: Recipe, resume: bool, overwrite: bool, stop_after: int | None
             run.log({"step": done, **final_metrics})
             if settings.keep_best is not None:
                 run.keep_if_best(done, final_metrics)
-        if done % settings.save_every == 0 and done < settings.steps:
+        if (done % settings.save_every == 0 or done == end_step) and done < settings.steps:  # --stop-after saves too
             _saved_whole(accelerator, checkpoint_path(output_dir, done),
                          partial(run.save_checkpoint, step=done, metrics=final_metrics))
             if accelerator.is_main_process:

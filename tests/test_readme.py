@@ -1,0 +1,63 @@
+"""The README's command blocks do what they say: every ```bash block is preceded by a ``<!-- doc-test: ... -->`` line
+that either runs it (each line as written, in a fresh folder, with the tiny settings it names put before each
+`energyzoo train`'s own) or says why it cannot run here (an install, the network, a GPU)."""
+
+import os
+import re
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BLOCK = re.compile(r"(?:<!-- doc-test: (?P<directive>.*?) -->\n)?```bash\n(?P<commands>.*?)```", re.S)
+TINY = re.compile(r"run, every `energyzoo train` with (?P<settings>.*) before its own settings")
+
+
+def command_blocks() -> list[tuple[str | None, list[str]]]:
+    """(directive, command lines without their comments) of every bash block of the README."""
+    blocks = []
+    for match in BLOCK.finditer((ROOT / "README.md").read_text()):
+        joined = match["commands"].replace("\\\n", " ")
+        lines = [line.split("  #")[0].strip() for line in joined.splitlines()]
+        blocks.append((match["directive"], [line for line in lines if line and not line.startswith("#")]))
+    return blocks
+
+
+def with_settings(command: str, settings: list[str]) -> list[str]:
+    """``command`` as arguments, ``settings`` put right after the recipe of a `train` command."""
+    words = shlex.split(command)
+    if "train" in words:
+        recipe = words.index("train") + 1
+        words[recipe + 1 : recipe + 1] = settings
+    return words
+
+
+def test_every_command_block_is_run_or_says_why_not():
+    blocks = command_blocks()
+    assert blocks
+    for directive, commands in blocks:
+        assert directive and (TINY.fullmatch(directive) or directive.startswith("not run: ")), commands
+
+
+RUN_BLOCKS = [commands for directive, commands in command_blocks() if directive and TINY.fullmatch(directive)]
+
+
+@pytest.mark.parametrize("commands", RUN_BLOCKS, ids=[f"block{index}" for index in range(len(RUN_BLOCKS))])
+def test_a_runnable_block_runs_as_written(commands, tmp_path):
+    (directive,) = [d for d, c in command_blocks() if c == commands]
+    settings = TINY.fullmatch(directive)["settings"].split()
+    (tmp_path / "energyzoo").symlink_to(ROOT / "energyzoo")  # the block names energyzoo/configs/... from the checkout
+    environment = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for command in commands:
+        done = subprocess.run(with_settings(command, settings), cwd=tmp_path, capture_output=True, text=True,
+                              timeout=600, env=environment)
+        assert done.returncode == 0, f"{command}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+        if "--stop-after" in command:
+            assert "stopped after step 6; continue with --resume" in done.stdout
+            assert (tmp_path / "runs/tiny/checkpoints/step-0000006/trainer_state.json").is_file()
+        if "--resume" in command:  # the progress bar starts at the saved step
+            assert " 6/20 [" in done.stderr and " 1/20 [" not in done.stderr, done.stderr[-2000:]
+            assert "trained 20 steps" in done.stdout
+    assert (tmp_path / "runs/tiny-export/config.json").is_file()
