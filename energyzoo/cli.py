@@ -7,7 +7,9 @@ after the arguments are parsed, so ``--help`` answers at once.
 
 import argparse
 import json
+import os
 import sys
+import textwrap
 import traceback
 from pathlib import Path
 
@@ -40,11 +42,15 @@ def _quickstart(args) -> int:
 
 
 def _train(args) -> int:
+    from accelerate import PartialState
+
     from .training.recipe import load_recipe
     from .training.run import run_training
 
     recipe = load_recipe(args.recipe, args.overrides)
     result = run_training(recipe, resume=args.resume, overwrite=args.overwrite, stop_after=args.stop_after)
+    if not PartialState().is_main_process:  # under accelerate launch, one process reports
+        return 0
     if result.model_dir is None:
         print(f"stopped after step {result.last_step}; continue with --resume")
     else:
@@ -75,7 +81,8 @@ def _export(args) -> int:
     if args.push:
         print(f"uploaded to https://huggingface.co/{args.push}")
     else:
-        print(f"push it with: energyzoo export {args.model_dir} {folder} --push <user>/<name>")
+        checkpoint = f" --checkpoint {args.checkpoint}" if args.checkpoint else ""
+        print(f"push it with: energyzoo export {args.model_dir} {folder}{checkpoint} --push <user>/<name>")
     return 0
 
 
@@ -86,7 +93,8 @@ def _recipes(args) -> int:
     print("shipped recipes (energyzoo train NAME [section.key=value ...]):")
     width = max(len(name) for name in recipes)
     for name, (summary, _) in recipes.items():
-        print(f"  {name:<{width}}  {summary}")
+        print(textwrap.fill(summary, width=118, break_on_hyphens=False, initial_indent=f"  {name:<{width}}  ",
+                            subsequent_indent=" " * (width + 4)))
     folder = next(iter(recipes.values()))[1].parent
     print(f"\nrecipes and accelerate configs live in {folder}")
     print(f"  accelerate launch --config_file {folder / 'accelerate-fsdp.yaml'} -m energyzoo.cli train fem-lm-340m")
@@ -351,6 +359,9 @@ def main(argv=None) -> int:
         message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         print(f"energyzoo {args.command}: error: {message} (--debug for the traceback)", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader (head, less) closed the pipe: nothing left to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except Exception:  # noqa: BLE001 - shown whole, as what it is
         traceback.print_exc()
         print(f"energyzoo {args.command}: internal error: {BUG_REPORT}", file=sys.stderr)

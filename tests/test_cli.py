@@ -269,3 +269,35 @@ def test_an_internal_error_is_a_traceback_exit_1_and_says_it_is_a_bug(capsys, mo
     assert "Traceback (most recent call last)" in err and "TypeError: create_masks_for_generate() missing" in err
     assert err.strip().splitlines()[-1] == ("energyzoo train: internal error: this is a bug in energyzoo, not in your "
                                             "input: please report it with the traceback above")
+
+
+QUIET_QUICKSTART = """
+import socket, sys, warnings
+warnings.simplefilter("always")  # every warning shown, as a user's first run shows them
+
+def refused(*args, **kwargs):
+    print("NETWORK:", args[:1], file=sys.stderr)
+    raise OSError(101, "Network is unreachable (sockets refused by the test)")
+
+socket.socket.connect = refused
+socket.getaddrinfo = refused
+from energyzoo.cli import main
+sys.exit(main(["quickstart", "--steps", "40", "--output-dir", sys.argv[1]]))
+"""
+
+
+def test_the_quickstart_is_quiet_and_offline_without_being_told(tmp_path):
+    """The quickstart's train / eval / export path with sockets refused and HF_HUB_OFFLINE unset: no network attempt,
+    no warning, no git noise, one progress bar at a time (no weight-file bars), the local task's aggregations
+    declared."""
+    environment = {key: value for key, value in os.environ.items()
+                   if key not in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "OMP_NUM_THREADS")}
+    done = subprocess.run([sys.executable, "-c", QUIET_QUICKSTART, str(tmp_path / "qs")], capture_output=True,
+                          text=True, timeout=900, env=environment, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [line for line in done.stderr.replace("\r", "\n").splitlines() if line.strip()]
+    noise = [line for line in lines if any(word in line for word in (
+        "NETWORK:", "Warning", "warning", "fatal:", "aggregation", "Writing model shards", "Loading weights",
+        "model of type"))]
+    assert not noise, noise
+    assert "exported to" in done.stdout

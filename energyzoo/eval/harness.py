@@ -17,8 +17,10 @@ OUTPUT: ``MODEL_DIR/eval``), which `energyzoo export` turns into the card's `mod
 import json
 import random
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from unittest import mock
 
 import yaml
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
@@ -92,7 +94,10 @@ def write_local_tasks(directory: str | Path) -> Path:
         "energyzoo_pydoc_ppl": {
             **common, "dataset_kwargs": {"data_files": {"test": str(directory / "pydoc_ppl.jsonl")}},
             "output_type": "loglikelihood_rolling", "doc_to_text": "", "doc_to_target": "{{text}}",
-            "metric_list": [{"metric": "word_perplexity"}, {"metric": "byte_perplexity"}, {"metric": "bits_per_byte"}],
+            "metric_list": [  # lm-eval's own aggregations for its rolling log-likelihood metrics
+                {"metric": "word_perplexity", "aggregation": "weighted_perplexity", "higher_is_better": False},
+                {"metric": "byte_perplexity", "aggregation": "weighted_perplexity", "higher_is_better": False},
+                {"metric": "bits_per_byte", "aggregation": "bits_per_byte", "higher_is_better": False}],
         },
     }
     for name, task in tasks.items():
@@ -149,6 +154,25 @@ def require_causal_lm(model_dir: Path) -> None:
                          "task's metrics, which energyzoo train reports)")
 
 
+@contextmanager
+def unasked_lookups_off():
+    """What lm-eval's evaluation does beyond what was asked, off: `datasets`' download-count ping (a request to
+    s3.amazonaws.com for every packaged builder it loads, the local tasks' ``json`` included; `datasets`' own
+    ``HF_UPDATE_DOWNLOAD_COUNTS`` switch) and lm-eval's ``git describe`` in the user's working folder (its record of
+    the folder's commit, which an export drops, printed ``fatal: not a git repository`` outside one)."""
+    import datasets
+    from lm_eval import evaluator
+    from lm_eval.loggers import utils
+
+    def no_commit():
+        return None
+
+    with (mock.patch.object(datasets.config, "HF_UPDATE_DOWNLOAD_COUNTS", False),
+          mock.patch.object(evaluator, "get_git_commit_hash", no_commit),
+          mock.patch.object(utils, "get_git_commit_hash", no_commit)):
+        yield
+
+
 def evaluate_folder(model_dir: str | Path, suites: list[str] = ("local",), tasks: list[str] | None = None,
                     output_dir: str | Path | None = None, batch_size: int | str = 8, device: str = "cpu",
                     dtype: str = "auto", limit: int | None = None, num_fewshot: int | None = None) -> dict[str, dict]:
@@ -179,9 +203,10 @@ def evaluate_folder(model_dir: str | Path, suites: list[str] = ("local",), tasks
     evaluated = {}
     for name, settings in runs.items():
         manager = TaskManager(include_path=local_tasks, include_defaults=name != "local")
-        results = lm_eval.simple_evaluate(model=language_model, tasks=settings["tasks"], task_manager=manager,
-                                          num_fewshot=settings["num_fewshot"] if num_fewshot is None else num_fewshot,
-                                          limit=limit, log_samples=False)
+        with unasked_lookups_off():
+            results = lm_eval.simple_evaluate(
+                model=language_model, tasks=settings["tasks"], task_manager=manager, limit=limit, log_samples=False,
+                num_fewshot=settings["num_fewshot"] if num_fewshot is None else num_fewshot)
         results = json.loads(json.dumps(results, default=str))  # lm-eval's numpy / dtype values as JSON
         results["config"].update(batch_size=batch_size, device=device)  # lm-eval leaves them out for a model object
         (output_dir / f"{name}.json").write_text(json.dumps(results, indent=2))

@@ -10,6 +10,8 @@ The value checks (ids, mask entries, labels, the tokens a cache holds) read tens
 them once per check; while torch.compile traces they are skipped (the shapes of the inputs are still checked).
 """
 
+from dataclasses import dataclass
+
 import torch
 from transformers.loss.loss_utils import ForCausalLMLoss
 
@@ -17,6 +19,34 @@ from .errors import UserError
 
 IGNORE_INDEX = -100  # transformers' loss functions skip this label
 ID_DTYPES = (torch.long, torch.int)  # what nn.Embedding takes
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+@dataclass(frozen=True)
+class InputKind:
+    """What a model input may be: its dtypes and number of dimensions, said in ``allowed`` (the error's words)."""
+
+    dtypes: tuple[torch.dtype, ...]
+    dims: tuple[int, ...]
+    allowed: str
+
+
+# Every input the zoo's models check, by name: the one table the checks below and the fuzz tests read. Images of any
+# float dtype are cast to the model's (as transformers' ViT does); ids, labels and masks are integers.
+INPUT_KINDS = {
+    "input_ids": InputKind(ID_DTYPES, (2,), "a (batch, sequence) tensor of torch.long or torch.int ids"),
+    "pixel_values": InputKind(FLOAT_DTYPES, (4,), "a float tensor (batch, channels, height, width)"),
+    "labels": InputKind(ID_DTYPES, (1, 2), "integer class ids (torch.long or torch.int)"),
+    "bool_masked_pos": InputKind((torch.bool, *ID_DTYPES), (2,), "a (batch, cells) tensor of booleans or 0/1"),
+}
+
+
+def check_kind(owner: str, name: str, tensor: torch.Tensor, shape: tuple[int, ...] | None = None) -> None:
+    """``tensor`` is of the `INPUT_KINDS` kind of ``name`` (and of ``shape`` where given)."""
+    kind = INPUT_KINDS[name]
+    fits = tensor.dtype in kind.dtypes and tensor.dim() in kind.dims
+    refuse_input(owner, fits and (shape is None or tuple(tensor.shape) == tuple(shape)), name,
+                 kind.allowed + (f" of shape {tuple(shape)}" if shape is not None else ""), _described(tensor))
 
 
 def refuse_input(owner: str, condition: bool, name: str, allowed: str, got) -> None:
@@ -99,7 +129,8 @@ def check_pixel_values(owner: str, pixel_values: torch.Tensor | None, num_channe
         sides = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
         allowed_sides = f"{sides[0]}, {sides[1]}"
     allowed = f"a float tensor of shape (batch >= 1, {num_channels}, {allowed_sides})"
-    refuse_input(owner, pixel_values.dim() == 4 and pixel_values.is_floating_point(), "pixel_values", allowed,
+    kind = INPUT_KINDS["pixel_values"]
+    refuse_input(owner, pixel_values.dtype in kind.dtypes and pixel_values.dim() in kind.dims, "pixel_values", allowed,
                  _described(pixel_values))
     batch, channels, height, width = pixel_values.shape
     fits = (height, width) == sides if sides is not None else min(height, width) >= smallest
@@ -123,10 +154,19 @@ def check_labels(owner: str, labels: torch.Tensor | None, classes: int, shape: t
 
 def check_classifier_labels(owner: str, labels: torch.Tensor | None, config, batch: int) -> None:
     """Labels of a sequence or image classifier, where transformers' loss reads them as class ids (``num_labels``
-    > 1, ``problem_type`` unset or single-label classification): one per example, in [0, num_labels); no -100, which
-    would leave a batch's mean loss over no example (NaN)."""
-    if config.num_labels > 1 and config.problem_type in (None, "single_label_classification"):
-        check_labels(owner, labels, config.num_labels, (batch,), ignorable=False)
+    > 1, ``problem_type`` single-label classification): one integer per example, in [0, num_labels); no -100, which
+    would leave a batch's mean loss over no example (NaN). With ``problem_type`` unset, float labels of shape
+    (batch, num_labels) are multi-label targets, as in transformers; float labels of any other shape are refused
+    (transformers would read them as multi-label targets and fail inside its loss)."""
+    if labels is None or config.num_labels == 1 or config.problem_type not in (None, "single_label_classification"):
+        return
+    if labels.is_floating_point() and config.problem_type is None:
+        refuse_input(owner, tuple(labels.shape) == (batch, config.num_labels), "labels",
+                     f"integer class ids of shape ({batch},), or multi-label float targets of shape ({batch}, "
+                     f"{config.num_labels})", _described(labels))
+        return
+    check_kind(owner, "labels", labels, (batch,))
+    check_labels(owner, labels, config.num_labels, (batch,), ignorable=False)
 
 
 class CausalLMLossMixin:

@@ -32,10 +32,12 @@ from .hyperset_layer import (
 )
 from .inputs import (
     check_classifier_labels,
+    check_kind,
     check_labels,
     check_pixel_values,
     check_token_inputs,
     check_unpadded,
+    refuse_input,
 )
 from .outputs import (
     BaseModelOutputWithPoolingAndEnergies,
@@ -103,11 +105,15 @@ class HyperSETEmbeddings(nn.Module):
                              f"{own} or inputs_embeds, got {given or 'none'}")
         if pixel_values is not None:
             check_pixel_values(owner, pixel_values, config.num_channels, config.image_size)
+            pixel_values = pixel_values.to(self.patch_embeddings[1].weight.dtype)  # float images of any dtype, as ViT
             inputs_embeds = self.patch_embeddings(self.patches(pixel_values))
         else:
             vocab_size = self.token_embeddings.num_embeddings if input_ids is not None else config.vocab_size
             check_token_inputs(owner, input_ids, inputs_embeds, None, vocab_size, config.hidden_size)
             if input_ids is not None:
+                cells = self.positions - int(self.cls_token is not None)  # a board or grid: one id per cell
+                refuse_input(owner, input_ids.shape[1] == cells, "input_ids", f"(batch, {cells}): one id per cell",
+                             f"shape {tuple(input_ids.shape)}")
                 inputs_embeds = self.token_embeddings(input_ids)
         if self.cls_token is not None:
             inputs_embeds = torch.cat([self.cls_token.expand(len(inputs_embeds), -1, -1).to(inputs_embeds.dtype),
@@ -311,6 +317,7 @@ class HyperSETForMaskedImageModeling(HyperSETHead):
     def forward(self, input_ids=None, bool_masked_pos=None, labels=None, output_energies: bool = False,
                 refinement_steps: int | None = None, **kwargs) -> MaskedLMOutputWithEnergies:
         if bool_masked_pos is not None:
+            check_kind(type(self).__name__, "bool_masked_pos", bool_masked_pos, input_ids.shape)
             masked = bool_masked_pos.bool()
             if labels is None:
                 labels = input_ids.masked_fill(~masked, -100)

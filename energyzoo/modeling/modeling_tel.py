@@ -104,6 +104,7 @@ def resnet_inputs(arguments: dict):
     model = arguments["self"]
     owner, config, pixel_values = type(model).__name__, model.config, arguments.get("pixel_values")
     check_pixel_values(owner, pixel_values, config.num_channels)
+    pixel_values = arguments["pixel_values"] = pixel_values.to(model.dtype)  # any float images, as ViT takes them
     # the stem halves the image twice, every later stage (the first too, with downsample_in_first_stage) once
     stride = 2 ** (1 + len(config.depths) + int(config.downsample_in_first_stage))
     batch, _, height, width = pixel_values.shape

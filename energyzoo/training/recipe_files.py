@@ -12,10 +12,11 @@ def shipped_recipe_path(name: str) -> Path:
 
 
 def shipped_recipes() -> dict[str, tuple[str, Path]]:
-    """name -> (the first line of its header comment, path) of every recipe in `energyzoo/configs/`."""
+    """name -> (its header comment, the leading ``#`` lines joined, path) of every recipe in `energyzoo/configs/`."""
     recipes = {}
     for path in sorted(shipped_recipe_path("fem-lm-tiny").parent.glob("*.yaml")):
         if not path.stem.startswith("accelerate-"):
-            header = next((line for line in path.read_text().splitlines() if line.startswith("#")), "#")
-            recipes[path.stem] = (header.lstrip("# "), path)
+            lines = path.read_text().splitlines()
+            header = lines[: next((i for i, line in enumerate(lines) if not line.startswith("#")), len(lines))]
+            recipes[path.stem] = (" ".join(line.lstrip("# ").strip() for line in header), path)
     return recipes

@@ -31,6 +31,7 @@ import importlib.util
 import json
 import logging
 import math
+import os
 import shutil
 import time
 from collections.abc import Callable
@@ -78,6 +79,7 @@ from .recipe import Recipe, flat_settings
 from .tasks import TrainingData, TrainingTask, training_task
 
 logger = logging.getLogger(__name__)
+TINY_MODEL_PARAMETERS = 10_000_000  # below this a CPU run takes one thread (`_threads_for`)
 
 
 def prepare_data(recipe: Recipe, output_dir: Path, is_main: bool, accelerator: Accelerator):
@@ -105,6 +107,9 @@ def build_model(recipe: Recipe, tokenizer):
     vocabulary = {} if tokenizer is None else dict(
         vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id)
+    if recipe.task == "image-classification" and recipe.data.source == "digits":  # the classes are the digits
+        vocabulary.update(id2label={digit: str(digit) for digit in range(10)},
+                          label2id={str(digit): digit for digit in range(10)})
     config = recipe.model.build_config(**vocabulary)
     auto_class = TASKS[recipe.task].auto_class
     if recipe.model.init_from is not None:  # a warm start: the checkpoint's weights where the names match
@@ -271,6 +276,17 @@ def run_training(recipe: Recipe, resume: bool = False, overwrite: bool = False, 
         torch.set_num_threads(threads)
 
 
+def _threads_for(model) -> None:
+    """One CPU thread for a tiny model on a CPU: its operations are too small to split, and on a shared machine extra
+    threads wait on each other (the README's quickstart took 28 minutes under load with torch's default, 2.5 with
+    one). `training.num_threads` or ``OMP_NUM_THREADS`` choose otherwise; `run_training` restores the count after."""
+    parameters = sum(parameter.numel() for parameter in model.parameters())
+    if not torch.cuda.is_available() and parameters < TINY_MODEL_PARAMETERS:
+        torch.set_num_threads(1)
+        logger.info(f"{parameters:,} parameters: training on one CPU thread (training.num_threads or OMP_NUM_THREADS "
+                    "to choose)")
+
+
 def _accelerator(recipe: Recipe) -> Accelerator:
     settings = recipe.training
     # A previous run in this process leaves accelerate's singleton states behind (its mixed precision, its
@@ -428,6 +444,8 @@ class _Run:
             raise UserError(f"{len(data.validation_inputs)} validation examples cannot be shared by "
                              f"{accelerator.num_processes} processes")
         model = build_model(recipe, tokenizer)
+        if settings.num_threads is None and "OMP_NUM_THREADS" not in os.environ:
+            _threads_for(model)
         if settings.activation_checkpointing:
             require("recipe training", model.supports_gradient_checkpointing, "activation_checkpointing",
                     f"false for {type(model).__name__}, which has no checkpointed blocks", True)
