@@ -13,12 +13,12 @@ import textwrap
 import traceback
 from pathlib import Path
 
-from .modeling.errors import UntestedTransformers, UserError
+from .modeling.errors import MissingExtra, UntestedTransformers, UserError
 from .reproduce.experiments import EXPERIMENTS  # a table of names: no torch before the arguments are parsed
 
 # What the user can fix: energyzoo's own checks (they name the field, file or input), a transformers release outside
 # the tested range, a file the user may not read or write. Anything else is a bug in energyzoo.
-USER_ERRORS = (UserError, UntestedTransformers, PermissionError)
+USER_ERRORS = (UserError, UntestedTransformers, MissingExtra, PermissionError)
 BUG_REPORT = "this is a bug in energyzoo, not in your input: please report it with the traceback above"
 
 

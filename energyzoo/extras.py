@@ -5,13 +5,15 @@ come with their extra, and a missing one is named in one line when it is first u
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from .modeling.errors import MissingExtra
+
 
 @contextmanager
 def needs_extra(extra: str) -> Iterator[None]:
-    """Imports inside this block come with energyzoo's ``extra``: a missing one raises an ImportError naming it."""
+    """Imports inside this block come with energyzoo's ``extra``: a missing one raises `MissingExtra` naming it."""
     try:
         yield
     except ModuleNotFoundError as error:
         package = (error.name or "a package").split(".")[0]
-        raise ImportError(f"{package} is not installed: it comes with energyzoo's [{extra}] extra "
+        raise MissingExtra(f"{package} is not installed: it comes with energyzoo's [{extra}] extra "
                           f"(pip install 'energyzoo[{extra}]')") from error

@@ -132,8 +132,9 @@ class ModelContract:
         inputs = self.without_labels(self.make_inputs(model.config))
         model.save_pretrained(tmp_path)
         assert (tmp_path / "model.safetensors").exists()
-        reloaded = self.head_auto_class.from_pretrained(tmp_path).eval()
-        assert type(reloaded) is self.head_class
+        reloaded, info = self.head_auto_class.from_pretrained(tmp_path, output_loading_info=True)
+        reloaded.eval()
+        assert type(reloaded) is self.head_class and not info["missing_keys"] and not info["unexpected_keys"]
         with torch.no_grad():
             assert torch.equal(output_tensor(model(**inputs)), output_tensor(reloaded(**inputs)))
 

@@ -141,6 +141,7 @@ def test_recipes_lists_every_shipped_recipe_and_the_accelerate_configs(capsys):
             assert f"  {path.stem}  " in printed or f"  {path.stem} " in printed, path.stem
     assert str(configs) in printed and "accelerate-fsdp.yaml" in printed
     assert "FEM-LM (softmax prior) 340m on FineWeb-Edu" in printed  # a recipe's header line
+    assert "Cross-entropy alone: model.preset=eer-induction-ce." in " ".join(printed.split())  # the whole header
 
 
 def test_eval_passes_its_settings_to_lm_eval_and_reads_checkpoints(run_folder, capsys):
@@ -156,10 +157,12 @@ def test_eval_passes_its_settings_to_lm_eval_and_reads_checkpoints(run_folder, c
     assert json.loads((checkpoint_model / "training_metrics.json").read_text())["steps"] == 2
 
 
-def test_export_takes_an_intermediate_checkpoint(run_folder, tmp_path):
+def test_export_takes_an_intermediate_checkpoint(run_folder, tmp_path, capsys):
     """The export holds the step-2 checkpoint's weights (the checkpoint's one copy of them, in its model/ folder:
-    accelerate's own file of the weights is left out), which the final model has moved on from."""
+    accelerate's own file of the weights is left out), which the final model has moved on from; the push hint names
+    the checkpoint too."""
     assert main(["export", str(run_folder / "model"), str(tmp_path / "export"), "--checkpoint", "step-2"]) == 0
+    assert f"{tmp_path / 'export'} --checkpoint step-2 --push <user>/<name>" in capsys.readouterr().out
     checkpoint = run_folder / "checkpoints" / "step-0000002"
     assert not list(checkpoint.glob("*.safetensors")) and not list(checkpoint.glob("pytorch_model*"))
     exported = load_file(tmp_path / "export" / "model.safetensors")
@@ -231,6 +234,17 @@ def test_a_truncated_or_unreadable_recipe_is_named_in_one_line(tmp_path, capsys,
     assert f"{truncated}: cannot be read (Permission denied)" in one_error_line(capsys, "train")
 
 
+@pytest.mark.parametrize(("text", "said"), [
+    ("model:\n\tpreset: fem-lm-tiny\n", "not valid YAML (found character that cannot start any token at line 2"),
+    ("- fem-lm-tiny\n- 20\n", "holds a YAML list, not the mapping of sections a recipe is"),
+])
+def test_invalid_recipe_yaml_is_named_in_one_line(tmp_path, capsys, text, said):
+    recipe = tmp_path / "bad.yaml"
+    recipe.write_text(text)
+    assert main(["train", str(recipe)]) == 2
+    assert said in one_error_line(capsys, "train")
+
+
 def refuse_sockets(monkeypatch) -> None:
     import socket
 
@@ -255,6 +269,24 @@ def test_a_push_without_network_or_credentials_says_why_and_keeps_the_folder(run
     assert "--push someone/fem-tiny failed (" in line and f"{output} is complete: push it again" in line
     assert ("OfflineModeIsEnabled" if offline == "1" else "Network is unreachable") in line
     assert (output / "model.safetensors").is_file() and (output / "README.md").is_file()
+
+
+def test_a_push_without_credentials_says_why_and_keeps_the_folder(run_folder, tmp_path):
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import LocalTokenNotFoundError
+
+    from energyzoo import UserError
+    from energyzoo.hub_cards import export_folder
+
+    class NoToken(HfApi):
+        def create_repo(self, *args, **kwargs):  # what huggingface_hub raises where a token is required and none is
+            raise LocalTokenNotFoundError("Token is required (`token=True`), but no token found.")
+
+    output = tmp_path / "export"
+    with pytest.raises(UserError, match=r"--push someone/fem-tiny failed \(LocalTokenNotFoundError: Token is required "
+                                        rf".*\); {output} is complete: push it again with `hf upload someone/fem-tiny"):
+        export_folder(run_folder / "model", output, push_to="someone/fem-tiny", api=NoToken())
+    assert (output / "model.safetensors").is_file()
 
 
 def test_an_internal_error_is_a_traceback_exit_1_and_says_it_is_a_bug(capsys, monkeypatch):

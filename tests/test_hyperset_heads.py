@@ -33,8 +33,9 @@ def maskgit(**fields):
 
 
 def sudoku(**fields):
-    return build(HyperSETForTokenClassification, input_type="tokens", vocab_size=10, num_labels=9,
-                 use_cls_token=False, position_embedding_type="learned", max_position_embeddings=GRID, **fields)
+    return build(HyperSETForTokenClassification, **{
+        "input_type": "tokens", "vocab_size": 10, "num_labels": 9, "use_cls_token": False,
+        "position_embedding_type": "learned", "max_position_embeddings": GRID, **fields})
 
 
 def image_classifier(**fields):

@@ -52,6 +52,39 @@ def test_float_class_labels_are_refused_by_every_classifier(preset):
     assert torch.isfinite(model(**inputs, labels=labels).loss)
 
 
+ALL_DTYPES = [torch.bool, torch.uint8, torch.int16, torch.int32, torch.int64, *FLOAT_DTYPES]
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
+def test_every_input_of_the_table_takes_exactly_its_dtypes(dtype):
+    """Each `INPUT_KINDS` entry against every dtype class: accepted (finite outputs) where the table lists the dtype,
+    refused in one line naming the input elsewhere, never an error from inside torch."""
+    torch.manual_seed(0)
+    classifier = model_from_preset("tel-resnet-tiny").eval()
+    pixels, labels = images(classifier), torch.tensor([1, 0])
+    maskgit = model_from_preset("hyperset-mim-tiny").eval()
+    codes = torch.randint(0, maskgit.config.codebook_size, (2, maskgit.model.embeddings.positions))
+    mask = torch.rand(codes.shape) < 0.5
+    language_model = model_from_preset("fem-lm-tiny").eval()
+    ids = torch.randint(3, 100, (2, 6))
+    cases = {
+        "pixel_values": lambda: classifier(pixel_values=pixels.to(dtype), labels=labels).loss,
+        "labels": lambda: classifier(pixel_values=pixels, labels=labels.to(dtype)).loss,
+        "bool_masked_pos": lambda: maskgit(input_ids=codes, bool_masked_pos=mask.to(dtype)).loss,
+        "input_ids": lambda: language_model(input_ids=ids.to(dtype)).logits,
+    }
+    assert set(cases) == set(INPUT_KINDS)
+    for name, call in cases.items():
+        if dtype in INPUT_KINDS[name].dtypes:
+            assert torch.isfinite(call()).all(), name
+        elif name == "labels" and dtype.is_floating_point:  # float class ids: refused as labels of the wrong shape
+            with pytest.raises(UserError, match=r"labels must be integer class ids .*of shape \(2,\)"):
+                call()
+        else:
+            with pytest.raises(UserError, match=rf"{name} must be "):
+                call()
+
+
 def test_maskgit_refuses_a_mask_of_another_shape_and_sudoku_a_short_board():
     torch.manual_seed(0)
     maskgit = model_from_preset("hyperset-mim-tiny").eval()

@@ -234,8 +234,11 @@ def stopped_at_five(tmp_path_factory):
     return run
 
 
-CHECKPOINT_FILES = ["model/model.safetensors", "optimizer.bin", "scheduler.bin", "random_states_0.pkl",
-                    "trainer_state.json", "model/config.json"]
+# every kind of file a checkpoint holds (the model folder's code files are copies of the package's, like config.json)
+CHECKPOINT_FILES = ["model/model.safetensors", "model/config.json", "model/generation_config.json",
+                    "model/tokenizer.json", "model/tokenizer_config.json", "model/recipe.yaml",
+                    "model/training_metrics.json", "model/modeling_fem.py", "optimizer.bin", "scheduler.bin",
+                    "random_states_0.pkl", "trainer_state.json", "manifest.json"]
 
 
 @pytest.mark.parametrize("damaged", CHECKPOINT_FILES)
@@ -288,8 +291,8 @@ def test_a_full_disk_during_a_save_is_one_line_and_the_run_resumes_after_space_i
         monkeypatch.setattr(run_module._Run, "save_checkpoint", fills_the_disk)
     try:
         shutil.copytree(stopped_at_five, run)
-        with pytest.raises(UserError, match=r"no space left on the device of .*checkpoints while saving step-0000006: "
-                                            r"the run can resume from step 5 \(free some space"):
+        with pytest.raises(UserError, match=rf"no space left on the device of {run}: the run can resume from step 5 "
+                                            r"\(free some space"):
             train(run, resume=True)
         assert sorted(path.name for path in (run / "checkpoints").iterdir()) == [
             "step-0000003", "step-0000004", "step-0000005"]  # no partial folder left

@@ -79,8 +79,9 @@ def test_a_killed_and_resumed_streamed_run_ends_with_the_weights_of_an_uninterru
     assert run_training(recipe, stop_after=4, progress=False).model_dir is None
     state = json.loads((tmp_path / "resumed" / "checkpoints" / "step-0000003" / "stream_state_0.json").read_text())
     assert state["documents"] > 0
-    resumed = run_training(recipe, resume=True, progress=False)
-    assert resumed.losses == whole.losses[3:]
+    resumed = run_training(recipe, resume=True, progress=False)  # from step 4, which --stop-after saved
+    assert (tmp_path / "resumed" / "checkpoints" / "step-0000004" / "stream_state_0.json").is_file()
+    assert resumed.losses == whole.losses[4:]
     expected = load_file(whole.model_dir / "model.safetensors")
     actual = load_file(resumed.model_dir / "model.safetensors")
     for name in expected:
@@ -112,8 +113,9 @@ def test_two_processes_stream_their_shares_and_resume_from_their_own_positions(c
         done = subprocess.run(command, capture_output=True, text=True, timeout=600,
                               env={**os.environ, "OMP_NUM_THREADS": "1"})
         assert done.returncode == 0, done.stderr[-3000:]
+        return done
 
-    launch(tmp_path / "whole")
+    assert launch(tmp_path / "whole").stdout.count("trained 6 steps") == 1  # one process reports
     launch(tmp_path / "resumed", "--stop-after", "4")
     checkpoint = tmp_path / "resumed" / "checkpoints" / "step-0000003"
     positions = [json.loads((checkpoint / f"stream_state_{rank}.json").read_text())["documents"] for rank in (0, 1)]

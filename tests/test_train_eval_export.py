@@ -95,7 +95,7 @@ def test_recipe_names_are_not_shadowed_by_run_folders(tmp_path, monkeypatch):
     assert load_recipe("fem-lm-tiny").model.preset == "fem-lm-tiny"
     (tmp_path / "mine.yaml").write_text(yaml.safe_dump({"model": {"preset": "fem-gla-tiny"}}))
     assert load_recipe("mine.yaml").model.preset == "fem-gla-tiny"
-    with pytest.raises(FileNotFoundError, match="no recipe file"):
+    with pytest.raises(UserError, match="no recipe file"):
         load_recipe("fem-lm-9000b")
 
 
@@ -189,7 +189,8 @@ def test_vision_recipe_trains_tel_resnet_on_digits(tmp_path):
                                                f"output_dir={tmp_path}"])
     result = run_training(recipe, progress=False)
     assert result.final_metrics["validation_accuracy"] > 0.8  # 10 classes
-    assert (result.model_dir / "config.json").exists()
+    saved = json.loads((result.model_dir / "config.json").read_text())
+    assert saved["id2label"] == {str(digit): str(digit) for digit in range(10)}  # the classes are the digits
 
 
 def test_local_jsonl_files_train_through_the_datasets_path(tmp_path):

@@ -65,7 +65,7 @@ WITHOUT_DROPOUT = dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)  # GPT-2
 CASES = {
     "eer": (lambda: EERForCausalLM(tiny_eer_config(num_loops=3)), lambda: token_batch(16)),
     "eqt-llama": (lambda: EqTLlamaForCausalLM(tiny_eqt_config()), lambda: token_batch(97)),
-    "hyperset-sudoku": (sudoku, lambda: token_batch(10, label_vocab=9)),
+    "hyperset-sudoku": (lambda: sudoku(max_position_embeddings=LENGTH), lambda: token_batch(10, label_vocab=9)),
     "fem-classifier": (fem_classifier, lambda: {**token_batch(97), "labels": [0, 2, 1, 2]}),
     "fem-lm, uneven labels": (fem_lm, lambda: token_batch(97, uneven=True)),
     "tel-gpt2, uneven labels": (lambda: TELGPT2LMHeadModel(TELGPT2Config(**GPT2_FIELDS, **WITHOUT_DROPOUT,

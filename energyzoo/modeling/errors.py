@@ -16,6 +16,11 @@ class UserTypeError(UserError, TypeError):
     too, as Python and huggingface_hub's ``@strict`` raise for a wrong type."""
 
 
+class MissingExtra(ImportError):
+    """An optional dependency of the feature asked for is not installed (the message names energyzoo's extra that
+    brings it)."""
+
+
 class UntestedTransformers(ImportError):
     """The installed transformers release is outside the range this code was tested on (an `ImportError`, raised
     when the model code is imported)."""

@@ -36,7 +36,7 @@ class InputKind:
 INPUT_KINDS = {
     "input_ids": InputKind(ID_DTYPES, (2,), "a (batch, sequence) tensor of torch.long or torch.int ids"),
     "pixel_values": InputKind(FLOAT_DTYPES, (4,), "a float tensor (batch, channels, height, width)"),
-    "labels": InputKind(ID_DTYPES, (1, 2), "integer class ids (torch.long or torch.int)"),
+    "labels": InputKind((torch.long,), (1, 2), "integer class ids (torch.long, what cross-entropy takes)"),
     "bool_masked_pos": InputKind((torch.bool, *ID_DTYPES), (2,), "a (batch, cells) tensor of booleans or 0/1"),
 }
 
@@ -83,8 +83,7 @@ def check_token_inputs(owner: str, input_ids: torch.Tensor | None, inputs_embeds
         raise UserError(f"{owner}: pass exactly one of input_ids or inputs_embeds")
     if input_ids is not None:
         name, tokens = "input_ids", input_ids
-        refuse_input(owner, input_ids.dim() == 2 and input_ids.dtype in ID_DTYPES, name,
-                     "a (batch, sequence) tensor of torch.long or torch.int ids", _described(input_ids))
+        check_kind(owner, name, input_ids)
     else:
         name, tokens = "inputs_embeds", inputs_embeds
         refuse_input(owner, inputs_embeds.dim() == 3 and inputs_embeds.is_floating_point()

@@ -26,7 +26,7 @@ from pathlib import Path
 import pycountry
 import yaml
 from accelerate.utils import LoggerType
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from transformers import PretrainedConfig
 
@@ -305,7 +305,7 @@ def _yaml_file(path: Path):
     """The YAML file ``path`` as an OmegaConf config; a file that cannot be read or parsed is a one-line `UserError`
     naming it (and the line of a YAML error)."""
     try:
-        return OmegaConf.load(path)
+        loaded = OmegaConf.load(path)
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -313,6 +313,10 @@ def _yaml_file(path: Path):
         raise UserError(f"{path}: not valid YAML ({problem}{where}; a truncated file?)") from None
     except OSError as error:
         raise UserError(f"{path}: cannot be read ({error.strerror or error})") from None
+    if not isinstance(loaded, DictConfig):
+        raise UserError(f"{path}: holds a YAML list, not the mapping of sections a recipe is (model:, data:, "
+                        "training:, ...)")
+    return loaded
 
 
 def _leaves(node, key: str = ""):

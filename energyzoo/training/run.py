@@ -272,6 +272,13 @@ def run_training(recipe: Recipe, resume: bool = False, overwrite: bool = False, 
         torch.set_num_threads(recipe.training.num_threads)
     try:
         return _train(recipe, resume, overwrite, stop_after, progress, evaluation_hook)
+    except (OSError, RuntimeError) as error:
+        if not disk_full(error):
+            raise
+        resumable = latest_checkpoint(Path(recipe.output_dir), main=False)
+        step = checkpoint_step(resumable) if resumable else 0
+        raise UserError(f"no space left on the device of {recipe.output_dir}: the run can resume from step {step} "
+                        "(free some space, then run again with --resume)") from error
     finally:
         torch.set_num_threads(threads)
 
@@ -336,9 +343,8 @@ def tracker_config(recipe: Recipe) -> dict:
 
 def _saved_whole(accelerator: Accelerator, path: Path, write: Callable[[Path], None]) -> None:
     """``write(folder)`` on every process into a partial folder, which the main process records (`write_manifest`)
-    and publishes as ``path`` once every process is done: the folder is whole or absent whenever the run is killed.
-    A disk that fills on the way is one line (`UserError`) saying where the run can resume from, with the partial
-    folder removed."""
+    and publishes as ``path`` once every process is done: the folder is whole or absent whenever the run is killed,
+    and a save that fills the disk leaves no partial folder behind (`run_training` says so)."""
     written = partial_path(path)
     if accelerator.is_main_process:
         shutil.rmtree(written, ignore_errors=True)  # a save a kill interrupted
@@ -350,14 +356,9 @@ def _saved_whole(accelerator: Accelerator, path: Path, write: Callable[[Path], N
             write_manifest(written)
             publish(written, path)
     except (OSError, RuntimeError) as error:
-        if not disk_full(error):
-            raise
-        shutil.rmtree(written, ignore_errors=True)
-        output_dir = Path(accelerator.project_configuration.project_dir)
-        resumable = latest_checkpoint(output_dir, main=False)
-        step = checkpoint_step(resumable) if resumable else 0
-        raise UserError(f"no space left on the device of {path.parent} while saving {path.name}: the run can resume "
-                        f"from step {step} (free some space, then run again with --resume)") from error
+        if disk_full(error):
+            shutil.rmtree(written, ignore_errors=True)
+        raise
 
 
 def _claim_output_dir(accelerator: Accelerator, recipe: Recipe, resume: bool, overwrite: bool) -> Path:
