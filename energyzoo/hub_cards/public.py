@@ -8,9 +8,10 @@ vulnerabilities), absolute paths, dates or git state.
 """
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
-from ..training.recipe import Recipe
+from ..training.recipe import Recipe, can_only_be_local
 
 # lm-eval result keys kept as they are
 KEPT_EVALUATION = ("results", "groups", "group_subtasks", "versions", "n-shot", "higher_is_better", "n-samples",
@@ -21,7 +22,7 @@ KEPT_TASK_FIELDS = ("task", "dataset_name", "test_split", "num_fewshot", "output
 
 def is_local_path(name: str | None) -> bool:
     """Whether ``name`` names something on this machine rather than a Hub repository (``user/name``)."""
-    return bool(name) and (Path(name).expanduser().exists() or name.startswith((".", "/", "~")) or name.count("/") > 1)
+    return bool(name) and (can_only_be_local(name) or Path(name).expanduser().exists())
 
 
 def _named(path: str | None) -> str | None:
@@ -32,13 +33,11 @@ def _named(path: str | None) -> str | None:
 def public_recipe(recipe: Recipe) -> Recipe:
     """``recipe`` with its local paths (data files, a local warm start, tokenizer or `datasets` folder) reduced to their
     names and the output folder to its name."""
-    public = Recipe(**vars(recipe))
-    public.output_dir = Path(recipe.output_dir).name
-    public.data = type(recipe.data)(**{**vars(recipe.data), "paths": [_named(path) for path in recipe.data.paths],
-                                       "name": _named(recipe.data.name)})
-    public.model = type(recipe.model)(**{**vars(recipe.model), "init_from": _named(recipe.model.init_from)})
-    public.tokenizer = type(recipe.tokenizer)(**{**vars(recipe.tokenizer), "name": _named(recipe.tokenizer.name)})
-    return public
+    return replace(
+        recipe, output_dir=Path(recipe.output_dir).name,
+        data=replace(recipe.data, paths=[_named(path) for path in recipe.data.paths], name=_named(recipe.data.name)),
+        model=replace(recipe.model, init_from=_named(recipe.model.init_from)),
+        tokenizer=replace(recipe.tokenizer, name=_named(recipe.tokenizer.name)))
 
 
 def _public_task(config: dict) -> dict:

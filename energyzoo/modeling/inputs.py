@@ -41,12 +41,15 @@ INPUT_KINDS = {
 }
 
 
-def check_kind(owner: str, name: str, tensor: torch.Tensor, shape: tuple[int, ...] | None = None) -> None:
-    """``tensor`` is of the `INPUT_KINDS` kind of ``name`` (and of ``shape`` where given)."""
+def check_kind(owner: str, name: str, tensor: torch.Tensor, shape: tuple[int, ...] | None = None,
+               allowed: str | None = None) -> None:
+    """``tensor`` is of the `INPUT_KINDS` kind of ``name`` (and of ``shape`` where given); ``allowed`` replaces the
+    table's words where the caller says more (the configured image size)."""
     kind = INPUT_KINDS[name]
     fits = tensor.dtype in kind.dtypes and tensor.dim() in kind.dims
-    refuse_input(owner, fits and (shape is None or tuple(tensor.shape) == tuple(shape)), name,
-                 kind.allowed + (f" of shape {tuple(shape)}" if shape is not None else ""), _described(tensor))
+    allowed = allowed or kind.allowed + (f" of shape {tuple(shape)}" if shape is not None else "")
+    refuse_input(owner, fits and (shape is None or tuple(tensor.shape) == tuple(shape)), name, allowed,
+                 _described(tensor))
 
 
 def refuse_input(owner: str, condition: bool, name: str, allowed: str, got) -> None:
@@ -128,9 +131,7 @@ def check_pixel_values(owner: str, pixel_values: torch.Tensor | None, num_channe
         sides = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
         allowed_sides = f"{sides[0]}, {sides[1]}"
     allowed = f"a float tensor of shape (batch >= 1, {num_channels}, {allowed_sides})"
-    kind = INPUT_KINDS["pixel_values"]
-    refuse_input(owner, pixel_values.dtype in kind.dtypes and pixel_values.dim() in kind.dims, "pixel_values", allowed,
-                 _described(pixel_values))
+    check_kind(owner, "pixel_values", pixel_values, allowed=allowed)
     batch, channels, height, width = pixel_values.shape
     fits = (height, width) == sides if sides is not None else min(height, width) >= smallest
     refuse_input(owner, batch >= 1 and channels == num_channels and fits, "pixel_values", allowed,

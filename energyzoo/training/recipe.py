@@ -161,12 +161,16 @@ class TokenizerSection:
         require_folder_or_hub_id("recipe tokenizer", "name", self.name)
 
 
+def can_only_be_local(value: str | None) -> bool:
+    """Whether ``value`` is written as a local path (./x, /x, ~/x, a/b/c, a\\b), which no Hub id (user/name) is."""
+    return value is not None and (value.startswith((".", "/", "~")) or value.count("/") > 1 or "\\" in value)
+
+
 def require_folder_or_hub_id(owner: str, field: str, value: str | None) -> None:
-    """A folder or Hub id a recipe names: what can only be a local path (./x, /x, ~/x, a/b/c) must exist, so that a
-    typo fails here instead of waiting on the Hub."""
-    local = value is not None and (value.startswith((".", "/", "~")) or value.count("/") > 1 or "\\" in value)
-    require(owner, not local or Path(value).expanduser().is_dir(), field, "an existing folder or a Hub id (user/name)",
-            value)
+    """A folder or Hub id a recipe names: what can only be a local path must exist, so that a typo fails here instead
+    of waiting on the Hub."""
+    require(owner, not can_only_be_local(value) or Path(value).expanduser().is_dir(), field,
+            "an existing folder or a Hub id (user/name)", value)
 
 
 @dataclass
