@@ -26,10 +26,17 @@ pip_install() {
 pip_install pip
 pip_install torch
 pip_install transformers accelerate peft datasets tokenizers safetensors huggingface_hub lm-eval
-# energyzoo itself without its pins, then the rest of its dependencies and test tools as they resolve
+# energyzoo itself without its pins, then the rest of its dependencies and test tools as they resolve today: the
+# names in pyproject.toml, the [eval], [vision], [plots] and [test] extras included
 pip_install --no-deps -e .
-pip_install tqdm pyyaml omegaconf pillow scikit-learn scikit-image matplotlib pytest pytest-timeout hypothesis \
-  parameterized tensorboard
+names=$("$python" -c '
+import tomllib
+from packaging.requirements import Requirement
+project = tomllib.load(open("pyproject.toml", "rb"))["project"]
+extras = [line for extra in ("eval", "vision", "plots", "test") for line in project["optional-dependencies"][extra]]
+print(" ".join(sorted({Requirement(line).name for line in project["dependencies"] + extras})))')
+# shellcheck disable=SC2086  # one word per package name
+pip_install $names
 echo "== the newest releases"
 "$python" - <<'EOF'
 from importlib.metadata import version
