@@ -52,9 +52,10 @@ def _train(args) -> int:
     if not PartialState().is_main_process:  # under accelerate launch, one process reports
         return 0
     if result.model_dir is None:
-        print(f"stopped after step {result.last_step}; continue with --resume")
+        print(f"stopped after step {result.last_step} ({result.engine.describe()}); continue with --resume")
     else:
-        print(f"trained {result.last_step} steps; {result.final_metrics}; model in {result.model_dir}")
+        print(f"trained {result.last_step} steps ({result.engine.describe()}); {result.final_metrics}; model in "
+              f"{result.model_dir}")
     return 0
 
 

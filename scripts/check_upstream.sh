@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The upstream canary: a scratch venv with the newest release of every library energyzoo builds on (torch included,
-# whatever the pins in pyproject.toml say), the model contract + generation + export tests run there, and the versions
-# with what broke. Run it before raising a pin or when a release lands:
+# The upstream canary: a scratch venv with the newest release of every library energyzoo builds on (torch and DeepSpeed
+# included, whatever the pins in pyproject.toml say), the model contract + generation + export + sharded-training tests
+# run there, and the versions with what broke. Run it before raising a pin or when a release lands:
 #
 #     bash scripts/check_upstream.sh            # a fresh venv under a temporary folder, removed afterwards
 #     CANARY_VENV=/tmp/canary bash scripts/check_upstream.sh   # keep (and reuse) the venv
@@ -37,16 +37,18 @@ extras = [line for extra in ("eval", "vision", "plots", "test") for line in proj
 print(" ".join(sorted({Requirement(line).name for line in project["dependencies"] + extras})))')
 # shellcheck disable=SC2086  # one word per package name
 pip_install $names
+# DeepSpeed built against that torch, its CPU op compiled now (README, "Scaling out")
+DS_BUILD_OPS=0 DS_BUILD_SHM_COMM=1 pip_install --no-build-isolation deepspeed
 echo "== the newest releases"
 "$python" - <<'EOF'
 from importlib.metadata import version
 for name in ("torch", "transformers", "accelerate", "peft", "datasets", "tokenizers", "safetensors",
-             "huggingface_hub", "lm_eval"):
+             "huggingface_hub", "lm_eval", "deepspeed"):
     print(f"{name:16} {version(name)}")
 EOF
-echo "== the contract, generation and export tests on them"
+echo "== the contract, generation, export and sharded-training tests on them"
 tests=(tests/test_*_contract.py tests/test_static_caches.py tests/test_exports.py tests/test_remote_code_isolation.py
-       tests/test_transformers_common.py)
+       tests/test_transformers_common.py tests/test_engines.py tests/test_sharded_training.py)
 export ENERGYZOO_ALLOW_UNTESTED_TRANSFORMERS=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 OMP_NUM_THREADS=1
 "$python" -m pytest -q -p no:cacheprovider -rf --tb=line --disable-warnings "${tests[@]}" 2>&1 | tail -n 60
 status=${PIPESTATUS[0]}

@@ -55,7 +55,7 @@ def test_a_runnable_block_runs_as_written(commands, tmp_path):
                               timeout=600, env=environment)
         assert done.returncode == 0, f"{command}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
         if "--stop-after" in command:
-            assert "stopped after step 6; continue with --resume" in done.stdout
+            assert "stopped after step 6 (one process); continue with --resume" in done.stdout
             assert (tmp_path / "runs/tiny/checkpoints/step-0000006/trainer_state.json").is_file()
         if "--resume" in command:  # the progress bar starts at the saved step
             assert " 6/20 [" in done.stderr and " 1/20 [" not in done.stderr, done.stderr[-2000:]

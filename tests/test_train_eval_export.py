@@ -139,8 +139,10 @@ def test_two_processes_with_accumulation_follow_the_single_process_run(tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     two_metrics = json.loads((tmp_path / "two" / "model" / "training_metrics.json").read_text())
     assert two_metrics.pop("processes") == 2
+    assert two_metrics.pop("engine") == {"name": "ddp", "stage": None, "world_size": 2}
     one_metrics = json.loads((single.model_dir / "training_metrics.json").read_text())
     assert one_metrics.pop("processes") == 1
+    assert one_metrics.pop("engine") == {"name": "single", "stage": None, "world_size": 1}
     assert two_metrics.keys() == one_metrics.keys()
     for name, value in one_metrics.items():
         assert two_metrics[name] == pytest.approx(value, rel=1e-4), name

@@ -32,6 +32,7 @@ from ..modeling.transformers_compat import TESTED_TRANSFORMERS
 from ..registry import ARCHITECTURES, TASKS, architecture, auto_map_for
 from ..training.checkpoints import RECIPE, write_folder_whole
 from ..training.data import image_processor_for
+from ..training.engines import Engine
 from ..training.recipe import Recipe, read_recipe
 from ..training.tasks import training_task
 from .public import is_local_path, public_evaluations, public_recipe
@@ -157,7 +158,8 @@ def _training_data(model_dir: Path, task: str) -> str:
     metrics = json.loads(metrics_path.read_text()) if metrics_path.exists() else {}
     validation = ", ".join(f"{key.removeprefix('validation_')} {value:.4f}" for key, value in metrics.items()
                            if key.startswith("validation_"))
-    return (f"Trained with `energyzoo train` on {source}: {training.steps} steps of {training.batch_size} "
+    engine = f" ({Engine(**metrics['engine']).describe()})" if "engine" in metrics else ""
+    return (f"Trained with `energyzoo train`{engine} on {source}: {training.steps} steps of {training.batch_size} "
             f"examples, AdamW lr {training.learning_rate}, weight decay {training.weight_decay}, seed "
             f"{training.seed}. The full recipe is `{RECIPE}` in this repository."
             + (f" Held-out validation at the end: {validation}." if validation else ""))

@@ -191,9 +191,10 @@ class EntropyForce(nn.Module):
             self.tel_slope = nn.Parameter(torch.empty(1))  # 1-D: FSDP2 shards no 0-d parameter
             self.reset_parameters()
 
+    @torch.no_grad()
     def reset_parameters(self) -> None:
         if self.kind == "prelu":
-            nn.init.constant_(self.tel_slope, 0.25)
+            self.tel_slope.fill_(0.25)  # a tensor method: see ThermodynamicRefinement.reset_parameters
 
     def _slope(self) -> torch.Tensor:
         return self.tel_slope[0].clamp(0.0, 1.0)  # keeps 0 <= phi' <= 1 (Assumption A0)
@@ -261,11 +262,12 @@ class EntropyEstimator(nn.Module):
             self.tel_estimator_out = nn.Linear(hidden, 1)
             self.reset_parameters()
 
+    @torch.no_grad()
     def reset_parameters(self) -> None:
         if self.kind == "mlp":
             for linear in (self.tel_estimator_in, self.tel_estimator_out):
-                nn.init.normal_(linear.weight, std=1.0 / math.sqrt(linear.in_features))
-                nn.init.zeros_(linear.bias)
+                linear.weight.normal_(std=1.0 / math.sqrt(linear.in_features))  # tensor methods: see
+                linear.bias.zero_()  # ThermodynamicRefinement.reset_parameters
 
     def forward(self, z: torch.Tensor, channel_dim: int) -> torch.Tensor:
         z = z.detach().movedim(channel_dim, -1)
@@ -337,9 +339,15 @@ class ThermodynamicRefinement(nn.Module):
         )
         self.reset_parameters()
 
+    @torch.no_grad()
     def reset_parameters(self) -> None:
-        nn.init.constant_(self.tel_log_step_sizes, math.log(self.settings.tel_initial_step_size))
-        nn.init.constant_(self.tel_log_temperature, math.log(self.settings.tel_initial_temperature))
+        """The layer's initial values (eta_i^(0), tau^(0), the force's and the estimator's), set when it is built, with
+        tensor methods rather than `nn.init`: transformers builds a model for DeepSpeed ZeRO-3 with `nn.init` switched
+        off and initialises it afterwards through the `_init_weights` of the transformers model the layer sits in,
+        which does not know it, so `nn.init` left these parameters uninitialised memory
+        (tests/test_sharded_training.py's ZeRO-3 initialisation check)."""
+        self.tel_log_step_sizes.fill_(math.log(self.settings.tel_initial_step_size))
+        self.tel_log_temperature.fill_(math.log(self.settings.tel_initial_temperature))
         self.entropy_force.reset_parameters()
         self.entropy_estimator.reset_parameters()
 

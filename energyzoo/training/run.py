@@ -1,7 +1,8 @@
 """`energyzoo train RECIPE.yaml [overrides]`: train any zoo model with accelerate.
 
-One process or many (``accelerate launch --num_processes N ...``: data parallel, gloo on CPU, NCCL on GPUs,
-FSDP/DeepSpeed through the accelerate configs in `configs/`, see `energyzoo recipes`). AdamW with decoupled weight
+One process or many (``accelerate launch --num_processes N ...``: data parallel, gloo on CPU, NCCL on GPUs;
+DeepSpeed ZeRO-2/3 and FSDP2 through the accelerate configs in `configs/`, on GPUs and CPUs alike, the engine named in
+the run's log and checkpoints: `engines`). AdamW with decoupled weight
 decay, linear warmup + cosine decay (or the recipe's `lr_schedule`), gradient clipping, gradient accumulation
 (`Accelerator.accumulate`), mixed precision where the device has it, activation checkpointing on request.
 
@@ -75,6 +76,16 @@ from .checkpoints import (
     write_text_whole,
 )
 from .data import tokenizer_training_texts, train_bpe_tokenizer
+from .engines import (
+    Engine,
+    build_accelerator,
+    check_resumable,
+    engine_of,
+    gathered_state_dict,
+    hand_recipe_to_deepspeed,
+    precision_available,
+    true_shape,
+)
 from .recipe import Recipe, flat_settings
 from .tasks import TrainingData, TrainingTask, training_task
 
@@ -250,6 +261,7 @@ class TrainingResult:
     last_step: int
     losses: list[float]
     final_metrics: dict
+    engine: Engine
     best_model_dir: Path | None = None  # with `training.keep_best`: the model at that metric's best evaluation
 
 
@@ -300,18 +312,17 @@ def _accelerator(recipe: Recipe) -> Accelerator:
     # last DataLoader); the distributed state itself is kept.
     AcceleratorState._reset_state()
     GradientState._reset_state()
-    accelerator = Accelerator(
-        mixed_precision=settings.mixed_precision, cpu=not torch.cuda.is_available(),
-        gradient_accumulation_steps=settings.gradient_accumulation,
+    accelerator = build_accelerator(
+        mixed_precision=settings.mixed_precision, gradient_accumulation_steps=settings.gradient_accumulation,
         # the scheduler counts global steps: it steps once per optimiser step, not once per process
         step_scheduler_with_optimizer=False,
         log_with=settings.trackers() or None,
         project_config=ProjectConfiguration(recipe.output_dir, str(Path(recipe.output_dir) / TRACKERS)))
     # accelerate falls back to fp32 where the device has no autocast of that precision (fp16 on a CPU), while
-    # recipe.yaml would record the precision asked for. DeepSpeed runs its own precision.
-    honoured = accelerator.native_amp or accelerator.state.deepspeed_plugin is not None
-    require("recipe training", settings.mixed_precision == "no" or honoured, "mixed_precision",
-            f"a precision the {accelerator.device.type} device trains in ('no', or 'bf16' on a CPU)",
+    # recipe.yaml would record the precision asked for. DeepSpeed runs its own precision, where its device has it.
+    require("recipe training", settings.mixed_precision == "no" or precision_available(accelerator,
+                                                                                      settings.mixed_precision),
+            "mixed_precision", f"a precision the {accelerator.device.type} device trains in ('no', or 'bf16' on a CPU)",
             settings.mixed_precision)
     _keep_weights_in_model_folders(accelerator)
     return accelerator
@@ -383,6 +394,8 @@ def _resumed_step(accelerator: Accelerator, output_dir: Path, resume: bool) -> t
     checkpoint = latest_checkpoint(output_dir, main=is_main) if resume else None
     start_step = 0
     if checkpoint is not None:
+        saved = json.loads((checkpoint / STATE_FILE).read_text())
+        check_resumable(saved.get("engine"), engine_of(accelerator), str(checkpoint))
         accelerator.load_state(str(checkpoint))
         start_step = checkpoint_step(checkpoint)
     elif resume and is_main:
@@ -404,13 +417,15 @@ def _micro_batch_size(recipe: Recipe, accelerator: Accelerator) -> int:
 
 
 def _optimizer_and_schedule(model, recipe: Recipe):
-    """AdamW with weight decay on the matrices only, and the recipe's learning-rate schedule."""
+    """AdamW with weight decay on the matrices only (by their true shape, also under ZeRO-3), and the recipe's
+    learning-rate schedule."""
     settings = recipe.training
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": settings.weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}],
-                                  lr=settings.learning_rate, betas=tuple(settings.adam_betas))
+    trained = [parameter for parameter in model.parameters() if parameter.requires_grad]
+    groups = [{"params": [p for p in trained if len(true_shape(p)) >= 2], "weight_decay": settings.weight_decay},
+              {"params": [p for p in trained if len(true_shape(p)) < 2], "weight_decay": 0.0}]
+    # an empty group would be dropped by DeepSpeed and leave the scheduler one group short
+    optimizer = torch.optim.AdamW([group for group in groups if group["params"]], lr=settings.learning_rate,
+                                  betas=tuple(settings.adam_betas))
     return optimizer, get_scheduler(settings.lr_schedule, optimizer, settings.warmup_steps, settings.steps)
 
 
@@ -429,6 +444,7 @@ class _Run:
     tokenizer: object
     output_dir: Path
     micro: int
+    engine: Engine
     loader: DataLoader | None = None
     stream: object = None
 
@@ -438,6 +454,7 @@ class _Run:
         settings = recipe.training
         accelerator = _accelerator(recipe)
         micro = _micro_batch_size(recipe, accelerator)
+        hand_recipe_to_deepspeed(accelerator, settings.max_grad_norm, settings.gradient_accumulation, micro)
         output_dir = _claim_output_dir(accelerator, recipe, resume, overwrite)
         set_seed(settings.seed)
         data, tokenizer = prepare_data(recipe, output_dir, accelerator.is_main_process, accelerator)
@@ -455,16 +472,14 @@ class _Run:
         loader = None
         if data.train_stream is None:
             # accelerate gives process p every p-th micro-batch of this loader, so the micro-batches of one step
-            # are the step's global batch in any number of processes (and DeepSpeed reads its micro-batch size here)
+            # are the step's global batch in any number of processes
             loader = DataLoader(ScheduledExamples(data, settings.batch_size, settings.steps, settings.seed),
                                 batch_size=micro, collate_fn=_fetched_batch)
             model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
         else:
-            if accelerator.state.deepspeed_plugin is not None:  # a stream has no DataLoader to read it from
-                accelerator.state.deepspeed_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = micro
             model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
         return cls(recipe, accelerator, model, optimizer, scheduler, data, training_task(recipe.task), tokenizer,
-                   output_dir, micro, loader)
+                   output_dir, micro, engine_of(accelerator), loader)
 
     def batches(self, start_step: int, checkpoint: Path | None):
         """(inputs, labels) micro-batches from ``start_step`` on: the scheduled loader skipping what was trained,
@@ -513,15 +528,19 @@ class _Run:
         self.model.train()
         return metrics
 
+    def trained(self, step: int, metrics: dict) -> dict:
+        """A model folder's ``training_metrics.json``: its step, how it was trained, its last evaluation."""
+        return {"steps": step, "processes": self.engine.world_size, "engine": self.engine.to_dict(), **metrics}
+
     def save_checkpoint(self, folder: Path, step: int, metrics: dict) -> None:
         self.accelerator.save_state(str(folder))  # optimiser, scheduler, RNG states; the weights go to model/
         save_model_folder(self.accelerator, self.model, folder / MODEL, self.tokenizer, self.output_dir,
-                          {"steps": step, "processes": self.accelerator.num_processes, **metrics})
+                          self.trained(step, metrics))
         if self.stream is not None:
             (folder / _stream_state_file(self.accelerator.process_index)).write_text(
                 json.dumps(self.stream.state_dict()))
         if self.accelerator.is_main_process:
-            (folder / STATE_FILE).write_text(json.dumps({"step": step}))
+            (folder / STATE_FILE).write_text(json.dumps({"step": step, "engine": self.engine.to_dict()}))
 
     def keep_if_best(self, step: int, metrics: dict) -> None:
         """Save ``best-model/`` when ``metrics`` improve on the best evaluation so far of `training.keep_best` (read
@@ -537,13 +556,12 @@ class _Run:
             if (metrics[name] >= best) if lower else (metrics[name] <= best):
                 return
         _saved_whole(self.accelerator, self.output_dir / BEST_MODEL, lambda folder: save_model_folder(
-            self.accelerator, self.model, folder, self.tokenizer, self.output_dir,
-            {"steps": step, "processes": self.accelerator.num_processes, **metrics}))
+            self.accelerator, self.model, folder, self.tokenizer, self.output_dir, self.trained(step, metrics)))
 
     def save_model(self, metrics: dict) -> Path:
         """The final model folder and the loss curve."""
         model_dir = self.output_dir / MODEL
-        metrics = {"steps": self.recipe.training.steps, "processes": self.accelerator.num_processes, **metrics}
+        metrics = self.trained(self.recipe.training.steps, metrics)
         _saved_whole(self.accelerator, model_dir, lambda folder: save_model_folder(
             self.accelerator, self.model, folder, self.tokenizer, self.output_dir, metrics))
         if self.accelerator.is_main_process:
@@ -567,7 +585,8 @@ def _train(recipe: Recipe, resume: bool, overwrite: bool, stop_after: int | None
     losses, final_metrics = [], {}
     started = time.perf_counter()
     run.model.train()
-    bar = tqdm(range(start_step, end_step), initial=start_step, total=settings.steps, desc="training",
+    bar = tqdm(range(start_step, end_step), initial=start_step, total=settings.steps,
+               desc=f"training ({run.engine.describe()})",
                disable=not (progress and accelerator.is_main_process))
     if evaluation_hook is not None and start_step == 0:
         run.log({"step": 0, **run.evaluate(0, evaluation_hook, held_out=False)})
@@ -596,9 +615,9 @@ def _train(recipe: Recipe, resume: bool, overwrite: bool, stop_after: int | None
     for tracker in accelerator.trackers:  # not `end_training`, which also ends the distributed state
         tracker.finish()
     if end_step < settings.steps:
-        return TrainingResult(output_dir, None, end_step, losses, final_metrics)
+        return TrainingResult(output_dir, None, end_step, losses, final_metrics, run.engine)
     best = output_dir / BEST_MODEL if settings.keep_best is not None else None
-    return TrainingResult(output_dir, run.save_model(final_metrics), end_step, losses, final_metrics, best)
+    return TrainingResult(output_dir, run.save_model(final_metrics), end_step, losses, final_metrics, run.engine, best)
 
 
 def _stream_state_file(rank: int) -> str:
@@ -608,9 +627,11 @@ def _stream_state_file(rank: int) -> str:
 def save_model_folder(accelerator: Accelerator, model, model_dir: Path, tokenizer, output_dir: Path,
                       metrics: dict) -> None:
     """A folder `from_pretrained`, `energyzoo eval` and `energyzoo export` take, called on every process: the full
-    state dict gathered by accelerate (FSDP and ZeRO-3 shards included) saved by the main process, with the
+    state dict gathered by accelerate (FSDP and ZeRO-3 shards included; DeepSpeed's float32 master weights, which
+    `engines.gathered_state_dict` puts in) saved by the main process, with the
     tokenizer, the recipe and ``training_metrics.json``."""
-    state_dict = accelerator.get_state_dict(model)
+    state_dict = gathered_state_dict(accelerator, model)
+    floats = {value.dtype for value in (state_dict or {}).values() if value.is_floating_point()}  # main process
     unwrapped = accelerator.unwrap_model(model)
     if unwrapped.config.model_type in ARCHITECTURES:  # vanilla baselines (a ViT, a Llama) need no remote code
         unwrapped.config.auto_map = auto_map_for(unwrapped.config.model_type)
@@ -619,6 +640,10 @@ def save_model_folder(accelerator: Accelerator, model, model_dir: Path, tokenize
     if accelerator.is_main_process:
         if tokenizer is not None:
             tokenizer.save_pretrained(model_dir)
+        if len(floats) == 1 and floats != {unwrapped.dtype}:  # DeepSpeed's float32 masters of a bf16 module
+            # (save_pretrained names the module's dtype, which `from_pretrained(dtype="auto")` would load them in)
+            unwrapped.config.dtype = str(floats.pop()).removeprefix("torch.")
+            unwrapped.config.save_pretrained(model_dir)
         (model_dir / RECIPE).write_text((output_dir / RECIPE).read_text())
         (model_dir / "training_metrics.json").write_text(json.dumps(metrics))
 
