@@ -158,8 +158,9 @@ def _training_data(model_dir: Path, task: str) -> str:
     metrics = json.loads(metrics_path.read_text()) if metrics_path.exists() else {}
     validation = ", ".join(f"{key.removeprefix('validation_')} {value:.4f}" for key, value in metrics.items()
                            if key.startswith("validation_"))
-    engine = f" ({Engine(**metrics['engine']).describe()})" if "engine" in metrics else ""
-    return (f"Trained with `energyzoo train`{engine} on {source}: {training.steps} steps of {training.batch_size} "
+    engine = Engine(**metrics["engine"]) if "engine" in metrics else None
+    sharing = f" ({engine.describe()})" if engine and engine.world_size > 1 else ""  # how many processes, and how
+    return (f"Trained with `energyzoo train`{sharing} on {source}: {training.steps} steps of {training.batch_size} "
             f"examples, AdamW lr {training.learning_rate}, weight decay {training.weight_decay}, seed "
             f"{training.seed}. The full recipe is `{RECIPE}` in this repository."
             + (f" Held-out validation at the end: {validation}." if validation else ""))
