@@ -1,4 +1,11 @@
+"""Test settings for every test module, and ``tests/support`` (the oracles, the contract suite and the scripts tests
+run in subprocesses) on the import path, so that tests import them by name."""
+
 import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent / "support"))
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")

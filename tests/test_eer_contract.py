@@ -1,4 +1,4 @@
-"""EER through the shared model contract (tests/contract.py): the paper's block and loss (every lambda at the
+"""EER through the shared model contract (tests/support/contract.py): the paper's block and loss (every lambda at the
 paper's value, so the contract's loss and gradient checks see the regularisers), at a width where two heads fit."""
 
 import copy

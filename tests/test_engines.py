@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from safetensors.torch import load_file
+from sharded_training import largest_difference
 from transformers import AutoModelForCausalLM
 
 from energyzoo.hub_cards import export_folder
@@ -23,9 +24,6 @@ from energyzoo.modeling.errors import UserError
 from energyzoo.training.engines import Engine, check_resumable, hand_recipe_to_deepspeed
 from energyzoo.training.recipe import load_recipe, shipped_recipe_path
 from energyzoo.training.run import run_training
-
-sys.path.insert(0, str(Path(__file__).parent))
-from sharded_training import largest_difference  # noqa: E402
 
 pytest.importorskip("deepspeed", reason="the [deepspeed] extra")
 
@@ -176,7 +174,7 @@ def test_resume_refuses_another_engine_stage_or_world_size_and_takes_unrecorded_
             check_resumable(zero3.to_dict(), other, "step-2")
 
 
-TRAINER_SCRIPT = Path(__file__).with_name("trainer_engines.py")
+TRAINER_SCRIPT = Path(__file__).parent / "support" / "trainer_engines.py"
 
 
 def test_trainer_with_deepspeed_matches_its_data_parallel_training(tmp_path):

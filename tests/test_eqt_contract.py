@@ -1,4 +1,4 @@
-"""EqT-LLaMA through the shared model contract (tests/contract.py), every energy on.
+"""EqT-LLaMA through the shared model contract (tests/support/contract.py), every energy on.
 
 The tiny model is made to refine strongly, so that the contract's checks see the refinement act: a larger step
 (alpha = 0.5) and energy weights (all 1) than the paper's, the memory frozen (EMA decay 1: the contract compares

@@ -85,7 +85,7 @@ SWITCHES = [{}, dict(use_temperature_gate=False), dict(use_lse=False), dict(use_
             dict(use_time_decay=False)]
 
 
-@pytest.mark.parametrize("prior", ["softmax", "gla", "aft", "ssm"])
+@pytest.mark.parametrize("prior", FEM_PRIORS)
 @pytest.mark.parametrize("switches", SWITCHES, ids=["all", "no_T", "no_L", "no_G", "no_C"])
 def test_fem_layer_matches_the_float64_reference_in_outputs_and_gradients(prior, switches):
     """One whole FEM layer (conditioner, modulation, RoPE, prior, LSE branch, lambda, outer gate, output
@@ -350,7 +350,7 @@ def test_attention_outputs_and_implementations_are_refused_where_they_do_not_app
 
 @pytest.mark.parametrize("side", ["left", "right"])
 @pytest.mark.parametrize("switches", SWITCHES[1:], ids=["no_T", "no_L", "no_G", "no_C"])
-@pytest.mark.parametrize("prior", ["softmax", "gla", "aft", "ssm"])
+@pytest.mark.parametrize("prior", FEM_PRIORS)
 def test_padded_batches_are_exact_for_every_ablation_switch(prior, switches, side):
     """The contract's padding check (outputs and every parameter's gradient equal the sequence alone, ordinary
     tokens under the mask, perturbed conditioner, values at the cap) with each FEM switch off in turn (the
@@ -388,7 +388,7 @@ def test_half_precision_cached_decoding_keeps_the_exp_branch(prior, dtype):
         assert cache.layers[0].values.dtype == torch.float32  # fp16 cannot hold the cached exp values
 
 
-@pytest.mark.parametrize("prior", ["softmax", "gla", "aft", "ssm"])
+@pytest.mark.parametrize("prior", FEM_PRIORS)
 def test_assisted_and_prompt_lookup_decoding_are_refused_before_anything_runs(prior):
     """FEM is stateful (`_is_stateful`): generate() refuses both modes with transformers' own message before the
     assistant runs, instead of failing later when it would crop the cache."""
@@ -417,7 +417,7 @@ def test_rope_parameters_without_queries_and_keys_are_warned_about_once():
     assert "softmax" not in captured.out and "gla" not in captured.out and "ssm" not in captured.out
 
 
-@pytest.mark.parametrize("prior", ["softmax", "gla", "aft", "ssm"])
+@pytest.mark.parametrize("prior", FEM_PRIORS)
 def test_transformers_cache_utilities_on_fem_caches(prior):
     """What third-party code reads of a FEM cache: lengths and mask sizes count the tokens, `is_initialized` follows
     the state, a batch edit selects rows exactly as running those rows alone, crop is refused, a reset cache

@@ -1,4 +1,4 @@
-"""FEM-LM (every prior) and FEMForSequenceClassification through the shared model contract (tests/contract.py).
+"""FEM-LM (every prior) and FEMForSequenceClassification through the shared model contract (tests/support/contract.py).
 
 Every model the contract builds is perturbed so FEM's own parts act: the time-decay conditioner's
 zero-initialised output map gets random weights (modulators != 1) and the values are scaled so that

@@ -7,12 +7,11 @@ import torch
 import torch.nn.functional as F
 from fem_reference import CAP, aft_prior, explicit_read, gla_prior, softmax_prior, ssm_prior
 
+from energyzoo.modeling.configuration_fem import FEM_PRIORS
 from energyzoo.modeling.fem_prior_aft import aft_free_energy_read
 from energyzoo.modeling.fem_prior_gla import gla_free_energy_read
 from energyzoo.modeling.fem_prior_softmax import FEMSoftmaxCacheLayer, softmax_free_energy_read
 from energyzoo.modeling.fem_prior_ssm import ssm_free_energy_read
-
-PRIORS = ("softmax", "gla", "aft", "ssm")
 
 
 def causal_mask(valid, start, stop):
@@ -100,7 +99,7 @@ def assert_close_to_reference(ours, ref, valid, tolerance):
     assert (error <= tolerance * (1 + ref.abs()[real])).all(), error.max()
 
 
-@pytest.mark.parametrize("prior,gla_decay", [(prior, "head") for prior in PRIORS] + [("gla", "channel")])
+@pytest.mark.parametrize("prior,gla_decay", [(prior, "head") for prior in FEM_PRIORS] + [("gla", "channel")])
 @pytest.mark.parametrize("chunk_size", [4, 64])
 def test_read_matches_the_float64_reference_on_a_left_padded_batch(prior, gla_decay, chunk_size):
     case = Case(prior, gla_decay=gla_decay)
@@ -114,7 +113,7 @@ def test_read_matches_the_float64_reference_on_a_left_padded_batch(prior, gla_de
     assert (mu[0, :5] == 0).all() and (f_max[0, :5] == 0).all()
 
 
-@pytest.mark.parametrize("prior", PRIORS)
+@pytest.mark.parametrize("prior", FEM_PRIORS)
 def test_read_gradients_match_the_float64_reference(prior):
     """Gradients of every input, padded positions included (they must get none), against autograd through
     the explicit reference."""
@@ -137,7 +136,7 @@ def test_read_gradients_match_the_float64_reference(prior):
     assert (ours[0][0, :5] == 0).all()  # padded values do not reach the output
 
 
-@pytest.mark.parametrize("prior", PRIORS)
+@pytest.mark.parametrize("prior", FEM_PRIORS)
 def test_gradcheck_with_a_padding_mask(prior):
     case = Case(prior, seed=3, length=7, heads=1, v_dim=2, key_dim=2, value_scale=4.0, pad=3)
     g = torch.Generator().manual_seed(4)
@@ -150,7 +149,7 @@ def test_gradcheck_with_a_padding_mask(prior):
     assert torch.autograd.gradcheck(read, [t.clone().requires_grad_() for t in case.tensors()])
 
 
-@pytest.mark.parametrize("prior", PRIORS)
+@pytest.mark.parametrize("prior", FEM_PRIORS)
 def test_prefill_chunked_prefill_and_token_steps_agree(prior):
     """A cache's state carried across calls gives the read of one call: uneven pieces and single tokens."""
     case = Case(prior, seed=5, length=40)
@@ -181,7 +180,7 @@ def test_streamed_recurrent_states_equal_the_full_reads_state(prior):
             torch.testing.assert_close(ours, full, rtol=1e-4, atol=1e-6)
 
 
-@pytest.mark.parametrize("prior", PRIORS)
+@pytest.mark.parametrize("prior", FEM_PRIORS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_reads_keep_the_lse_branch(prior, dtype):
     """bf16 and fp16 reads against float64 on the same (rounded) inputs, at a tolerance well below the LSE
@@ -201,7 +200,7 @@ def test_half_precision_reads_keep_the_lse_branch(prior, dtype):
     assert all(torch.isfinite(t).all() for t in state_tensors(state) if t is not None)
 
 
-@pytest.mark.parametrize("prior", PRIORS)
+@pytest.mark.parametrize("prior", FEM_PRIORS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_long_sequences_with_extreme_values_stay_finite_and_in_range(prior, dtype):
     """8192 positions, values up to 1e3 with beta from 1e-3 to 1e3 (clipped to |beta v| <= 40), sharp priors

@@ -20,15 +20,12 @@ import os
 from collections import Counter
 
 import pytest
-import test_eer_contract as eer  # as modules: imported test classes would be collected and run here again
-import test_eqt_contract as eqt
-import test_fem_contract as fem
-import test_hyperset_contract as hyperset
-import test_tel_contract as tel
 import torch
+import zoo
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from energyzoo.modeling.configuration_fem import FEM_PRIORS
 from energyzoo.presets import config_fields, config_with_overrides
 from energyzoo.registry import ARCHITECTURES
 
@@ -38,12 +35,9 @@ FUZZ = settings(max_examples=10 * FUZZ_EXAMPLES["configs"] if LONG else FUZZ_EXA
                 deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
 INPUT_FUZZ = settings(FUZZ, max_examples=10 * FUZZ_EXAMPLES["inputs"] if LONG else FUZZ_EXAMPLES["inputs"])
-TESTERS = [fem.TestFEMContract(), fem.TestFEMSequenceClassificationContract(), tel.TestTELGPT2Contract(),
-           tel.TestTELViTContract(), tel.TestTELResNetContract(), eqt.TestEqTLlamaContract(), eer.TestEERContract(),
-           hyperset.TestHyperSETImageClassificationContract(), hyperset.TestHyperSETTokenClassificationContract(),
-           hyperset.TestHyperSETMaskedImageModelingContract()]
+TESTERS = zoo.ONE_PER_HEAD  # every registered head once (FEM's priors are fuzzed through its config fields)
 INPUT_NAMES = ("input_ids", "inputs_embeds", "attention_mask", "pixel_values", "labels")
-OPTION_NAMES = ("softmax", "gla", "aft", "ssm", "head", "channel", "silu", "gelu", "relu", "tanh", "prelu", "basic",
+OPTION_NAMES = (*FEM_PRIORS, "head", "channel", "silu", "gelu", "relu", "tanh", "prelu", "basic",
                 "bottleneck", "bisoftmax", "sigmoid", "linear", "tokens", "patches", "learned", "sincos2d",
                 "sinusoidal", "residual", "hamiltonian", "aligned", "shifted", "window", "full", "implicit",
                 "unrolled", "global", "batch", "token", "gaussian", "laplace", "student_t", "mlp", "energy",
@@ -285,3 +279,7 @@ def test_random_inputs_are_refused_by_name_or_give_finite_outputs(tester, dtype)
 
     check()
     report(f"inputs of {described(tester)} in {dtype}", outcomes)
+
+
+def test_every_registered_head_is_fuzzed():
+    assert zoo.missing_coverage(TESTERS, priors=False) == []

@@ -1,4 +1,4 @@
-"""Hyper-SET's three heads through the shared model contract (tests/contract.py).
+"""Hyper-SET's three heads through the shared model contract (tests/support/contract.py).
 
 Every model the contract builds is perturbed so the step-size network acts: its zero-initialised Linears get
 small random weights (alpha, gamma ~ 0.1-0.3 per token and channel), otherwise the model is the identity encoder

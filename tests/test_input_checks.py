@@ -5,21 +5,13 @@ conditioner, reshape and index errors from torch). A row the attention mask zero
 case: finite outputs, the other rows' outputs unchanged."""
 
 import pytest
-import test_eer_contract as eer  # as modules: imported test classes would be collected and run here again
-import test_eqt_contract as eqt
-import test_fem_contract as fem
-import test_hyperset_contract as hyperset
-import test_tel_contract as tel
 import torch
+import zoo
 
 from energyzoo.registry import ARCHITECTURES
 
-TOKEN_MODELS = [fem.TestFEMContract(), fem.TestFEMGLAContract(), fem.TestFEMAFTContract(), fem.TestFEMSSMContract(),
-                fem.TestFEMSequenceClassificationContract(), tel.TestTELGPT2Contract(), eqt.TestEqTLlamaContract(),
-                eer.TestEERContract(), hyperset.TestHyperSETTokenClassificationContract(),
-                hyperset.TestHyperSETMaskedImageModelingContract()]
-IMAGE_MODELS = [tel.TestTELViTContract(), tel.TestTELResNetContract(),
-                hyperset.TestHyperSETImageClassificationContract()]
+TOKEN_MODELS = zoo.token_testers(zoo.HEADS_AND_PRIORS)
+IMAGE_MODELS = zoo.image_testers(zoo.HEADS_AND_PRIORS)
 PADDED = [tester for tester in TOKEN_MODELS if tester.model_type != "hyperset"]  # Hyper-SET has no padding mask
 
 
@@ -109,7 +101,7 @@ def test_generating_from_an_empty_prompt_is_refused(tester):
 
 
 def test_hyperset_refuses_a_padding_mask_it_would_ignore():
-    tester = hyperset.TestHyperSETTokenClassificationContract()
+    tester = zoo.tester_for("hyperset", "token-classification")
     model = tester.build()
     inputs = tester.without_labels(tester.make_inputs(model.config))
     mask = torch.ones_like(inputs["input_ids"])
@@ -135,3 +127,7 @@ def test_images_of_no_batch_other_channels_or_another_size_are_refused(tester):
     inputs = tester.make_inputs(model.config)
     refused(model, r"labels must be in \[0, 3\)", pixel_values=inputs["pixel_values"],
             labels=torch.full_like(inputs["labels"], 3))
+
+
+def test_every_registered_head_and_prior_is_checked():
+    assert zoo.missing_coverage(TOKEN_MODELS + IMAGE_MODELS) == []

@@ -2,12 +2,10 @@
 registered with its Auto class, covered by a contract tester, and exportable as a folder of its own family's files.
 """
 
-import importlib
-import inspect
 import json
-from pathlib import Path
 
 import pytest
+import zoo
 from contract import ModelContract
 from transformers import AutoConfig, AutoModel
 
@@ -16,20 +14,7 @@ from energyzoo.hub_cards.export import measured_speed, render_card
 from energyzoo.presets import config_from_preset, preset_card, preset_names
 from energyzoo.registry import ARCHITECTURES, TASKS, architecture
 
-TESTS = Path(__file__).parent
-
-
-def contract_testers() -> list[type]:
-    """Every contract tester pytest runs (classes named Test* in the tests/test_*contract.py files)."""
-    testers = []
-    for path in sorted(TESTS.glob("test_*contract.py")):
-        module = importlib.import_module(path.stem)
-        testers += [cls for name, cls in vars(module).items()
-                    if name.startswith("Test") and inspect.isclass(cls) and issubclass(cls, ModelContract)]
-    return testers
-
-
-TESTERS = contract_testers()
+TESTERS = zoo.TESTERS
 
 
 def family(model_type: str) -> str:
@@ -48,10 +33,9 @@ def test_every_declared_class_is_registered_with_its_auto_class(model_type):
         assert head.config_class is entry.config_class
 
 
-@pytest.mark.parametrize("model_type", sorted(ARCHITECTURES))
-def test_every_declared_head_is_covered_by_a_contract_tester(model_type):
-    covered = {tester.task for tester in TESTERS if tester.model_type == model_type}
-    assert covered == set(ARCHITECTURES[model_type].heads), f"{model_type}: contract testers cover {covered}"
+def test_every_declared_head_and_fem_prior_is_covered_by_a_contract_tester():
+    assert zoo.missing_coverage(TESTERS) == []
+    assert all(isinstance(tester, ModelContract) for tester in TESTERS)
 
 
 def test_unknown_architectures_are_refused_by_name():
@@ -84,13 +68,11 @@ def test_the_shipped_bench_results_cover_every_bench_entry_as_declared():
         assert {row["workload"] for row in result["rows"]} == set(entry.workloads), model_type
 
 
-@pytest.mark.parametrize("tester", [t for t in TESTERS if t.task == next(iter(ARCHITECTURES[t.model_type].heads))],
-                         ids=lambda tester: tester.__name__)
+@pytest.mark.parametrize("tester", zoo.MAIN_HEADS, ids=zoo.name_of)
 def test_export_writes_a_full_auto_map_over_the_familys_files_only(tester, tmp_path):
     """The exported folder's auto_map names every declared class, each in a modeling file of the folder; the
     folder holds the architecture's family files and the shared ones, no other family's; its card renders."""
-    instance = tester()
-    model = instance.build()
+    model = tester.build()
     folder = export_model(model, tmp_path / "export")
     entry = ARCHITECTURES[tester.model_type]
     auto_map = json.loads((folder / "config.json").read_text())["auto_map"]

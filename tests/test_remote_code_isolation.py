@@ -1,5 +1,5 @@
 """Exported folders are remote code of their own: any number of them (here two copies of every causal LM's export,
-FEM with three priors) and the installed package load, generate and train side by side in one process. Each copy of
+FEM with each prior) and the installed package load, generate and train side by side in one process. Each copy of
 the code defines its own FEM cache-layer classes, while transformers builds caches from one process-wide table of
 layer types; a copy must never meet another copy's cache layers as foreign (the defect: "FEM layer 0 needs a
 FEMSoftmaxCacheLayer ...; got FEMSoftmaxCacheLayer")."""
@@ -9,18 +9,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-import test_eer_contract as eer  # as modules: imported test classes would be collected and run here again
-import test_eqt_contract as eqt
-import test_fem_contract as fem
-import test_tel_contract as tel
 import torch
+import zoo
 
 from energyzoo.hub_cards import export_model
 
-SCRIPT = Path(__file__).with_name("side_by_side_check.py")
-LANGUAGE_MODELS = {"fem": fem.TestFEMContract, "fem-gla": fem.TestFEMGLAContract, "fem-ssm": fem.TestFEMSSMContract,
-                   "tel-gpt2": tel.TestTELGPT2Contract, "eqt-llama": eqt.TestEqTLlamaContract,
-                   "eer": eer.TestEERContract}
+SCRIPT = Path(__file__).parent / "support" / "side_by_side_check.py"
+LANGUAGE_MODELS = {zoo.name_of(tester): tester for tester in zoo.causal_lm_testers(zoo.HEADS_AND_PRIORS)}
 
 
 def case(tester, folder: Path) -> dict:
@@ -43,9 +38,13 @@ def case(tester, folder: Path) -> dict:
 
 
 def test_two_copies_of_every_lm_export_and_the_package_generate_and_train_side_by_side(tmp_path):
-    payload = {name: case(tester(), tmp_path / name) for name, tester in LANGUAGE_MODELS.items()}
+    payload = {name: case(tester, tmp_path / name) for name, tester in LANGUAGE_MODELS.items()}
     torch.save(payload, tmp_path / "payload.pt")
     done = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "payload.pt")], capture_output=True, text=True,
                           timeout=600, cwd=tmp_path, env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin",
                                                           "HF_MODULES_CACHE": str(tmp_path / "modules")})
     assert done.returncode == 0 and f"SIDE_BY_SIDE_OK {3 * len(LANGUAGE_MODELS)}" in done.stdout, done.stderr[-4000:]
+
+
+def test_every_registered_language_model_and_prior_is_exported_side_by_side():
+    assert zoo.missing_coverage(list(LANGUAGE_MODELS.values()), tasks={"causal-lm"}) == []

@@ -11,16 +11,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from sharded_training import PRESETS, largest_difference, tiny_model, train_unsharded
 
 from energyzoo import model_from_preset
 from energyzoo.training.recipe import load_recipe
 from energyzoo.training.run import evaluate, run_training
 from energyzoo.training.tasks import TrainingData, training_task
 
-sys.path.insert(0, str(Path(__file__).parent))
-from sharded_training import PRESETS, largest_difference, tiny_model, train_unsharded  # noqa: E402
-
-SCRIPT = Path(__file__).with_name("sharded_training.py")
+SCRIPT = Path(__file__).parent / "support" / "sharded_training.py"
 
 
 # engine: (dtype of it and its reference, weights tolerance); the losses agree to 1e-6 relative in every case

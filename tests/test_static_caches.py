@@ -1,23 +1,28 @@
-"""generate() with transformers' static cache for every zoo LM (FEM each prior, EqT-LLaMA, EER): the tokens and scores
-of the dynamic cache on a left-padded batch, greedy and beam; the cache has one layer per decoder layer (per loop for
-EER), of the model's own classes where it keeps more than keys and values; offloaded and quantized caches and EqT's
-assisted decoding are refused before anything runs; compiled static decoding of an unpadded and a padded batch
-compiles once. (Compiled decoding is also checked by transformers' own generation tests,
+"""generate() with transformers' static cache for every zoo LM (FEM each prior, TEL-GPT2, EqT-LLaMA, EER): the tokens
+and scores of the dynamic cache on a left-padded batch, greedy and beam; the cache has one layer per decoder layer
+(per loop for EER), of the model's own classes where it keeps more than keys and values; offloaded and quantized
+caches and EqT's assisted decoding are refused before anything runs; compiled static decoding of an unpadded and a
+padded batch compiles once. (Compiled decoding is also checked by transformers' own generation tests,
 `tests/test_transformers_common.py`.)"""
+
+from functools import partial
 
 import pytest
 import torch
+import zoo
 from transformers import StaticCache
 
 from energyzoo.modeling.cache_states import CacheStatesMixin
 from energyzoo.modeling.configuration_eer import EERConfig
 from energyzoo.modeling.configuration_eqt import EqTLlamaConfig
-from energyzoo.modeling.configuration_fem import FEMConfig
+from energyzoo.modeling.configuration_fem import FEM_PRIORS, FEMConfig
+from energyzoo.modeling.configuration_tel import TELGPT2Config
 from energyzoo.modeling.eqt_cache import EqTStaticWindowLayer
 from energyzoo.modeling.fem_prior_softmax import FEMSoftmaxStaticCacheLayer
 from energyzoo.modeling.modeling_eer import EERForCausalLM
 from energyzoo.modeling.modeling_eqt import EqTLlamaForCausalLM
 from energyzoo.modeling.modeling_fem import FEMForCausalLM
+from energyzoo.modeling.modeling_tel import TELGPT2LMHeadModel
 from energyzoo.modeling.transformers_compat import cache_of
 
 VOCAB = 61
@@ -39,8 +44,14 @@ def eer():
     return EERForCausalLM(EERConfig(**{**SMALL, "num_attention_heads": 1}, num_loops=3))
 
 
-MODELS = {"fem-softmax": lambda: fem("softmax"), "fem-gla": lambda: fem("gla"), "fem-aft": lambda: fem("aft"),
-          "fem-ssm": lambda: fem("ssm"), "eqt-llama": eqt, "eer": eer}
+def tel_gpt2():
+    return TELGPT2LMHeadModel(TELGPT2Config(vocab_size=VOCAB, n_embd=32, n_inner=48, n_head=4, n_layer=2,
+                                            pad_token_id=0, bos_token_id=1, eos_token_id=2, tel_placement="full"))
+
+
+# named as tests/zoo.py names the zoo's language models (FEM by prior), which they must all be
+MODELS = {"fem": lambda: fem("softmax"), **{f"fem-{prior}": partial(fem, prior) for prior in FEM_PRIORS[1:]},
+          "eqt-llama": eqt, "eer-looped": eer, "tel-gpt2": tel_gpt2}
 
 
 def build(name):
@@ -73,7 +84,7 @@ def test_static_cache_generates_the_dynamic_caches_tokens_and_scores(name, num_b
         torch.testing.assert_close(ours, reference, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("name,own_layer", [("fem-softmax", FEMSoftmaxStaticCacheLayer),
+@pytest.mark.parametrize("name,own_layer", [("fem", FEMSoftmaxStaticCacheLayer),
                                             ("eqt-llama", EqTStaticWindowLayer)])
 def test_static_cache_built_from_the_config_holds_the_models_own_layers(name, own_layer):
     """`StaticCache(config=...)` builds the layers that keep the states (every FEM layer; EqT's first, which keeps the
@@ -82,7 +93,7 @@ def test_static_cache_built_from_the_config_holds_the_models_own_layers(name, ow
     ids, mask = left_padded_batch()
     cache = StaticCache(config=model.config, max_cache_len=ids.shape[1])
     assert isinstance(cache.layers[0], own_layer)
-    assert all(isinstance(layer, CacheStatesMixin) == (name == "fem-softmax" or index == 0)
+    assert all(isinstance(layer, CacheStatesMixin) == (name == "fem" or index == 0)
                for index, layer in enumerate(cache.layers))
     with torch.no_grad():
         full = model(ids, attention_mask=mask).logits
@@ -94,7 +105,7 @@ def test_static_cache_built_from_the_config_holds_the_models_own_layers(name, ow
 
 
 @pytest.mark.parametrize("kind", ["offloaded", "quantized", "offloaded_static"])
-@pytest.mark.parametrize("name", ["fem-softmax", "fem-gla", "eqt-llama", "eer"])
+@pytest.mark.parametrize("name", ["fem", "fem-gla", "eqt-llama", "eer-looped"])
 def test_other_cache_kinds_are_refused_before_generating(name, kind):
     model = build(name)
     with pytest.raises(ValueError, match=f"supports cache_implementation=None, 'dynamic' or 'static', got '{kind}'"):
@@ -114,7 +125,7 @@ def test_eqt_refuses_assisted_decoding_up_front_and_its_window_cannot_be_cropped
         cache.crop(1)
 
 
-@pytest.mark.parametrize("name", ["eqt-llama", "fem-softmax"])
+@pytest.mark.parametrize("name", ["eqt-llama", "fem"])
 def test_compiled_static_decoding_of_an_unpadded_then_a_padded_batch_compiles_once(name):
     """`generate()` drops an all-ones mask; the decoding steps must still make the call a padded batch makes, or the
     compiled forward recompiles (transformers' compile test saw it when one half of its batch had no padding). The
@@ -135,3 +146,7 @@ def test_compiled_static_decoding_of_an_unpadded_then_a_padded_batch_compiles_on
         assert hasattr(model, "_compiled_call")
         eager = model.generate(ids, attention_mask=mask, **settings)
         assert torch.equal(outputs[-1], eager)
+
+
+def test_every_registered_language_model_and_prior_is_decoded_with_a_static_cache():
+    assert set(MODELS) == {zoo.name_of(tester) for tester in zoo.causal_lm_testers(zoo.HEADS_AND_PRIORS)}

@@ -1,4 +1,4 @@
-"""TEL-GPT2, TEL-ViT and TEL-ResNet through the shared model contract (tests/contract.py)."""
+"""TEL-GPT2, TEL-ViT and TEL-ResNet through the shared model contract (tests/support/contract.py)."""
 
 import copy
 import math

@@ -8,13 +8,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from tensor_parallel import held_width, run
 
 from energyzoo import model_from_preset
+from energyzoo.modeling.configuration_fem import FEM_PRIORS
 
-sys.path.insert(0, str(Path(__file__).parent))
-from tensor_parallel import held_width, run  # noqa: E402
-
-SCRIPT = Path(__file__).with_name("tensor_parallel.py")
+SCRIPT = Path(__file__).parent / "support" / "tensor_parallel.py"
 VARIANTS = {  # name: (preset, overrides)
     "fem-softmax": ("fem-lm-tiny", {"prior": "softmax"}),
     "fem-gla-per-head-decay": ("fem-lm-tiny", {"prior": "gla"}),
@@ -56,7 +55,7 @@ def test_fem_priors_and_tel_gpt2_under_tensor_parallelism_give_the_one_process_l
         assert torch.equal(result["generated"], expected[name]["generated"]), name
 
 
-@pytest.mark.parametrize("prior", ["softmax", "gla", "aft", "ssm"])
+@pytest.mark.parametrize("prior", FEM_PRIORS)
 def test_the_fem_tensor_parallel_plan_names_every_split_weight_and_only_existing_ones(prior):
     """Every planned name is a module or parameter of the attention, and every projection with a head or channel
     axis (all but the SSM's shared B / C map) and every per-channel parameter of the attention is in the plan."""

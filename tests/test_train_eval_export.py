@@ -32,7 +32,7 @@ from energyzoo.training.finetune import finetune_with_trainer
 from energyzoo.training.recipe import load_recipe, shipped_recipe_path
 from energyzoo.training.run import BatchSchedule, run_training
 
-REMOTE_LOAD_SCRIPT = Path(__file__).with_name("remote_load_check.py")
+REMOTE_LOAD_SCRIPT = Path(__file__).parent / "support" / "remote_load_check.py"
 CONFIGS = Path(shipped_recipe_path("fem-lm-tiny")).parent
 TINY = ["training.steps=6", "training.save_every=3", "training.eval_every=3", "training.log_every=1",
         "training.warmup_steps=2", "training.batch_size=4", "model.overrides.hidden_size=32",

@@ -49,7 +49,7 @@ from transformers.models.auto import modeling_auto  # noqa: E402
 
 from energyzoo.modeling.configuration_eer import EERConfig  # noqa: E402
 from energyzoo.modeling.configuration_eqt import EqTLlamaConfig  # noqa: E402
-from energyzoo.modeling.configuration_fem import FEMConfig  # noqa: E402
+from energyzoo.modeling.configuration_fem import FEM_PRIORS, FEMConfig  # noqa: E402
 from energyzoo.modeling.configuration_hyperset import HyperSETConfig  # noqa: E402
 from energyzoo.modeling.configuration_tel import TELGPT2Config, TELResNetConfig, TELViTConfig  # noqa: E402
 from energyzoo.modeling.modeling_eer import EERForCausalLM, EERModel  # noqa: E402
@@ -69,21 +69,19 @@ from energyzoo.modeling.modeling_tel import (  # noqa: E402
     TELViTForImageClassification,
     TELViTModel,
 )
+from energyzoo.registry import ARCHITECTURES  # noqa: E402
 
-# transformers' tests find a class's task by its name in these tables, where transformers lists its own models
-TASK_TABLES = {
-    "MODEL_MAPPING_NAMES": {"fem": "FEMModel", "tel-gpt2": "TELGPT2Model", "tel-vit": "TELViTModel",
-                            "tel-resnet": "TELResNetModel", "eqt-llama": "EqTLlamaModel", "eer-looped": "EERModel",
-                            "hyperset": "HyperSETModel"},
-    "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES": {"fem": "FEMForCausalLM", "tel-gpt2": "TELGPT2LMHeadModel",
-                                          "eqt-llama": "EqTLlamaForCausalLM", "eer-looped": "EERForCausalLM"},
-    "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES": {"fem": "FEMForSequenceClassification"},
-    "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES": {"tel-vit": "TELViTForImageClassification",
-                                                     "tel-resnet": "TELResNetForImageClassification",
-                                                     "hyperset": "HyperSETForImageClassification"},
-    "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES": {"hyperset": "HyperSETForTokenClassification"},
-    "MODEL_FOR_MASKED_IMAGE_MODELING_MAPPING_NAMES": {"hyperset": "HyperSETForMaskedImageModeling"},
-}
+# transformers' tests find a class's task by its name in these tables, where transformers lists its own models; the
+# zoo's entries come from the registry
+MAPPING_OF_TASK = {"causal-lm": "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
+                   "sequence-classification": "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
+                   "image-classification": "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES",
+                   "token-classification": "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES",
+                   "masked-image-modeling": "MODEL_FOR_MASKED_IMAGE_MODELING_MAPPING_NAMES"}
+TASK_TABLES = {"MODEL_MAPPING_NAMES": {name: entry.base_model.__name__ for name, entry in ARCHITECTURES.items()}}
+for _name, _entry in ARCHITECTURES.items():
+    for _task, _head in _entry.heads.items():
+        TASK_TABLES.setdefault(MAPPING_OF_TASK[_task], {})[_name] = _head.__name__
 RECURRENT_ATTENTION = ("the GLA, AFT and SSM priors are recurrences, not softmax attention: FEM accepts only "
                        "attn_implementation='sdpa' for them and refuses 'eager' with a clear error")
 ATTENTIONS_UNDER_SDPA = ("it asks for output_attentions=True under SDPA; FEM refuses that with a clear error (the "
@@ -220,10 +218,8 @@ def recurrent_state_shapes(config, batch):
             "ssm": [(batch, channels, config.ssm_state_size, 3), (batch, channels)]}[config.prior]
 
 
-FEMSOFTMAXCommonTest = fem_test_case("softmax")
-FEMGLACommonTest = fem_test_case("gla")
-FEMAFTCommonTest = fem_test_case("aft")
-FEMSSMCommonTest = fem_test_case("ssm")
+for _prior in FEM_PRIORS:  # FEMSOFTMAXCommonTest, FEMGLACommonTest, ...: unittest collects module globals
+    globals()[f"FEM{_prior.upper()}CommonTest"] = fem_test_case(_prior)
 
 
 class TELGPT2CommonTest(ModelTesterMixin, GenerationTesterMixin, unittest.TestCase):
@@ -359,3 +355,13 @@ class HyperSETMaskGITCommonTest(ModelTesterMixin, unittest.TestCase):
                 use_cls_token=False, position_embedding_type="sincos2d", max_position_embeddings=tester.seq_length),
             vocab_size=codebook, seq_length=16, image_size=4, patch_size=1,
             expected_num_hidden_layers=HYPERSET_HIDDEN_STATES)
+
+
+def test_every_registered_class_runs_transformers_common_tests():
+    """Each architecture's base model and heads are among some common test's `all_model_classes`, and FEM runs them
+    with every prior."""
+    tested = {cls for case in globals().values() if isinstance(case, type) and issubclass(case, ModelTesterMixin)
+              for cls in case.all_model_classes}
+    declared = {cls for entry in ARCHITECTURES.values() for cls in (entry.base_model, *entry.heads.values())}
+    assert declared - tested == set()
+    assert all(f"FEM{prior.upper()}CommonTest" in globals() for prior in FEM_PRIORS)

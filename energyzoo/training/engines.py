@@ -78,8 +78,9 @@ def build_accelerator(**options) -> Accelerator:
 def _fsdp_over_gloo() -> None:
     """accelerate's `AcceleratorState` takes the FSDP plugin only for a multi-device distributed type (accelerate
     1.15), so on a CPU the state is first set up as CPU data parallelism over gloo (the launcher's ranks) and then
-    labelled multi-device; FSDP2 itself shards over any backend (tests/sharded_training.py runs it on gloo). Should a
-    later accelerate not take the label, `build_accelerator` refuses the run instead of training without FSDP."""
+    labelled multi-device; FSDP2 itself shards over any backend (tests/support/sharded_training.py runs it on
+    gloo). Should a later accelerate not take the label, `build_accelerator` refuses the run instead of training
+    without FSDP."""
     state = PartialState(cpu=True)
     if state.distributed_type == DistributedType.MULTI_CPU:
         PartialState._shared_state["distributed_type"] = DistributedType.MULTI_GPU

@@ -1,14 +1,13 @@
 """transformers' `Trainer` on a zoo model, data parallel or under DeepSpeed, 2 processes on CPU (gloo).
 
-Run under ``python -m torch.distributed.run --nproc_per_node 2 tests/trainer_engines.py OUT ENGINE`` (ENGINE: "ddp",
-"zero2" or "zero3"): a tiny FEM-LM, 4 SGD steps of 2 processes x 2 accumulated micro-batches of 2 on fixed random
-sequences, saved by `Trainer.save_model` to OUT. The engines see the same batches (the same sampler over 2 processes),
-so their weights agree up to the reductions' rounding.
+Run under ``python -m torch.distributed.run --nproc_per_node 2 tests/support/trainer_engines.py OUT ENGINE``
+(ENGINE: "ddp", "zero2" or "zero3"): a tiny FEM-LM, 4 SGD steps of 2 processes x 2 accumulated micro-batches of 2 on
+fixed random sequences, saved by `Trainer.save_model` to OUT. The engines see the same batches (the same sampler
+over 2 processes), so their weights agree up to the reductions' rounding.
 
-On a CPU, `TrainingArguments(deepspeed=...)` sets up accelerate's state without a backend, and each process then takes
-itself for the only one; a state set up first over gloo (`use_configured_state`) is what it needs (README, "Scaling
-out").
-"""
+On a CPU, `TrainingArguments(deepspeed=...)` sets up accelerate's state without a backend, and each process then
+takes itself for the only one; a state set up first over gloo (`use_configured_state`) is what it needs (README,
+"Scaling out")."""
 
 import os
 import sys

@@ -1,19 +1,18 @@
-"""Data-parallel training of every zoo architecture's tiny preset, sharded (torch's FSDP2, DeepSpeed ZeRO-2 and
-ZeRO-3) or not.
+"""Data-parallel training of every zoo architecture's tiny preset, sharded (torch's FSDP2, DeepSpeed ZeRO-2 and ZeRO-3)
+or not.
 
-Run under ``python -m torch.distributed.run --nproc_per_node P tests/sharded_training.py OUT ENGINE`` (ENGINE one of
-`ENGINES`): each process shards the model - FSDP2 each block of the model (the classes in its `_no_split_modules`,
-what accelerate's FSDP wraps) and the root with `fully_shard`, DeepSpeed through `deepspeed.initialize` - over gloo,
-trains on the p-th part of every global batch, and rank 0 saves
-``{preset: {"losses": [...], "weights": gathered full state dict}}`` to OUT. `train_unsharded` is the
-single-process reference: P unsharded replicas, replica p on part p, their gradients averaged before each step -
-data parallelism by hand, so that buffers (batch-norm statistics, EqT's memory) evolve per process as they do when
-sharded, and replica 0's state is rank 0's. FSDP runs in float64, so that the two reductions' different summation
-orders stay far below what is compared (batch norm over two 2x2 maps amplifies float32 rounding to 1e-3 in three
-steps); DeepSpeed refuses float64 and runs, with its reference, in float32. The optimiser is plain SGD: an update
-linear in the gradient keeps float-rounding differences float-sized (Adam would blow a zero gradient's rounding noise,
-e.g. a softmax key bias's, up to a full step).
-"""
+Run under ``python -m torch.distributed.run --nproc_per_node P tests/support/sharded_training.py OUT ENGINE``
+(ENGINE one of `ENGINES`): each process shards the model - FSDP2 each block of the model (the classes in its
+`_no_split_modules`, what accelerate's FSDP wraps) and the root with `fully_shard`, DeepSpeed through
+`deepspeed.initialize` - over gloo, trains on the p-th part of every global batch, and rank 0 saves ``{preset:
+{"losses": [...], "weights": gathered full state dict}}`` to OUT. `train_unsharded` is the single-process reference:
+P unsharded replicas, replica p on part p, their gradients averaged before each step - data parallelism by hand, so
+that buffers (batch-norm statistics, EqT's memory) evolve per process as they do when sharded, and replica 0's state
+is rank 0's. FSDP runs in float64, so that the two reductions' different summation orders stay far below what is
+compared (batch norm over two 2x2 maps amplifies float32 rounding to 1e-3 in three steps); DeepSpeed refuses float64
+and runs, with its reference, in float32. The optimiser is plain SGD: an update linear in the gradient keeps
+float-rounding differences float-sized (Adam would blow a zero gradient's rounding noise, e.g. a softmax key bias's,
+up to a full step)."""
 
 import sys
 from functools import partial

@@ -1,6 +1,6 @@
 """Tensor-parallel inference of saved zoo models, as a user runs it.
 
-Run under ``python -m torch.distributed.run --nproc_per_node P tests/tensor_parallel.py OUT FOLDER...``: each
+Run under ``python -m torch.distributed.run --nproc_per_node P tests/support/tensor_parallel.py OUT FOLDER...``: each
 process loads every FOLDER with ``from_pretrained(tp_plan="auto")`` (gloo on CPU), computes the logits of a
 left-padded batch (`BATCH`) and its greedy continuation, and rank 0 saves ``{folder: {"logits", "generated",
 "held_width"}}`` to OUT, ``held_width`` being the output columns of the first attention's value map (FEM's v_proj,
