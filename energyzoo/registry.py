@@ -105,6 +105,7 @@ class Architecture:
 
     heads: task -> head model class (the first is the architecture's main head); each task is a `TASKS` key.
     card_template: the model-card template in ``hub_cards/``; card_facts(config) gives its own variables.
+    tiny_preset: a preset of the main head under two million parameters, what the tests train whole and sharded.
     bench: what `energyzoo bench` measures against the baseline the presets' cards name (None: not benched yet).
     """
 
@@ -112,6 +113,7 @@ class Architecture:
     base_model: type
     heads: dict[str, type]
     card_template: str
+    tiny_preset: str
     card_facts: Callable[[PretrainedConfig], dict] = field(default=lambda config: {})
     bench: Bench | None = None
 
@@ -155,22 +157,23 @@ ARCHITECTURES = {
         FEMModel,
         {"causal-lm": FEMForCausalLM, "sequence-classification": FEMForSequenceClassification},
         "fem.md",
+        "fem-lm-tiny",
         card_facts=lambda config: dict(prior=config.prior),
         # fem.txt Table 7's GPT-2 size is `energyzoo bench fem-lm-table7` (against llama-table7)
         bench=Bench(("fem-lm-table5",), ("forward", "train_step", "peak_memory", "decode", "decode_static"),
                     targets=lambda config, call: FEM_TARGETS),
     ),
-    "tel-gpt2": Architecture(TELGPT2Config, TELGPT2Model, {"causal-lm": TELGPT2LMHeadModel}, "tel.md",
+    "tel-gpt2": Architecture(TELGPT2Config, TELGPT2Model, {"causal-lm": TELGPT2LMHeadModel}, "tel.md", "tel-gpt2-tiny",
                              card_facts=_tel_card_facts("GPT-2"),
                              bench=Bench(("tel-gpt2-head", "tel-gpt2-full"),
                                          ("forward", "train_step", "peak_memory", "decode"),
                                          targets=_tel_head_targets, batch_size=2, seq_len=512)),
     "tel-vit": Architecture(TELViTConfig, TELViTModel, {"image-classification": TELViTForImageClassification},
-                            "tel.md", card_facts=_tel_card_facts("ViT"),
+                            "tel.md", "tel-vit-tiny", card_facts=_tel_card_facts("ViT"),
                             bench=Bench(("tel-vit-base-patch32-head", "tel-vit-base-patch32-full"),
                                         ("forward", "train_step", "peak_memory"), batch_size=8)),
     "tel-resnet": Architecture(TELResNetConfig, TELResNetModel,
-                               {"image-classification": TELResNetForImageClassification}, "tel.md",
+                               {"image-classification": TELResNetForImageClassification}, "tel.md", "tel-resnet-tiny",
                                card_facts=_tel_card_facts("ResNet"),
                                bench=Bench(("tel-resnet18-head", "tel-resnet18-full"),
                                            ("forward", "train_step", "peak_memory"), batch_size=8)),
@@ -181,6 +184,7 @@ ARCHITECTURES = {
          "masked-image-modeling": HyperSETForMaskedImageModeling,
          "token-classification": HyperSETForTokenClassification},
         "hyperset.md",
+        "hyperset-digits-tiny",
         card_facts=lambda config: dict(layers=config.num_hidden_layers, iterations=config.num_iterations),
         # hyperset.txt Table 16's shape (Small, ImageNet-1K, 224 px) against the looped Transformer of its parameter
         # count: the paper's 1.6x the time is at 0.65x the parameters
@@ -192,6 +196,7 @@ ARCHITECTURES = {
         EqTLlamaModel,
         {"causal-lm": EqTLlamaForCausalLM},
         "eqt.md",
+        "eqt-llama-tiny",
         card_facts=lambda config: dict(sites=config.erm_sites, steps=config.erm_num_steps,
                                        train_steps=config.erm_num_steps_train),
         bench=Bench(("eqt-llama-340m",), ("forward", "train_step", "peak_memory", "decode"),
@@ -202,6 +207,7 @@ ARCHITECTURES = {
         EERModel,
         {"causal-lm": EERForCausalLM},
         "eer.md",
+        "eer-induction",
         card_facts=lambda config: dict(loops=config.num_loops, dynamics=config.loop_dynamics,
                                        lambdas=f"lambda_P = {config.lambda_potential}, lambda_K = "
                                                f"{config.lambda_kinetic}, lambda_S = {config.lambda_entropy}"),

@@ -4,9 +4,9 @@ intermediate checkpoints evaluated and exported, trackers beside metrics.jsonl."
 
 import json
 import os
+import socket
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -34,16 +34,13 @@ def run_folder(tmp_path_factory):
     return output
 
 
-def test_help_answers_in_under_a_second():
-    energyzoo("--help")  # warm the file cache
-    started = time.perf_counter()
+def test_help_lists_the_verbs_and_the_debug_flag():
     done = energyzoo("--help")
-    assert time.perf_counter() - started < 1.0
     assert done.returncode == 0 and "recipes" in done.stdout and "--debug" in done.stdout
 
 
-@pytest.mark.parametrize("args", [["recipes"], ["train"], ["bench", "--repeats", "many"]])
-def test_listing_recipes_and_argument_errors_answer_without_importing_torch(args, tmp_path):
+@pytest.mark.parametrize("args", [["--help"], ["recipes"], ["train"], ["bench", "--repeats", "many"]])
+def test_help_listing_recipes_and_argument_errors_answer_without_importing_torch(args, tmp_path):
     script = tmp_path / "energyzoo"  # a console script of that name, as pip writes it
     script.write_text("import sys\nfrom energyzoo.cli import main\ntry:\n    main()\nexcept SystemExit:\n    pass\n"
                       "print('torch imported' if 'torch' in sys.modules else 'no torch')\n")
@@ -60,9 +57,15 @@ def test_listing_recipes_and_argument_errors_answer_without_importing_torch(args
     (["export", "missing_dir", "out"], "missing_dir is not a folder"),
 ])
 def test_bad_paths_are_answered_in_one_line_with_exit_code_2_before_any_network_wait(args, message, tmp_path):
-    started = time.perf_counter()
-    done = subprocess.run(["energyzoo", *args], capture_output=True, text=True, timeout=300, env=ONLINE, cwd=tmp_path)
-    assert time.perf_counter() - started < 20  # no network wait (the old export waited 31 s on the Hub)
+    """Online, against a Hub endpoint that records connections: none is made (the old export waited 31 s on the
+    Hub before answering)."""
+    with socket.create_server(("127.0.0.1", 0)) as hub:
+        hub.setblocking(False)
+        endpoint = {"HF_ENDPOINT": f"http://127.0.0.1:{hub.getsockname()[1]}"}
+        done = subprocess.run(["energyzoo", *args], capture_output=True, text=True, timeout=300,
+                              env={**ONLINE, **endpoint}, cwd=tmp_path)
+        with pytest.raises(BlockingIOError):
+            hub.accept()
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"energyzoo {args[0]}: error: ") and message in lines[0], done.stderr

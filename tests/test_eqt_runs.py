@@ -6,8 +6,6 @@ from types import SimpleNamespace
 import torch
 from transformers import AutoModelForCausalLM
 
-from energyzoo.eval import speed
-from energyzoo.eval.speed import BenchSettings, format_table, run_bench
 from energyzoo.reproduce.eqt_parity import ParitySettings, per_token_accuracy, run_parity
 from energyzoo.reproduce.report import write_report
 from energyzoo.training.data import PARITY_END_TOKEN, cumulative_parity_split
@@ -103,41 +101,3 @@ def test_a_parity_baseline_near_chance_gives_no_verdict():
     near_chance = judge(parity_claim(32, 32), [0.62, 0.64, 0.63], [0.565, 0.57, 0.56])  # the issue's L = 32 case
     assert near_chance.verdict == "inconclusive" and "sits at chance" in near_chance.reason
     assert judge(parity_claim(16, 32), [0.85, 0.86, 0.84], [0.80, 0.79, 0.80]).verdict == "reproduced"
-
-
-def test_eqt_bench_gives_the_median_paired_ratio_at_every_k_and_its_linear_fit(monkeypatch):
-    scripted = {"llama-tiny (baseline)": [1.0, 2.0, 1.0], "eqt-llama-tiny refinement_steps=0": [1.0, 2.0, 1.0],
-                "eqt-llama-tiny refinement_steps=2": [2.0, 6.0, 2.0],
-                "eqt-llama-tiny refinement_steps=4": [3.0, 6.0, 5.0]}
-    monkeypatch.setattr(speed, "_paired_times", lambda fns, repeats, device: {key: scripted[key] for key in fns})
-    result = run_bench("eqt-llama-tiny", BenchSettings(batch_size=1, seq_len=8, repeats=3, workloads=("forward",)),
-                       sweep=(0, 2, 4))
-    # medians of (1, 1, 1), (2, 3, 2), (3, 3, 5): on the line 1 + 0.5 K exactly
-    assert [(row["arm"], row["ratio"]) for row in result["rows"]] == [
-        ("eqt-llama-tiny refinement_steps=0", 1.0), ("eqt-llama-tiny refinement_steps=2", 2.0),
-        ("eqt-llama-tiny refinement_steps=4", 3.0)]
-    assert [row["target"] for row in result["rows"]] == [None, None, None]  # K = 8 (the target's) was not measured
-    assert result["notes"] == ["linear fit of the forward ratio: 1.000 + 0.5000 refinement_steps (largest deviation "
-                               "0.000)"]
-    assert result["notes"][0] in format_table(result)
-
-
-def test_eqt_trains_at_its_own_settings_in_the_bench_against_the_papers_bound(monkeypatch):
-    """The K sweep is the forward workload's; a train step runs the config's K_train = 2 with every energy, bounded
-    by 1.3x its Llama; a config without one of the energies is reported without that bound."""
-    scripted = {"llama-tiny (baseline)": [2.0, 2.0, 2.0], "eqt-llama-tiny": [2.0, 3.0, 2.2]}
-    calls = []
-    train_step_fn = speed._train_step_fn
-
-    def recording_train_step_fn(model, inputs, call):
-        calls.append((model.config.model_type, call))
-        return train_step_fn(model, inputs, call)
-
-    monkeypatch.setattr(speed, "_train_step_fn", recording_train_step_fn)
-    monkeypatch.setattr(speed, "_paired_times", lambda fns, repeats, device: {key: scripted[key] for key in fns})
-    settings = BenchSettings(batch_size=1, seq_len=8, repeats=3, workloads=("train_step",))
-    (row,) = run_bench("eqt-llama-tiny", settings)["rows"]
-    assert (row["arm"], row["ratio"], row["target"], row["meets_target"]) == ("eqt-llama-tiny", 1.1, 1.3, True)
-    assert calls == [("llama", {}), ("eqt-llama", {})]
-    settings.overrides = {"lambda_mem": 0.0}
-    assert run_bench("eqt-llama-tiny", settings)["rows"][0]["target"] is None

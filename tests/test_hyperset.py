@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from hyperset_reference import energy_of_projections, unit_gain_energies
 
 from energyzoo import (
     HyperSETConfig,
@@ -20,30 +21,12 @@ from energyzoo.modeling.hyperset_layer import HyperSETLayer, bisoftmax, linear_a
 HEADS, WIDTH = 4, 32
 
 
-def energy_of_projections(z: torch.Tensor) -> torch.Tensor:
-    """E_ATTN as a function of the normalised per-head projections z (eq. 3-4): beta^-1 sum log sum exp(beta z.z)."""
-    beta = 1 / math.sqrt(z.shape[-1])
-    return torch.logsumexp(beta * z @ z.transpose(-1, -2), dim=-1).sum() / beta
-
-
 def test_bisoftmax_is_the_gradient_of_the_attention_energy_in_float64():
     z = torch.randn(2, HEADS, 7, WIDTH // HEADS, dtype=torch.float64, requires_grad=True)
     (gradient,) = torch.autograd.grad(energy_of_projections(z), z)
     torch.testing.assert_close(bisoftmax(z, z, z), gradient, rtol=1e-12, atol=1e-12)
     one_sided = (z @ z.transpose(-1, -2) / math.sqrt(z.shape[-1])).softmax(-1) @ z
     assert not torch.allclose(one_sided, gradient, atol=1e-3)  # the column half matters
-
-
-def unit_gain_energies(x, layer):
-    """(E_ATTN, E_FF) per sample with the layer's weights and unit gains, written out from eq. 3-5."""
-    batch, tokens, _ = x.shape
-    z = (x @ layer.qkv_proj.weight.T).reshape(batch, tokens, HEADS, -1).transpose(1, 2)
-    z = z * torch.rsqrt(z.square().mean(-1, keepdim=True))
-    p = z.shape[-1]
-    e_attn = math.sqrt(p) * torch.logsumexp(z @ z.transpose(-1, -2) / math.sqrt(p), -1).sum(dim=(1, 2))
-    h = x @ layer.ff_proj.weight.T
-    h = h * torch.rsqrt(h.square().mean(-1, keepdim=True))
-    return e_attn, -0.5 * torch.relu(h).square().sum(dim=(1, 2))
 
 
 @pytest.mark.parametrize("intermediate", [WIDTH, 4 * WIDTH])
@@ -56,12 +39,12 @@ def test_each_half_step_lowers_its_energy_and_the_opposite_sign_raises_it(interm
     x = torch.randn(64, 9, WIDTH, dtype=torch.float64)
     w, d = layer.weights()
     step = torch.tensor(1e-3, dtype=torch.float64)
-    e_attn, _ = unit_gain_energies(x, layer)
-    assert (unit_gain_energies(layer.attention_step(x, step, w), layer)[0] < e_attn).all()
-    assert (unit_gain_energies(layer.attention_step(x, -step, w), layer)[0] > e_attn).all()
-    _, e_ff = unit_gain_energies(x, layer)
-    assert (unit_gain_energies(layer.feedforward_step(x, step, d), layer)[1] < e_ff).all()
-    assert (unit_gain_energies(layer.feedforward_step(x, -step, d), layer)[1] > e_ff).all()
+    e_attn, _ = unit_gain_energies(x, layer, HEADS)
+    assert (unit_gain_energies(layer.attention_step(x, step, w), layer, HEADS)[0] < e_attn).all()
+    assert (unit_gain_energies(layer.attention_step(x, -step, w), layer, HEADS)[0] > e_attn).all()
+    _, e_ff = unit_gain_energies(x, layer, HEADS)
+    assert (unit_gain_energies(layer.feedforward_step(x, step, d), layer, HEADS)[1] < e_ff).all()
+    assert (unit_gain_energies(layer.feedforward_step(x, -step, d), layer, HEADS)[1] > e_ff).all()
 
 
 def test_feedforward_step_is_the_closed_form_update():

@@ -5,6 +5,7 @@ registered with its Auto class, covered by a contract tester, and exportable as 
 import json
 
 import pytest
+import torch
 import zoo
 from contract import ModelContract
 from transformers import AutoConfig, AutoModel
@@ -31,6 +32,17 @@ def test_every_declared_class_is_registered_with_its_auto_class(model_type):
     for task, head in entry.heads.items():
         assert TASKS[task].auto_class._model_mapping[entry.config_class] is head
         assert head.config_class is entry.config_class
+
+
+@pytest.mark.parametrize("model_type", sorted(ARCHITECTURES))
+def test_each_tiny_preset_builds_its_architectures_main_head_small_enough_to_train_in_a_test(model_type):
+    entry = ARCHITECTURES[model_type]
+    task, main_head = next(iter(entry.heads.items()))
+    assert type(config_from_preset(entry.tiny_preset)) is entry.config_class
+    assert preset_card(entry.tiny_preset).get("task", task) == task
+    with torch.device("meta"):  # counted without memory
+        size = sum(p.numel() for p in main_head(config_from_preset(entry.tiny_preset)).parameters())
+    assert size < 2_000_000
 
 
 def test_every_declared_head_and_fem_prior_is_covered_by_a_contract_tester():

@@ -11,7 +11,14 @@ import torch
 import yaml
 from sklearn.datasets import load_digits
 
-from energyzoo.training.data import DIGIT_MASK_ID, digit_code_split, masked_codes
+from energyzoo.training.data import (
+    DIGIT_MASK_ID,
+    digit_code_split,
+    masked_codes,
+    pack_into_blocks,
+    python_docs_corpus,
+    train_bpe_tokenizer,
+)
 from energyzoo.training.image_tokenizer import (
     DIGIT_PATCH_CODES,
     digit_patch_split,
@@ -201,3 +208,13 @@ def test_a_raw_config_recipe_must_name_its_task(tmp_path):
     recipe = recipe_from_dict({"model": {"config": config, "task": "image-classification"},
                                "data": {"source": "digits"}}, tmp_path)
     assert recipe.task == "image-classification"
+
+
+def test_corpus_split_is_disjoint_and_tokenizer_round_trips():
+    train, validation = python_docs_corpus(validation_fraction=0.1)
+    assert validation and not set(train) & set(validation)
+    tokenizer = train_bpe_tokenizer(train[:20], vocab_size=400)
+    text = "def f(x):\n    return x ** 2  # ünïcode"
+    assert tokenizer.decode(tokenizer(text)["input_ids"]) == text
+    blocks = pack_into_blocks(train[:20], tokenizer, block_size=64)
+    assert blocks.shape[1] == 64 and (blocks == tokenizer.eos_token_id).any()

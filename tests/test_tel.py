@@ -5,13 +5,12 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from tel_reference import PHI, naive_algorithm_1
 from torch import nn
 
 from energyzoo import TELSettings, ThermodynamicEquilibriumLayer, ThermodynamicRefinement
 from energyzoo.modeling.outputs import tracing_energies
 from energyzoo.modeling.tel_layer import ACTIVATION_LIPSCHITZ, EntropyEstimator
-
-PHI = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu, "tanh": torch.tanh}
 
 
 def refinement(width=16, channel_dim=-1, dtype=torch.float64, **fields):
@@ -26,26 +25,6 @@ def traced(layer, anchor):
         output = layer(anchor)
     (entry,) = trace.layers
     return output, entry
-
-
-def naive_algorithm_1(anchor, settings: TELSettings, etas, tau0, training):
-    """TEL Algorithm 1 written out directly (Gaussian estimator, global temperature, EMA over steps)."""
-    phi = PHI[settings.tel_activation]
-    low, high = math.log(settings.tel_temperature_min), math.log(settings.tel_resolved_temperature_max)
-    tau = min(max(tau0, low), high)
-    decay = 0.5 ** (1 / settings.tel_entropy_ema_half_life)
-    y, smoothed = anchor, None
-    for i in range(settings.tel_steps):
-        temperature = math.exp(tau)
-        force = phi(y)
-        y = y - etas[i] * ((y - anchor) - temperature * force)
-        if training:
-            per_channel = 0.5 * torch.log(force.reshape(-1, force.shape[-1]).var(dim=0, unbiased=False) + 1e-6)
-            estimate = float(per_channel.mean().clamp(-settings.tel_entropy_clip, settings.tel_entropy_clip))
-            smoothed = estimate if smoothed is None else decay * smoothed + (1 - decay) * estimate
-            drive = settings.tel_entropy_scale * smoothed + settings.tel_entropy_shift
-            tau = min(max(tau + settings.tel_dual_step * drive, low), high)
-    return y
 
 
 @pytest.mark.parametrize("training", [False, True])

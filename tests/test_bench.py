@@ -1,15 +1,18 @@
-"""`energyzoo bench` and the embedded corpus (the quickstart is tested with train / eval / export)."""
+"""`energyzoo bench`: paired timing on a scripted clock, medians of paired ratios against each entry's targets, the
+workloads and shapes of every benched architecture, contrasts and sweeps, and the command's JSON."""
 
 import json
-import time
+import statistics
 from dataclasses import asdict, replace
+from types import SimpleNamespace
 
 import pytest
+import torch
 
+from energyzoo import model_from_preset
 from energyzoo.cli import main
 from energyzoo.eval import speed
 from energyzoo.eval.speed import (
-    LINEAR_SCALING_TARGET,
     Arm,
     BenchSettings,
     _paired_times,
@@ -19,37 +22,28 @@ from energyzoo.eval.speed import (
     timed_row,
 )
 from energyzoo.registry import ARCHITECTURES
-from energyzoo.training.data import pack_into_blocks, python_docs_corpus, train_bpe_tokenizer
 
 
-def test_corpus_split_is_disjoint_and_tokenizer_round_trips():
-    train, validation = python_docs_corpus(validation_fraction=0.1)
-    assert validation and not set(train) & set(validation)
-    tokenizer = train_bpe_tokenizer(train[:20], vocab_size=400)
-    text = "def f(x):\n    return x ** 2  # ünïcode"
-    assert tokenizer.decode(tokenizer(text)["input_ids"]) == text
-    blocks = pack_into_blocks(train[:20], tokenizer, block_size=64)
-    assert blocks.shape[1] == 64 and (blocks == tokenizer.eos_token_id).any()
+def test_paired_times_measure_each_function_in_rotating_order(monkeypatch):
+    """On a scripted clock: each call advances it by its function's seconds, so the samples are exact."""
+    calls, now = [], [0.0]
+    monkeypatch.setattr(speed, "time", SimpleNamespace(perf_counter=lambda: now[0]))
 
-
-def test_paired_times_measure_each_function_in_rotating_order():
-    calls = []
-
-    def sleeper(name, seconds):
+    def taking(name, seconds):
         def run():
             calls.append(name)
-            time.sleep(seconds)
+            now[0] += seconds
         return run
 
-    times = _paired_times({"slow": sleeper("slow", 0.03), "fast": sleeper("fast", 0.01)}, repeats=3, device="cpu",
+    times = _paired_times({"slow": taking("slow", 3.0), "fast": taking("fast", 1.0)}, repeats=3, device="cpu",
                           min_seconds=0.0)
     assert calls == ["slow", "fast", "slow", "fast", "fast", "slow", "slow", "fast"]  # warm-up, then rotated
-    assert all(0.03 <= t < 0.08 for t in times["slow"]) and all(0.01 <= t < 0.06 for t in times["fast"])
-    calls.clear()  # a call shorter than min_seconds is repeated within each sample: 0.05 s of 0.02 s calls is 3
-    times = _paired_times({"slow": sleeper("slow", 0.06), "fast": sleeper("fast", 0.02)}, repeats=2, device="cpu",
-                          min_seconds=0.05)
+    assert times == {"slow": [3.0, 3.0, 3.0], "fast": [1.0, 1.0, 1.0]}
+    calls.clear()  # a call shorter than min_seconds is repeated within each sample: 5 s of 2 s calls is 3
+    times = _paired_times({"slow": taking("slow", 6.0), "fast": taking("fast", 2.0)}, repeats=2, device="cpu",
+                          min_seconds=5.0)
     assert calls == ["slow", "fast", "slow", *["fast"] * 3, *["fast"] * 3, "slow"]
-    assert all(0.06 <= t < 0.1 for t in times["slow"]) and all(0.02 <= t < 0.035 for t in times["fast"])
+    assert times == {"slow": [6.0, 6.0], "fast": [2.0, 2.0]}
 
 
 def test_bench_reports_medians_of_paired_ratios_against_the_targets(monkeypatch):
@@ -237,6 +231,59 @@ def test_length_scaling_reports_the_time_ratio_of_the_two_lengths_per_prior(monk
     result = run_length_scaling(priors=("softmax", "gla"), lengths=(32, 128), repeats=1)
     softmax, gla = result["rows"]
     assert (softmax["arm"], softmax["ratio"], softmax["target"]) == ("softmax", 16.0, None)
-    assert LINEAR_SCALING_TARGET > 4.0  # the linear prior's 4x is within the target
     assert (gla["ratio"], gla["meets_target"]) == (4.0, True)
     assert "| gla | forward T=128 / T=32 (s) | 128 | 32 | 4.000 |" in format_table(result)
+
+
+def test_tel_bench_rows_compare_equal_size_models():
+    settings = BenchSettings(batch_size=1, seq_len=16, repeats=2, workloads=("forward", "train_step"))
+    result = run_bench("tel-gpt2-tiny", settings, baseline="gpt2-tiny")
+    head, step = result["rows"]
+    assert (head["arm"], head["workload"], head["target"]) == ("tel-gpt2-tiny", "forward", 1.05)
+    assert (step["arm"], step["workload"], step["target"]) == ("tel-gpt2-tiny", "train_step", 1.05)
+    seconds = result["raw_seconds"]["forward"]
+    paired = zip(seconds["tel-gpt2-tiny"], seconds["gpt2-tiny (baseline)"])
+    assert head["ratio"] == statistics.median(tel / gpt2 for tel, gpt2 in paired)
+    with torch.device("meta"):
+        models = [model_from_preset(name) for name in ("gpt2-tiny", "tel-gpt2-tiny")]
+    sizes = [sum(p.numel() for p in model.parameters()) for model in models]
+    assert 0 < sizes[1] - sizes[0] < 0.005 * sizes[0]  # equal size: TEL adds its few temperatures and gates
+    assert "| tel-gpt2-tiny | forward (s) |" in format_table(result) and "<= 1.05" in format_table(result)
+
+
+def test_eqt_bench_gives_the_median_paired_ratio_at_every_k_and_its_linear_fit(monkeypatch):
+    scripted = {"llama-tiny (baseline)": [1.0, 2.0, 1.0], "eqt-llama-tiny refinement_steps=0": [1.0, 2.0, 1.0],
+                "eqt-llama-tiny refinement_steps=2": [2.0, 6.0, 2.0],
+                "eqt-llama-tiny refinement_steps=4": [3.0, 6.0, 5.0]}
+    monkeypatch.setattr(speed, "_paired_times", lambda fns, repeats, device: {key: scripted[key] for key in fns})
+    result = run_bench("eqt-llama-tiny", BenchSettings(batch_size=1, seq_len=8, repeats=3, workloads=("forward",)),
+                       sweep=(0, 2, 4))
+    # medians of (1, 1, 1), (2, 3, 2), (3, 3, 5): on the line 1 + 0.5 K exactly
+    assert [(row["arm"], row["ratio"]) for row in result["rows"]] == [
+        ("eqt-llama-tiny refinement_steps=0", 1.0), ("eqt-llama-tiny refinement_steps=2", 2.0),
+        ("eqt-llama-tiny refinement_steps=4", 3.0)]
+    assert [row["target"] for row in result["rows"]] == [None, None, None]  # K = 8 (the target's) was not measured
+    assert result["notes"] == ["linear fit of the forward ratio: 1.000 + 0.5000 refinement_steps (largest deviation "
+                               "0.000)"]
+    assert result["notes"][0] in format_table(result)
+
+
+def test_eqt_trains_at_its_own_settings_in_the_bench_against_the_papers_bound(monkeypatch):
+    """The K sweep is the forward workload's; a train step runs the config's K_train = 2 with every energy, bounded
+    by 1.3x its Llama; a config without one of the energies is reported without that bound."""
+    scripted = {"llama-tiny (baseline)": [2.0, 2.0, 2.0], "eqt-llama-tiny": [2.0, 3.0, 2.2]}
+    calls = []
+    train_step_fn = speed._train_step_fn
+
+    def recording_train_step_fn(model, inputs, call):
+        calls.append((model.config.model_type, call))
+        return train_step_fn(model, inputs, call)
+
+    monkeypatch.setattr(speed, "_train_step_fn", recording_train_step_fn)
+    monkeypatch.setattr(speed, "_paired_times", lambda fns, repeats, device: {key: scripted[key] for key in fns})
+    settings = BenchSettings(batch_size=1, seq_len=8, repeats=3, workloads=("train_step",))
+    (row,) = run_bench("eqt-llama-tiny", settings)["rows"]
+    assert (row["arm"], row["ratio"], row["target"], row["meets_target"]) == ("eqt-llama-tiny", 1.1, 1.3, True)
+    assert calls == [("llama", {}), ("eqt-llama", {})]
+    settings.overrides = {"lambda_mem": 0.0}
+    assert run_bench("eqt-llama-tiny", settings)["rows"][0]["target"] is None
