@@ -11,6 +11,8 @@ import os
 import sys
 import textwrap
 import traceback
+from collections.abc import Sequence
+from functools import cached_property
 from pathlib import Path
 
 from .modeling.errors import MissingExtra, UntestedTransformers, UserError
@@ -20,6 +22,56 @@ from .reproduce.experiments import EXPERIMENTS  # a table of names: no torch bef
 # the tested range, a file the user may not read or write. Anything else is a bug in energyzoo.
 USER_ERRORS = (UserError, UntestedTransformers, MissingExtra, PermissionError)
 BUG_REPORT = "this is a bug in energyzoo, not in your input: please report it with the traceback above"
+
+
+class ReadWhenUsed(Sequence):
+    """Argument choices read from energyzoo's tables the first time they are checked or shown: the tables import torch,
+    which the commands that never read them (recipes, argument errors, the top-level --help) do without. An
+    argument that has them names a metavar, so that a usage line does not read them either."""
+
+    def __init__(self, read):
+        self._read = read
+
+    @cached_property
+    def _choices(self) -> tuple[str, ...]:
+        return tuple(self._read())
+
+    def __getitem__(self, index):
+        return self._choices[index]
+
+    def __len__(self) -> int:
+        return len(self._choices)
+
+
+def _bench_names() -> list[str]:
+    from .eval.speed import benched_architectures
+    from .presets import preset_names
+
+    return [*benched_architectures(), *preset_names()]
+
+
+def _fem_priors() -> tuple[str, ...]:
+    from .modeling.configuration_fem import FEM_PRIORS
+
+    return FEM_PRIORS
+
+
+def _fem_kernels() -> list[str]:
+    from .modeling.configuration_fem import PRIORS
+
+    return list(dict.fromkeys(kernel for spec in PRIORS.values() for kernel in spec.kernels))
+
+
+def _suites() -> list[str]:
+    from .eval.harness import SUITES
+
+    return list(SUITES)
+
+
+def _workloads(timed_only: bool = False) -> list[str]:
+    from .eval.speed import TIMED, WORKLOADS
+
+    return list(TIMED if timed_only else WORKLOADS)
 
 
 def _quickstart(args) -> int:
@@ -61,7 +113,7 @@ def _train(args) -> int:
 
 def _eval(args) -> int:
     from .eval.harness import evaluate_folder, format_results_table
-    from .training.run import model_folder
+    from .training.checkpoints import model_folder
 
     folder = model_folder(args.model_dir, args.checkpoint)
     _available_device(args.device)
@@ -74,7 +126,7 @@ def _eval(args) -> int:
 
 def _export(args) -> int:
     from .hub_cards import export_folder
-    from .training.run import model_folder
+    from .training.checkpoints import model_folder
 
     source = model_folder(args.model_dir, args.checkpoint)
     folder = export_folder(source, args.output_dir, push_to=args.push, private=args.private)
@@ -138,40 +190,29 @@ def _config_fields(assignments: list[str]) -> dict:
 
 
 def _bench(args) -> int:
-    from .eval.speed import (
-        BenchSettings,
-        benched_architectures,
-        format_table,
-        profile_tables,
-        run_bench,
-        run_length_scaling,
-    )
+    from .eval.speed import BenchSettings, benched_architectures, format_table, profile_tables, run_bench
 
     _available_device(args.device)
-    if args.scaling:
-        result = run_length_scaling(args.name or "fem-lm-tiny", priors=tuple(args.priors), repeats=args.repeats,
-                                    device=args.device)
-    else:
-        overrides = {key: value for key, value in (("prior", args.prior), ("kernel", args.kernel)) if value}
-        overrides.update(_config_fields(args.set))
-        settings = BenchSettings(batch_size=args.batch_size, seq_len=args.seq_len, repeats=args.repeats,
-                                 device=args.device, dtype=args.dtype, compile=args.compile,
-                                 attn_implementation=args.attn_implementation, overrides=overrides,
-                                 workloads=tuple(args.workloads) if args.workloads else None)
-        if args.profile:
-            if args.all:
-                raise UserError("--profile takes one NAME, not --all")
-            print(profile_tables(args.name or "fem", args.profile, settings, baseline=args.baseline))
-            return 0
+    overrides = {key: value for key, value in (("prior", args.prior), ("kernel", args.kernel)) if value}
+    overrides.update(_config_fields(args.set))
+    settings = BenchSettings(batch_size=args.batch_size, seq_len=args.seq_len, repeats=args.repeats,
+                             device=args.device, dtype=args.dtype, compile=args.compile,
+                             attn_implementation=args.attn_implementation, overrides=overrides,
+                             workloads=tuple(args.workloads) if args.workloads else None)
+    if args.profile:
         if args.all:
-            if args.name or args.baseline or args.sweep:
-                raise UserError("--all benches every architecture against its own baseline: drop NAME, --baseline "
-                                 "and --sweep")
-            results = [run_bench(name, settings) for name in benched_architectures()]
-            _print_and_save("\n\n".join(format_table(result) for result in results), results, args.output)
-            return 0
-        result = run_bench(args.name or "fem", settings, baseline=args.baseline,
-                           sweep=tuple(args.sweep) if args.sweep else None)
+            raise UserError("--profile takes one NAME, not --all")
+        print(profile_tables(args.name or "fem", args.profile, settings, baseline=args.baseline))
+        return 0
+    if args.all:
+        if args.name or args.baseline or args.sweep:
+            raise UserError("--all benches every architecture against its own baseline: drop NAME, --baseline "
+                             "and --sweep")
+        results = [run_bench(name, settings) for name in benched_architectures()]
+        _print_and_save("\n\n".join(format_table(result) for result in results), results, args.output)
+        return 0
+    result = run_bench(args.name or "fem", settings, baseline=args.baseline,
+                       sweep=tuple(args.sweep) if args.sweep else None)
     _print_and_save(format_table(result), result, args.output)
     return 0
 
@@ -252,7 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("model_dir", help="a model folder, or a run folder with --checkpoint")
     evaluate.add_argument("--checkpoint", default=None,
                           help="an intermediate checkpoint of the run: step-N or a checkpoint folder")
-    evaluate.add_argument("--suite", nargs="+", default=["local"], choices=["local", "general", "leaderboard"],
+    evaluate.add_argument("--suite", nargs="+", default=["local"], metavar="SUITE", choices=ReadWhenUsed(_suites),
                           help="local: offline tasks shipped with energyzoo; general / leaderboard download datasets")
     evaluate.add_argument("--tasks", nargs="+", default=None,
                           help="lm-eval task names instead of the suites (results in OUTPUT/tasks.json)")
@@ -280,9 +321,8 @@ def build_parser() -> argparse.ArgumentParser:
         "bench", help="an architecture vs its baseline: forward, train step, peak memory, decoding",
         description="Time an architecture (the registry's bench entry: its presets, workloads and targets) or one "
                     "preset against the baseline of the same shape its card names, in one paired run.")
-    bench.add_argument("name", nargs="?", default=None,
-                       help="an architecture (fem, tel-gpt2, tel-vit, tel-resnet, hyperset, eqt-llama, eer-looped) "
-                            "or a preset (e.g. fem-lm-table7); default fem (with --scaling: the preset fem-lm-tiny)")
+    bench.add_argument("name", nargs="?", default=None, metavar="NAME", choices=ReadWhenUsed(_bench_names),
+                       help="an architecture or a preset (e.g. fem-lm-table7); default fem")
     bench.add_argument("--all", action="store_true",
                        help="every architecture against its baseline, one table each (the entries' own shapes)")
     bench.add_argument("--baseline", default=None, help="baseline preset (default: the one the presets' cards name)")
@@ -292,14 +332,14 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--device", default="cpu")
     bench.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     bench.add_argument("--output", default="bench.json", help="JSON file for the results ('' to skip)")
-    bench.add_argument("--prior", default=None, choices=["softmax", "gla", "aft", "ssm"],
-                       help="FEM: the measured presets' prior (default: the preset's)")
-    bench.add_argument("--kernel", default=None, choices=["auto", "torch", "fla", "mamba"],
+    bench.add_argument("--prior", default=None, metavar="PRIOR", choices=ReadWhenUsed(_fem_priors),
+                       help="FEM: the measured presets' prior, one of %(choices)s (default: the preset's)")
+    bench.add_argument("--kernel", default=None, metavar="KERNEL", choices=ReadWhenUsed(_fem_kernels),
                        help="FEM: FEMConfig.kernel of the measured presets: auto (the GPU kernel libraries on CUDA "
                             "when installed), torch, fla (GLA prior), mamba (SSM prior)")
     bench.add_argument("--set", nargs="+", default=[], metavar="FIELD=VALUE",
                        help="config fields of the measured presets, never of the baseline (e.g. use_time_decay=false)")
-    bench.add_argument("--workloads", nargs="+", default=None,
+    bench.add_argument("--workloads", nargs="+", default=None, metavar="WORKLOAD", choices=ReadWhenUsed(_workloads),
                        help="measure only these of the entry's workloads (e.g. decode decode_static)")
     bench.add_argument("--attn-implementation", default="sdpa", choices=["sdpa", "flash_attention_2"],
                        help="the baseline's and FEM softmax prior's attention (flash_attention_2 needs --dtype "
@@ -307,16 +347,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--compile", action="store_true",
                        help="compile every model's forward with torch.compile (inductor) before timing")
     bench.add_argument("--sweep", type=int, nargs="+", default=None,
-                       help="values of the entry's swept forward keyword (eqt-llama: refinement steps K, default "
-                            "0 1 2 4 8 16)")
+                       help="values of the entry's swept forward keyword or length (eqt-llama: refinement steps K, "
+                            "default 0 1 2 4 8 16; fem: seq_len, default 1024 4096)")
     bench.add_argument("--profile", default=None, metavar="WORKLOAD",
-                       choices=["forward", "train_step", "decode", "decode_static"],
+                       choices=ReadWhenUsed(lambda: _workloads(timed_only=True)),
                        help="instead: torch.profiler's top operators of one call of WORKLOAD per model (where the "
                             "time goes)")
-    bench.add_argument("--scaling", action="store_true",
-                       help="instead: FEM's forward time at T=1024 vs T=4096 per prior (NAME: a FEM preset, default "
-                            "fem-lm-tiny)")
-    bench.add_argument("--priors", nargs="+", default=["softmax", "gla", "aft", "ssm"], help="priors for --scaling")
     bench.set_defaults(run=_bench)
 
     doctor = commands.add_parser("doctor", help="check the GPU kernels (fla, mamba-ssm, flash-attn) against the "

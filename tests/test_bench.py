@@ -91,8 +91,8 @@ def test_bench_refuses_architectures_without_an_entry_and_presets_of_other_model
         run_bench("hyperset")
     with pytest.raises(ValueError, match="'llama-tiny' is a 'llama' preset"):
         run_bench("llama-tiny")
-    with pytest.raises(ValueError, match="fem-lm-tiny sweeps no forward keyword"):
-        run_bench("fem-lm-tiny", sweep=(1, 2))
+    with pytest.raises(ValueError, match="tel-gpt2-tiny sweeps nothing"):
+        run_bench("tel-gpt2-tiny", sweep=(1, 2))
 
 
 def test_a_contrast_pairs_two_presets_of_the_entry_over_the_same_repeats(monkeypatch):
@@ -208,31 +208,44 @@ def test_bench_builds_fem_with_the_requested_prior_and_kernel_and_leaves_the_bas
     assert llama.config.model_type == "llama"
 
 
-def test_length_scaling_reports_the_time_ratio_of_the_two_lengths_per_prior(monkeypatch):
-    from energyzoo.eval.speed import run_length_scaling
-
-    # a scripted timer: seconds = the number of tokens the forward saw, squared for the softmax prior
-    def timed(fn, device):
-        fn()
-        return float(seen[-1] ** (2 if seen_prior[-1] == "softmax" else 1))
-
-    seen, seen_prior = [], []
+@pytest.mark.parametrize(("prior", "growth", "target", "meets"),
+                         [("gla", 4.0, 4.5, True), ("softmax", 16.0, None, None)])
+def test_a_length_sweep_pairs_each_length_with_the_baseline_and_bounds_an_o_t_priors_growth(monkeypatch, prior,
+                                                                                           growth, target, meets):
+    """On a scripted clock where a forward takes as many seconds as it reads tokens (their square for softmax
+    attention, the Llama baseline's included): FEM's ratio to Llama at each length, and its growth from the shortest
+    to the longest, bounded by 1.125x the length ratio for an O(T) prior only."""
+    seen = []
     forward_fn = speed._forward_fn
 
     def recording_forward_fn(model, inputs, call):
         def forward():
-            seen.append(inputs["input_ids"].shape[1])
-            seen_prior.append(model.config.prior)
+            seen.append((inputs["input_ids"].shape[1], getattr(model.config, "prior", "softmax")))
             return forward_fn(model, inputs, call)()
         return forward
 
+    def timed(fn, device):
+        fn()
+        length, attention = seen[-1]
+        return float(length ** (2 if attention == "softmax" else 1))
+
     monkeypatch.setattr(speed, "_timed", timed)
     monkeypatch.setattr(speed, "_forward_fn", recording_forward_fn)
-    result = run_length_scaling(priors=("softmax", "gla"), lengths=(32, 128), repeats=1)
-    softmax, gla = result["rows"]
-    assert (softmax["arm"], softmax["ratio"], softmax["target"]) == ("softmax", 16.0, None)
-    assert (gla["ratio"], gla["meets_target"]) == (4.0, True)
-    assert "| gla | forward T=128 / T=32 (s) | 128 | 32 | 4.000 |" in format_table(result)
+    settings = BenchSettings(batch_size=1, repeats=1, workloads=("forward",), overrides={"prior": prior})
+    result = run_bench("fem-lm-tiny", settings, sweep=(32, 128))
+    own = {32: 32.0 ** (2 if prior == "softmax" else 1), 128: 128.0 ** (2 if prior == "softmax" else 1)}
+    assert [(row["arm"], row["ratio"], row["target"], row["meets_target"]) for row in result["rows"]] == [
+        ("fem-lm-tiny seq_len=32", own[32] / 32**2, 1.10, own[32] / 32**2 <= 1.10),
+        ("fem-lm-tiny seq_len=128", own[128] / 128**2, 1.10, own[128] / 128**2 <= 1.10),
+        ("fem-lm-tiny seq_len=128 vs fem-lm-tiny seq_len=32", growth, target, meets)]
+    assert {length for length, _ in seen} == {32, 128}
+    assert "| fem-lm-tiny seq_len=128 vs fem-lm-tiny seq_len=32 | forward (s) |" in format_table(result)
+
+
+def test_a_length_asked_for_replaces_the_entrys_length_sweep(monkeypatch):
+    monkeypatch.setattr(speed, "_paired_times", lambda fns, repeats, device: {key: [1.0] for key in fns})
+    result = run_bench("fem-lm-tiny", BenchSettings(batch_size=1, seq_len=8, repeats=1, workloads=("forward",)))
+    assert [row["arm"] for row in result["rows"]] == ["fem-lm-tiny"]
 
 
 def test_tel_bench_rows_compare_equal_size_models():

@@ -88,7 +88,7 @@ def test_bad_paths_are_answered_in_one_line_with_exit_code_2_before_any_network_
     (["reproduce", "tel-stage1", "epochs=many"],
      "tel-stage1 settings epochs: Value 'many' of type 'str' could not be converted to Integer"),
     (["reproduce", "eqt-parity", "seed=[0,1]"],
-     "eqt-parity settings seed: Key 'seed' not in 'ParitySettings'. Did you mean: 'seeds'?"),
+     "eqt-parity settings seed: Key 'seed' not in 'Settings'. Did you mean: 'seeds'?"),
     (["reproduce", "eqt-parity", "arms=[eqt]"], "eqt-parity arms must include llama and be among "),
     (["reproduce", "eqt-parity", "eval_steps=[8,32]"], "eqt-parity eval_steps must include 0"),
     (["reproduce", "all", "seeds=3"], "reproduce all takes no settings (seeds=3): each experiment has its own"),

@@ -299,6 +299,19 @@ def test_num_loops_range_draws_the_loop_count_in_training_only():
     assert drawn == {2, 3, 4, 5, 6}
 
 
+def test_refinement_steps_overrides_the_drawn_loop_count_without_drawing():
+    """An explicit T runs T loops in training too, and leaves the global RNG where it was (no draw thrown away)."""
+    model = build(num_loops_range=[2, 6]).train()
+    ids = torch.randint(3, 16, (1, 5), generator=torch.Generator().manual_seed(4))
+    torch.manual_seed(11)
+    with torch.no_grad():
+        out = model(input_ids=ids, refinement_steps=3, output_energies=True)
+    following = torch.rand(4)
+    assert out.energies.layers[0]["iterations"] == 3
+    torch.manual_seed(11)
+    assert torch.equal(following, torch.rand(4))
+
+
 def test_default_initialisation_is_pytorchs_and_initializer_range_is_transformers():
     """None: Linear weights and biases uniform in +-1/sqrt(fan_in) (kaiming-uniform, a = sqrt 5), embeddings N(0, 1);
     a number: N(0, initializer_range) and zero biases."""

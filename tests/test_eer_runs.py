@@ -10,9 +10,7 @@ import torch
 from transformers import Trainer, TrainingArguments
 
 from energyzoo import EERConfig, EERForCausalLM, config_from_preset
-from energyzoo.reproduce.eer_induction import InductionSettings, run_induction
-from energyzoo.reproduce.report import write_report
-from energyzoo.training.induction import (
+from energyzoo.data.induction import (
     BLANK,
     HOP,
     NONE,
@@ -25,6 +23,9 @@ from energyzoo.training.induction import (
     induction_stream,
     training_batch,
 )
+from energyzoo.reproduce.eer_induction import Settings as InductionSettings
+from energyzoo.reproduce.eer_induction import run as run_induction
+from energyzoo.reproduce.report import write_report
 from energyzoo.training.recipe import load_recipe
 from energyzoo.training.run import run_training
 
@@ -190,7 +191,7 @@ def brute_force_gaps(row: list[int]) -> list[int]:
 
 
 def test_occurrence_gaps_and_the_last_symbols_reference_against_a_brute_force_count():
-    from energyzoo.training.induction import BLANK, NONE, induction_batch, last_symbols_accuracy, occurrence_gaps
+    from energyzoo.data.induction import BLANK, NONE, induction_batch, last_symbols_accuracy, occurrence_gaps
 
     ids, labels = induction_batch(6, 40, seed=5)
     gaps = occurrence_gaps(ids)
@@ -221,7 +222,7 @@ class InductionOracle(torch.nn.Module):
         self.config._attn_implementation = implementation
 
     def forward(self, input_ids, use_cache=False, position_ids=None):
-        from energyzoo.training.induction import BLANK, NONE
+        from energyzoo.data.induction import BLANK, NONE
 
         labels = []
         for row in input_ids.tolist():
@@ -251,7 +252,7 @@ def test_diagnostics_bucket_positions_gaps_and_shifted_positions():
 
 
 def test_the_length_curriculum_grows_the_longest_length_from_min_to_max():
-    from energyzoo.training.induction import training_length
+    from energyzoo.data.induction import training_length
 
     drawn = {step: training_length(3, step, (16, 64), curriculum_steps=100) for step in range(400)}
     assert drawn[0] == 16  # the range is [16, 16] at step 0
@@ -263,7 +264,8 @@ def test_the_length_curriculum_grows_the_longest_length_from_min_to_max():
 
 
 def test_block_screen_trains_each_arm_with_its_choice_and_judges_it_against_the_default(tmp_path):
-    from energyzoo.reproduce.eer_screen import ScreenSettings, run_screen
+    from energyzoo.reproduce.eer_screen import Settings as ScreenSettings
+    from energyzoo.reproduce.eer_screen import run as run_screen
 
     settings = ScreenSettings(arms=["default", "post-norm", "length-curriculum"], seeds=[0], steps=4,
                               eval_sequences=4)

@@ -1,10 +1,31 @@
 """The zoo's one energy mechanism (`energyzoo.modeling.outputs`): recording scope and the plot helper."""
 
+import re
+
+import pytest
 import torch
 from torch import nn
 
-from energyzoo import FEMConfig, FEMForCausalLM, TELSettings, ThermodynamicEquilibriumLayer
+from energyzoo import FEMConfig, FEMForCausalLM, TELSettings, ThermodynamicEquilibriumLayer, model_from_preset
+from energyzoo.modeling import outputs
 from energyzoo.modeling.outputs import record_energies, recording_energies, tracing_energies
+from energyzoo.registry import ARCHITECTURES
+
+
+@pytest.mark.parametrize("model_type", sorted(ARCHITECTURES))
+def test_the_trace_keys_a_model_records_are_the_ones_the_outputs_docstring_lists(model_type):
+    torch.manual_seed(0)
+    model = model_from_preset(ARCHITECTURES[model_type].tiny_preset).eval()
+    config = model.config
+    if model.main_input_name == "input_ids":
+        inputs = {"input_ids": torch.randint(0, min(config.vocab_size, 50), (1, 6))}
+    else:
+        size = getattr(config, "image_size", 8)
+        inputs = {"pixel_values": torch.randn(1, config.num_channels, size, size)}
+    with torch.no_grad():
+        recorded = {key for layer in model(**inputs, output_energies=True).energies.layers for key in layer}
+    documented = set(re.findall(r"``(\w+)``", outputs.__doc__))
+    assert recorded and recorded <= documented, sorted(recorded - documented)
 
 
 def test_layers_record_only_inside_a_trace_and_into_the_innermost_one():

@@ -6,9 +6,11 @@ from types import SimpleNamespace
 import torch
 from transformers import AutoModelForCausalLM
 
-from energyzoo.reproduce.eqt_parity import ParitySettings, per_token_accuracy, run_parity
+from energyzoo.data.parity import PARITY_END_TOKEN, cumulative_parity_split
+from energyzoo.reproduce.eqt_parity import Settings as ParitySettings
+from energyzoo.reproduce.eqt_parity import per_token_accuracy
+from energyzoo.reproduce.eqt_parity import run as run_parity
 from energyzoo.reproduce.report import write_report
-from energyzoo.training.data import PARITY_END_TOKEN, cumulative_parity_split
 
 
 def test_parity_labels_are_the_running_xor_scored_one_position_ahead():

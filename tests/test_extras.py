@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from energyzoo.cli import main
+from energyzoo.data.digits import digits_split
 from energyzoo.modeling.outputs import EnergyTrace
-from energyzoo.training.data import digits_split
 
 
 @pytest.fixture

@@ -5,8 +5,10 @@ import numpy as np
 import pytest
 import torch
 
-from energyzoo.reproduce.fem_mad import ARMS, FULL, MadSettings, build, run_mad, verdicts
-from energyzoo.training.mad import IGNORE, TASKS, mad_split, memorization_map
+from energyzoo.data.mad import IGNORE, TASKS, mad_split, memorization_map
+from energyzoo.reproduce.fem_mad import ARMS, FULL, build, verdicts
+from energyzoo.reproduce.fem_mad import Settings as MadSettings
+from energyzoo.reproduce.fem_mad import run as run_mad
 
 
 def _scored(targets: torch.Tensor) -> list[int]:

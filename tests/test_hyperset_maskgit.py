@@ -10,7 +10,7 @@ from skimage.metrics import peak_signal_noise_ratio
 from sklearn.datasets import load_digits
 
 from energyzoo import model_from_preset
-from energyzoo.training.image_tokenizer import PatchKMeansTokenizer, load_image_tokenizer, reconstruction_metrics
+from energyzoo.data.image_tokenizer import PatchKMeansTokenizer, load_image_tokenizer, reconstruction_metrics
 
 MASK = 17
 

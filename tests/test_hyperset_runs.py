@@ -8,9 +8,9 @@ import torch
 from transformers import AutoModelForTokenClassification
 
 from energyzoo.cli import main
+from energyzoo.data.sudoku import sudoku_examples
 from energyzoo.training.recipe import load_recipe
 from energyzoo.training.run import run_training
-from energyzoo.training.sudoku import sudoku_examples
 from energyzoo.training.tasks import training_task
 
 

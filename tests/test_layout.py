@@ -19,7 +19,7 @@ from energyzoo.registry import ARCHITECTURES
 PACKAGE = Path(energyzoo.__file__).parent
 MODELING = PACKAGE / "modeling"
 SHARED = {"errors", "outputs", "refinement", "checks", "inputs", "positions", "numerics", "image_processing_grayscale",
-          "cache_states", "cache_kinds", "transformers_compat"}
+          "caches", "transformers_compat"}
 FAMILIES = {model_type.split("-")[0] for model_type in ARCHITECTURES}
 
 

@@ -36,7 +36,8 @@ def test_the_ledger_counts_and_lists_every_experiments_verdicts(tmp_path):
 @pytest.mark.parametrize("name", sorted(EXPERIMENTS))
 def test_every_quick_setting_is_a_valid_override_set_with_three_seeds(name):
     experiment = EXPERIMENTS[name]
-    settings = typed_settings(getattr(experiment.code(), experiment.settings), list(experiment.quick))
+    assert all(callable(getattr(experiment.code(), part)) for part in ("Settings", "run", "format_markdown", "plot"))
+    settings = typed_settings(experiment.code().Settings, list(experiment.quick))
     seeds = settings.seeds
     assert (seeds if isinstance(seeds, int) else len(seeds)) >= 3
 
@@ -65,7 +66,9 @@ def test_fem_argmax_data_metric_and_arms_follow_app_p(tmp_path):
     hand count, the arms' switches and fixed identity value maps, and a report with its verdict."""
     import torch
 
-    from energyzoo.reproduce.fem_argmax import ArgmaxSettings, Mixer, argmax_samples, index_accuracy, run_argmax
+    from energyzoo.reproduce.fem_argmax import Mixer, argmax_samples, index_accuracy
+    from energyzoo.reproduce.fem_argmax import Settings as ArgmaxSettings
+    from energyzoo.reproduce.fem_argmax import run as run_argmax
 
     settings = ArgmaxSettings(seeds=[0], length=8, channels=16, heads=2, steps=3, validation_samples=20)
     values, winners, targets = argmax_samples(5, settings, torch.Generator().manual_seed(0))

@@ -15,8 +15,9 @@ from sharded_training import PRESETS, largest_difference, tiny_model, train_unsh
 
 from energyzoo import model_from_preset
 from energyzoo.training.recipe import load_recipe
-from energyzoo.training.run import evaluate, run_training
+from energyzoo.training.run import run_training
 from energyzoo.training.tasks import TrainingData, training_task
+from energyzoo.training.validation import evaluate
 
 SCRIPT = Path(__file__).parent / "support" / "sharded_training.py"
 

@@ -12,7 +12,7 @@ import torch
 import zoo
 from transformers import StaticCache
 
-from energyzoo.modeling.cache_states import CacheStatesMixin
+from energyzoo.modeling.caches import CacheStatesMixin
 from energyzoo.modeling.configuration_eer import EERConfig
 from energyzoo.modeling.configuration_eqt import EqTLlamaConfig
 from energyzoo.modeling.configuration_fem import FEM_PRIORS, FEMConfig

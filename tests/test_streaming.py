@@ -8,7 +8,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from energyzoo.training.data import PackedStream, pack_into_blocks, python_docs_corpus, train_bpe_tokenizer
+from energyzoo.data.hub import PackedStream
+from energyzoo.data.text import pack_into_blocks, python_docs_corpus, train_bpe_tokenizer
 from energyzoo.training.recipe import DataSection, load_recipe
 from energyzoo.training.run import run_training
 

@@ -11,22 +11,16 @@ import torch
 import yaml
 from sklearn.datasets import load_digits
 
-from energyzoo.training.data import (
-    DIGIT_MASK_ID,
-    digit_code_split,
-    masked_codes,
-    pack_into_blocks,
-    python_docs_corpus,
-    train_bpe_tokenizer,
-)
-from energyzoo.training.image_tokenizer import (
+from energyzoo.data.digits import DIGIT_MASK_ID, digit_code_split, masked_codes
+from energyzoo.data.image_tokenizer import (
     DIGIT_PATCH_CODES,
     digit_patch_split,
     digit_patch_tokenizer,
     reconstruction_metrics,
 )
+from energyzoo.data.sudoku import count_solutions, sudoku_solutions, sudoku_split
+from energyzoo.data.text import pack_into_blocks, python_docs_corpus, train_bpe_tokenizer
 from energyzoo.training.recipe import DATA_SOURCES, load_recipe
-from energyzoo.training.sudoku import count_solutions, sudoku_solutions, sudoku_split
 from energyzoo.training.tasks import TRAINING_TASKS, training_task
 
 
@@ -110,7 +104,7 @@ def test_digit_codes_are_masked_afresh_per_batch_on_the_cosine_schedule_and_keep
 def test_training_batches_of_masked_modelling_are_remasked_per_step_and_agree_across_micro_batches():
     """Through the training loader's dataset: the micro-batches of one step are slices of one masked global batch
     (one ratio: equal masked counts under the cosine schedule), and an example seen again is masked anew."""
-    from energyzoo.training.run import ScheduledExamples
+    from energyzoo.training.schedule import ScheduledExamples
     from energyzoo.training.tasks import _masked_modelling_data
 
     data = _masked_modelling_data(*digit_code_split(0.1, seed=2))

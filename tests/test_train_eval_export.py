@@ -30,7 +30,8 @@ from energyzoo.presets import preset_names
 from energyzoo.quickstart import run_quickstart
 from energyzoo.training.finetune import finetune_with_trainer
 from energyzoo.training.recipe import load_recipe, shipped_recipe_path
-from energyzoo.training.run import BatchSchedule, run_training
+from energyzoo.training.run import run_training
+from energyzoo.training.schedule import BatchSchedule
 
 REMOTE_LOAD_SCRIPT = Path(__file__).parent / "support" / "remote_load_check.py"
 CONFIGS = Path(shipped_recipe_path("fem-lm-tiny")).parent
@@ -383,7 +384,7 @@ def test_tel_classifier_exports_with_its_card_and_accuracy(tmp_path):
     from PIL import Image
     from transformers import pipeline
 
-    from energyzoo.training.data import digits_split
+    from energyzoo.data.digits import digits_split
 
     _, _, images, _ = digits_split(0.2, 42)
     with torch.no_grad():
@@ -401,7 +402,7 @@ def test_a_warm_started_run_keeps_the_checkpoint_weights_and_names_its_base_mode
     from transformers import GPT2LMHeadModel
 
     from energyzoo import model_from_preset
-    from energyzoo.training.data import python_docs_corpus, train_bpe_tokenizer
+    from energyzoo.data.text import python_docs_corpus, train_bpe_tokenizer
 
     tokenizer = train_bpe_tokenizer(python_docs_corpus()[0][:50], 300)
     vanilla = model_from_preset("gpt2-tiny", vocab_size=len(tokenizer), n_layer=2)
@@ -511,7 +512,7 @@ def test_fem_sequence_classifier_exports_as_text_classification_where_the_pipeli
     from transformers import pipeline
 
     from energyzoo import FEMConfig, FEMForSequenceClassification
-    from energyzoo.training.data import python_docs_corpus, train_bpe_tokenizer
+    from energyzoo.data.text import python_docs_corpus, train_bpe_tokenizer
 
     tokenizer = train_bpe_tokenizer(python_docs_corpus()[0][:50], 300)
     config = FEMConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,

@@ -25,10 +25,10 @@ from unittest import mock
 import yaml
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
+from ..data.text import python_docs_corpus
 from ..extras import needs_extra
 from ..modeling.errors import UserError
 from ..registry import ARCHITECTURES
-from ..training.data import python_docs_corpus
 
 SUITES = {
     "leaderboard": {"tasks": ["leaderboard"], "num_fewshot": None},

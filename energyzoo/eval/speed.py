@@ -28,8 +28,10 @@ recompilation for new shapes are not timed.
 `profile_tables` (`energyzoo bench NAME --profile WORKLOAD`) lists the top operators of one call per model, to say
 where a missed target's time goes.
 
-`run_length_scaling` (`energyzoo bench --scaling`) times FEM's base model at two lengths per prior, in the same
-table: the long length is the arm, the short one its baseline.
+An entry may sweep the sequence length (``Bench.sweep = ("seq_len", lengths)``, FEM's length scaling): the forward
+workload then runs every preset and the baseline at each length, each preset against the baseline at its length, and
+each preset's longest length against its shortest, bounded by the entry's target for that growth (FEM's O(T) priors:
+at most 4.5x from 1024 to 4096 tokens; ``--prior`` picks the prior).
 """
 
 import json
@@ -38,12 +40,13 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 
 import torch
 from torch.profiler import ProfilerActivity, profile
-from transformers import AutoModel, CompileConfig
+from transformers import CompileConfig
 
 from ..modeling.errors import UserError
 from ..presets import config_from_preset, model_from_preset, preset_card
@@ -51,9 +54,6 @@ from ..registry import ARCHITECTURES, Bench
 
 MIN_SAMPLE_SECONDS = 0.25  # a timed sample repeats a faster call until it lasts about this long
 BUSY_SPREAD = 0.15  # (max - min) / median of the per-repeat ratios above which a run is flagged
-LINEAR_SCALING_TARGET = 4.5  # time(T=4096) / time(T=1024) for O(T) priors (DESIGN.md)
-UNITS = {"forward": "s", "train_step": "s", "peak_memory": "MiB", "decode": "tok/s", "decode_static": "tok/s"}
-RATES = ("decode", "decode_static")
 DECODE_PROMPT = 32  # tokens of the one prompt the decode workloads continue (batch 1: the latency case)
 
 
@@ -75,12 +75,13 @@ class BenchSettings:
 @dataclass(frozen=True)
 class Arm:
     """One measured model: a preset (``overrides`` applied unless it is the baseline), run with forward keywords
-    ``call``."""
+    ``call`` on inputs of ``seq_len`` tokens (None: the settings')."""
 
     label: str
     preset: str
     call: dict = field(default_factory=dict)
     baseline: bool = False
+    seq_len: int | None = None
 
 
 def benched_architectures() -> list[str]:
@@ -108,24 +109,45 @@ def card_baseline(presets: tuple[str, ...]) -> str:
 
 
 def bench_arms(entry: Bench, presets: tuple[str, ...], baseline: str, workload: str) -> list[Arm]:
-    """The baseline, then an arm per preset, or in the forward workload of a swept entry per swept value."""
+    """The baseline, then an arm per preset; in the forward workload of a swept entry, per swept value (a length
+    sweep runs the baseline at every length too)."""
+    keyword, values = entry.sweep if entry.sweep is not None and workload == "forward" else (None, ())
+    if keyword == "seq_len":
+        return [Arm(f"{preset_label} seq_len={length}", preset, baseline=preset == baseline, seq_len=length)
+                for preset, preset_label in ((baseline, f"{baseline} (baseline)"), *((p, p) for p in presets))
+                for length in values]
     arms = [Arm(f"{baseline} (baseline)", baseline, baseline=True)]
     for preset in presets:
-        if entry.sweep is None or workload != "forward":
-            arms.append(Arm(preset, preset))
-        else:
-            keyword, values = entry.sweep
-            arms += [Arm(f"{preset} {keyword}={value}", preset, {keyword: value}) for value in values]
+        arms += ([Arm(f"{preset} {keyword}={value}", preset, {keyword: value}) for value in values] if keyword
+                 else [Arm(preset, preset)])
     return arms
 
 
 def compared_pairs(entry: Bench, arms: list[Arm]) -> list[tuple[Arm, Arm]]:
-    """(arm, reference) of each row of a workload: every arm against the baseline, then the entry's contrasts
-    whose two presets are both measured."""
-    by_preset = {arm.preset: arm for arm in arms[1:] if not arm.call}
-    return [(arm, arms[0]) for arm in arms[1:]] + [(by_preset[own], by_preset[reference])
-                                                   for own, reference in entry.contrasts
-                                                   if {own, reference} <= by_preset.keys()]
+    """(arm, reference) of each row of a workload: every arm against the baseline at its length, then the entry's
+    contrasts whose two presets are both measured, then in a length sweep each preset's longest length against its
+    shortest."""
+    baselines = {arm.seq_len: arm for arm in arms if arm.baseline}
+    measured = [arm for arm in arms if not arm.baseline]
+    by_preset = {arm.preset: arm for arm in measured if not arm.call and arm.seq_len is None}
+    lengths = sorted({arm.seq_len for arm in measured if arm.seq_len is not None})
+    by_length = {(arm.preset, arm.seq_len): arm for arm in measured}
+    return ([(arm, baselines[arm.seq_len]) for arm in measured]
+            + [(by_preset[own], by_preset[reference]) for own, reference in entry.contrasts
+               if {own, reference} <= by_preset.keys()]
+            + [(by_length[preset, lengths[-1]], by_length[preset, lengths[0]])
+               for preset in dict.fromkeys(arm.preset for arm in measured) if len(lengths) > 1])
+
+
+def target_call(arm: Arm, reference: Arm) -> dict | None:
+    """What an entry's ``targets`` reads of a row: the arm's forward keywords and length, and for a length sweep's
+    growth row the reference length; None for a contrast of two presets, which is reported without a target."""
+    lengths = {"seq_len": arm.seq_len} if arm.seq_len is not None else {}
+    if reference.baseline:
+        return {**arm.call, **lengths}
+    if reference.preset == arm.preset and reference.seq_len is not None:
+        return {**lengths, "reference_seq_len": reference.seq_len}
+    return None
 
 
 def _build(arm: Arm, settings: BenchSettings):
@@ -212,15 +234,31 @@ def _decode_fn(model, inputs: dict, call: dict, tokens: int, static: bool = Fals
     return decode
 
 
-TIMED = ("forward", "train_step", *RATES)
+@dataclass(frozen=True)
+class Workload:
+    """One thing `energyzoo bench` measures: its unit; whether it is a ``rate`` (tokens/s: the ratio is baseline /
+    arm and a target bounds it from below) or a cost (time, memory: arm / baseline, bounded from above); ``build(model,
+    inputs, call, settings)`` -> the function timed, or None for a workload measured apart (peak memory, in a process
+    of its own); ``language_models``: only for causal LMs."""
+
+    name: str
+    unit: str
+    rate: bool = False
+    build: Callable | None = None
+    language_models: bool = False
 
 
-def _workload_fn(workload: str, model, inputs: dict, arm: Arm, settings: BenchSettings):
-    if workload == "forward":
-        return _forward_fn(model, inputs, arm.call)
-    if workload == "train_step":
-        return _train_step_fn(model, inputs, arm.call)
-    return _decode_fn(model, inputs, arm.call, settings.decode_tokens, static=workload == "decode_static")
+WORKLOADS = {workload.name: workload for workload in (
+    Workload("forward", "s", build=lambda model, inputs, call, settings: _forward_fn(model, inputs, call)),
+    Workload("train_step", "s", build=lambda model, inputs, call, settings: _train_step_fn(model, inputs, call)),
+    Workload("peak_memory", "MiB"),
+    Workload("decode", "tok/s", rate=True, language_models=True,
+             build=lambda model, inputs, call, settings: _decode_fn(model, inputs, call, settings.decode_tokens)),
+    Workload("decode_static", "tok/s", rate=True, language_models=True,
+             build=lambda model, inputs, call, settings: _decode_fn(model, inputs, call, settings.decode_tokens,
+                                                                     static=True)),
+)}
+TIMED = tuple(name for name, workload in WORKLOADS.items() if workload.build is not None)
 
 
 def _status_bytes(field_name: str) -> int:
@@ -308,20 +346,21 @@ class BenchRow:
 
     def __post_init__(self):
         if self.target is not None:
-            self.meets_target = self.ratio >= self.target if self.workload in RATES else self.ratio <= self.target
+            self.meets_target = (self.ratio >= self.target if WORKLOADS[self.workload].rate
+                                 else self.ratio <= self.target)
         self.busy = (self.spread[1] - self.spread[0]) > BUSY_SPREAD * self.ratio
 
 
 def timed_row(arm: str, workload: str, seconds: list[float], baseline: list[float], target: float | None,
               per_call: float = 1.0) -> BenchRow:
     """A row from paired per-repeat seconds; ``per_call`` > 1 turns seconds into a rate (tokens per call)."""
-    if workload in RATES:
+    if WORKLOADS[workload].rate:
         ratios = [base / own for own, base in zip(seconds, baseline)]
         value, reference = per_call / statistics.median(seconds), per_call / statistics.median(baseline)
     else:
         ratios = [own / base for own, base in zip(seconds, baseline)]
         value, reference = statistics.median(seconds), statistics.median(baseline)
-    return BenchRow(arm, workload, UNITS.get(workload, "s"), value, reference, statistics.median(ratios),
+    return BenchRow(arm, workload, WORKLOADS[workload].unit, value, reference, statistics.median(ratios),
                     (min(ratios), max(ratios)), target)
 
 
@@ -331,7 +370,8 @@ def sweep_fit(entry: Bench, rows: list[BenchRow], workload: str = "forward") -> 
     if entry.sweep is None:
         return None
     keyword, _ = entry.sweep
-    points = [(int(row.arm.rsplit("=", 1)[1]), row.ratio) for row in rows if row.workload == workload]
+    points = [(int(row.arm.rsplit("=", 1)[1]), row.ratio) for row in rows
+              if row.workload == workload and " vs " not in row.arm]
     if len(points) < 2:
         return None
     slope, intercept = statistics.linear_regression(*zip(*points))
@@ -362,7 +402,7 @@ def profile_tables(name: str, workload: str, settings: BenchSettings | None = No
     torch.set_grad_enabled(True)
     for arm in bench_arms(replace(entry, sweep=None), presets, baseline, workload):  # each preset at its own settings
         model = _build(arm, settings)
-        call = _workload_fn(workload, model, _inputs(model, settings), arm, settings)
+        call = WORKLOADS[workload].build(model, _inputs(model, settings), arm.call, settings)
         call()
         with profile(activities=activities) as profiler:
             call()
@@ -379,12 +419,15 @@ def profile_tables(name: str, workload: str, settings: BenchSettings | None = No
 def run_bench(name: str, settings: BenchSettings | None = None, baseline: str | None = None,
               sweep: tuple[int, ...] | None = None) -> dict:
     """Measure an architecture (its entry's presets) or one preset against the baseline; a JSON-ready dict with
-    the rows (`BenchRow`), notes and the raw seconds. ``sweep`` replaces the values of the entry's swept keyword."""
+    the rows (`BenchRow`), notes and the raw seconds. ``sweep`` replaces the values of the entry's swept keyword or
+    lengths; a ``settings.seq_len`` without ``sweep`` measures that one length instead of a length sweep."""
     entry, presets = bench_entry(name)
     if sweep is not None:
         if entry.sweep is None:
-            raise UserError(f"{name} sweeps no forward keyword; drop --sweep")
+            raise UserError(f"{name} sweeps nothing; drop --sweep")
         entry = replace(entry, sweep=(entry.sweep[0], tuple(sweep)))
+    elif entry.sweep is not None and entry.sweep[0] == "seq_len" and settings is not None and settings.seq_len:
+        entry = replace(entry, sweep=None)  # a length asked for replaces the entry's lengths
     settings = _with_entry_shape(entry, settings)
     if settings.workloads is not None:
         unknown = sorted(set(settings.workloads) - set(entry.workloads))
@@ -396,37 +439,41 @@ def run_bench(name: str, settings: BenchSettings | None = None, baseline: str | 
     torch.set_grad_enabled(True)
     baseline = baseline or card_baseline(presets)
     arms = {workload: bench_arms(entry, presets, baseline, workload) for workload in entry.workloads}
-    base = arms[entry.workloads[0]][0]
-    models = {preset: _build(Arm(preset, preset, baseline=preset == base.preset), settings)
-              for preset in dict.fromkeys((base.preset, *presets))}
-    inputs = _inputs(models[base.preset], settings)
-    times = {workload: _paired_times({arm.label: _workload_fn(workload, models[arm.preset], inputs, arm, settings)
-                                      for arm in arms[workload]}, settings.repeats, settings.device)
+    lengths = {arm.seq_len or settings.seq_len for workload_arms in arms.values() for arm in workload_arms}
+    longest = replace(settings, seq_len=max(lengths))  # the models' positions cover every length measured
+    models = {preset: _build(Arm(preset, preset, baseline=preset == baseline), longest)
+              for preset in dict.fromkeys((baseline, *presets))}
+    inputs = {length: _inputs(models[baseline], replace(settings, seq_len=length)) for length in lengths}
+    times = {workload: _paired_times({arm.label: WORKLOADS[workload].build(
+                 models[arm.preset], inputs[arm.seq_len or settings.seq_len], arm.call, settings)
+                 for arm in arms[workload]}, settings.repeats, settings.device)
              for workload in entry.workloads if workload in TIMED}
     configs = {preset: model.config for preset, model in models.items()}
     del models
     rows = []
     for workload in entry.workloads:
-        if workload == "peak_memory":
+        if workload not in TIMED:
             memory = {arm.label: measure_peak_memory(arm, settings) / 2**20 for arm in arms[workload]}
         for arm, reference in compared_pairs(entry, arms[workload]):
-            # a target bounds an arm against the baseline; a contrast is reported without one
-            target = entry.targets(configs[arm.preset], arm.call).get(workload) if reference.baseline else None
+            call = target_call(arm, reference)
+            target = None if call is None else entry.targets(configs[arm.preset], call).get(workload)
             label = arm.label if reference.baseline else f"{arm.label} vs {reference.label}"
-            if workload == "peak_memory":
+            if workload not in TIMED:
                 ratio = memory[arm.label] / memory[reference.label]
-                rows.append(BenchRow(label, workload, UNITS[workload], memory[arm.label], memory[reference.label],
-                                     ratio, (ratio, ratio), target))
+                rows.append(BenchRow(label, workload, WORKLOADS[workload].unit, memory[arm.label],
+                                     memory[reference.label], ratio, (ratio, ratio), target))
             else:
                 rows.append(timed_row(label, workload, times[workload][arm.label], times[workload][reference.label],
-                                      target, per_call=settings.decode_tokens if workload in RATES else 1.0))
-    shape = (f"batch {settings.batch_size}" + (f", seq {settings.seq_len}" if "input_ids" in inputs else "")
+                                      target, per_call=settings.decode_tokens if WORKLOADS[workload].rate else 1.0))
+    decodes = any(WORKLOADS[workload].rate for workload in entry.workloads)
+    shape = (f"batch {settings.batch_size}" + (f", seq {settings.seq_len}" if "input_ids" in next(iter(inputs.values()))
+                                                  else "")
              + f", {settings.dtype} on {settings.device}" + (", torch.compile" if settings.compile else "")
              + (f"; decoding: batch 1, a {DECODE_PROMPT}-token prompt + {settings.decode_tokens} tokens"
-                if any(workload in RATES for workload in entry.workloads) else ""))
-    title = f"{', '.join(presets)} vs {base.preset} ({shape}, median of {settings.repeats} paired repeats)"
+                if decodes else ""))
+    title = f"{', '.join(presets)} vs {baseline} ({shape}, median of {settings.repeats} paired repeats)"
     notes = [note for note in [sweep_fit(entry, rows)] if note]
-    return {"title": title, "settings": asdict(settings), "baseline": base.preset, "presets": list(presets),
+    return {"title": title, "settings": asdict(settings), "baseline": baseline, "presets": list(presets),
             "torch": torch.__version__, "threads": torch.get_num_threads(), "rows": [asdict(row) for row in rows],
             "notes": notes, "raw_seconds": times}
 
@@ -437,7 +484,8 @@ def format_table(result: dict) -> str:
              "| model | metric | value | baseline | ratio | spread (min-max) | target | ok |",
              "|---|---|---|---|---|---|---|---|"]
     for row in result["rows"]:
-        bound = "" if row["target"] is None else f"{'>=' if row['workload'] in RATES else '<='} {row['target']:.2f}"
+        rate = WORKLOADS[row["workload"]].rate
+        bound = "" if row["target"] is None else f"{'>=' if rate else '<='} {row['target']:.2f}"
         ok = {None: "", True: "yes", False: "NO"}[row["meets_target"]]
         low, high = row["spread"]
         lines.append(f"| {row['arm']} | {row['workload']} ({row['unit']}) | {row['value']:.4g} | {row['baseline']:.4g} "
@@ -448,35 +496,6 @@ def format_table(result: dict) -> str:
         lines.append(f"WARNING: the per-repeat ratios spread over more than {BUSY_SPREAD:.0%} of the ratio ("
                      f"{', '.join(busy)}): the machine was busy; rerun on a quiet machine before quoting the ratios")
     return "\n".join(lines)
-
-
-def run_length_scaling(
-    preset: str = "fem-lm-tiny",
-    priors: tuple[str, ...] = ("softmax", "gla", "aft", "ssm"),
-    lengths: tuple[int, int] = (1024, 4096),
-    repeats: int = 5,
-    batch_size: int = 2,
-    device: str = "cpu",
-) -> dict:
-    """Forward time of the base model (no LM head, whose cost is linear in T for every prior) at two lengths, per
-    prior, paired: the ratio is ~(long/short)^2 for softmax and ~long/short for recurrent priors."""
-    short, long = lengths
-    rows, times = [], {}
-    for prior in priors:
-        torch.manual_seed(0)
-        config = config_from_preset(preset, prior=prior, max_position_embeddings=max(lengths))
-        model = AutoModel.from_config(config).to(device)
-        fns = {length: _forward_fn(model, {"input_ids": torch.randint(0, config.vocab_size, (batch_size, length),
-                                                                      device=device)}, {})
-               for length in lengths}
-        times[prior] = _paired_times(fns, repeats, device)
-        target = None if prior == "softmax" else LINEAR_SCALING_TARGET
-        rows.append(timed_row(prior, f"forward T={long} / T={short}", times[prior][long], times[prior][short], target))
-    title = (f"forward time vs sequence length per prior ({preset} base model, batch {batch_size}, {device}, median of "
-             f"{repeats} paired repeats; softmax grows ~{(long / short) ** 2:.0f}x, O(T) priors ~{long / short:.0f}x)")
-    return {"title": title, "preset": preset, "lengths": list(lengths), "rows": [asdict(row) for row in rows],
-            "notes": [], "raw_seconds": {prior: {str(k): v for k, v in seconds.items()} for prior, seconds in
-                                         times.items()}}
 
 
 if __name__ == "__main__":

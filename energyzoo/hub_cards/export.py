@@ -3,7 +3,8 @@
 The folder loads with `trust_remote_code=True` on a machine without energyzoo: safetensors weights, a
 config whose `auto_map` names every Auto class the architecture supports, the modeling files (copied by
 transformers through `register_for_auto_class`), the tokenizer, the generation config, and a model card
-rendered from this folder's per-paper templates (`fem.md`, `tel.md`) with the evaluation results that
+rendered from this folder's per-paper template (the registry's `card_template`: `fem.md`, `tel.md`,
+`hyperset.md`, `eqt.md`, `eer.md`) with the evaluation results that
 `energyzoo eval` left in ``MODEL_DIR/eval`` as `model-index` metadata, and the speed rows of the model's preset as
 `energyzoo bench --all` measured them (``bench.json`` here, the README's "Speed" table). The card declares a
 ``pipeline_tag`` only where that transformers pipeline runs on the folder (it holds the tokenizer or image processor
@@ -25,13 +26,13 @@ from huggingface_hub import EvalResult, HfApi, ModelCard, ModelCardData
 from huggingface_hub.errors import HFValidationError, HTTPError, LocalTokenNotFoundError, OfflineModeIsEnabled
 from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerFast
 
+from ..data.images import image_processor_for
 from ..eval.harness import scores
 from ..eval.speed import format_table
 from ..modeling.errors import UserError
 from ..modeling.transformers_compat import TESTED_TRANSFORMERS
 from ..registry import ARCHITECTURES, TASKS, architecture, auto_map_for
 from ..training.checkpoints import RECIPE, write_folder_whole
-from ..training.data import image_processor_for
 from ..training.engines import Engine
 from ..training.recipe import Recipe, read_recipe
 from ..training.tasks import training_task

@@ -50,7 +50,7 @@ class EERConfig(PreTrainedConfig):
         with the paper's 0.1, 0.001, 0.02, tsallis_q = 1.5 (in (1, 2], where Lemma B.1 and the contraction bound
         hold) and eta = 0. All lambdas 0 give the cross-entropy-only baseline. label_alignment: "aligned" (label i
         answers input i, the induction task's format, which the paper never spells out;
-            `energyzoo.training.induction` documents it) or "shifted" (the usual next-token LM loss).
+            `energyzoo.data.induction` documents it) or "shifted" (the usual next-token LM loss).
     """
 
     model_type = "eer-looped"

@@ -13,7 +13,7 @@ shape never changes and a static cache keeps it at fixed addresses.
 import torch
 from transformers.cache_utils import DynamicLayer, StaticLayer
 
-from .cache_states import CacheStatesMixin
+from .caches import CacheStatesMixin
 from .configuration_eqt import WINDOW_LAYER_TYPE
 
 

@@ -27,7 +27,6 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRot
 from .configuration_eqt import EqTLlamaConfig
 from .numerics import widened
 
-TERMS = ("reverse", "masked", "confidence", "memory")
 _HASH_MULTIPLIER = 0x9E3779B1  # Knuth's multiplicative hash (golden ratio * 2^32), for the position-keyed mask
 
 

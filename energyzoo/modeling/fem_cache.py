@@ -5,7 +5,7 @@
 import torch
 from transformers.cache_utils import STATIC_LAYER_TYPE_MAPPING, CacheLayerMixin
 
-from .cache_states import CacheStatesMixin
+from .caches import CacheStatesMixin
 
 
 class FEMRecurrentCacheLayer(CacheStatesMixin, CacheLayerMixin):

@@ -125,6 +125,36 @@ def clip_values_for_exp(value: torch.Tensor, beta: torch.Tensor, cap: float = EX
     return torch.clamp(value, -limit, limit)
 
 
+class ExpStream(NamedTuple):
+    """The values of a streaming read (FEM eq. 6, 9 under a recurrent prior) in the work dtype: ``v`` clipped to
+    |beta v| <= cap (`clip_values_for_exp`), ``scaled`` = beta v, and ``for_max``, beta v detached with padding at
+    -cap, so that padding never raises the running shift M."""
+
+    v: torch.Tensor
+    scaled: torch.Tensor
+    for_max: torch.Tensor
+
+    @classmethod
+    def of(cls, value: torch.Tensor, beta: torch.Tensor, keep: torch.Tensor | None) -> "ExpStream":
+        """``keep``: broadcastable to ``value``, False at padding (None: no padding)."""
+        v = clip_values_for_exp(value, beta)
+        scaled = beta * v
+        for_max = scaled.detach() if keep is None else scaled.detach().masked_fill(~keep, -EXP_ARGUMENT_CAP)
+        return cls(v, scaled, for_max)
+
+    def raised_shift(self, shift: torch.Tensor, piece: slice, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(M', exp(M - M')): the running shift raised to the maximum of beta v over a chunk (``piece`` of ``dim``),
+        and the factor that carries the exp stream's sums from M to M' (online-softmax style)."""
+        chunk = self.for_max[(slice(None),) * dim + (piece,)]
+        new_shift = torch.maximum(shift, chunk.amax(dim=dim, keepdim=shift.dim() == chunk.dim()))
+        return new_shift, torch.exp(shift - new_shift)
+
+
+def empty_shift(shape: tuple, like: torch.Tensor) -> torch.Tensor:
+    """M of a read that has seen nothing: -cap, below every clipped beta v."""
+    return torch.full(shape, -EXP_ARGUMENT_CAP, dtype=like.dtype, device=like.device)
+
+
 def exp_shift(scaled: torch.Tensor, dim: int) -> torch.Tensor:
     """M: the detached max of beta v over the keys (``dim``), the shift of exp(beta v - M) (it cancels in f_max)."""
     return scaled.detach().amax(dim=dim, keepdim=True)

@@ -27,9 +27,10 @@ from torch import nn
 from .configuration_fem import fem_layer_type
 from .fem_cache import FEMRecurrentCacheLayer
 from .fem_free_energy import (
-    EXP_ARGUMENT_CAP,
+    ExpStream,
     FreeEnergyRead,
-    clip_values_for_exp,
+    chunk_slices,
+    empty_shift,
     log_decay,
     normalized_free_energy,
     unit_inverse_temperature,
@@ -94,34 +95,27 @@ def aft_free_energy_read(
     out_dtype = v.dtype
     work = work_dtype(v.dtype)
     beta = beta.to(work)
-    v = clip_values_for_exp(v.to(work), beta)
-    scaled = beta * v
+    keep = None if valid is None else valid[..., None]
+    v, scaled, _ = stream = ExpStream.of(v.to(work), beta, keep)
     logits = logits.to(work)
     log_decay = torch.zeros_like(v) if log_decay is None else log_decay.to(work)
-    if valid is not None:
-        keep = valid[..., None]
+    if keep is not None:
         logits = logits.masked_fill(~keep, PADDING_LOGIT)
         log_decay = log_decay * keep
-        scaled_for_max = scaled.detach().masked_fill(~keep, -EXP_ARGUMENT_CAP)
-    else:
-        scaled_for_max = scaled.detach()
     if state is None:
         sums = v.new_zeros(batch, 3 * channels)
         log_max = torch.full((batch, channels), float("-inf"), dtype=work, device=v.device)
-        shift = torch.full((batch, channels), -EXP_ARGUMENT_CAP, dtype=work, device=v.device)
+        shift = empty_shift((batch, channels), v)
     else:
         sums, log_max, shift = (tensor.to(work) for tensor in state)
 
     mus, f_maxes = [], []
-    for start in range(0, length, chunk_size):
-        piece = slice(start, start + chunk_size)
+    for piece in chunk_slices(length, chunk_size):
         size = scaled[:, piece].shape[1]
-        new_shift = torch.maximum(shift, scaled_for_max[:, piece].amax(dim=1))
-        exp_rescale = torch.exp(shift - new_shift)
+        shift, exp_rescale = stream.raised_shift(shift, piece, dim=1)
         sums = torch.cat(
             [sums[:, :channels], sums[:, channels : 2 * channels] * exp_rescale, sums[:, 2 * channels :]], -1
         )
-        shift = new_shift
         streams = torch.cat(
             [v[:, piece], torch.exp(scaled[:, piece] - shift[:, None]), torch.ones_like(v[:, piece])], -1
         )

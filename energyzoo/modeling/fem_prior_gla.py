@@ -25,10 +25,10 @@ from torch import nn
 from .configuration_fem import fem_layer_type
 from .fem_cache import FEMRecurrentCacheLayer
 from .fem_free_energy import (
-    EXP_ARGUMENT_CAP,
+    ExpStream,
     FreeEnergyRead,
     chunk_slices,
-    clip_values_for_exp,
+    empty_shift,
     log_decay,
     normalized_free_energy,
     read_kernel,
@@ -140,18 +140,15 @@ def gla_free_energy_read(
     beta = (unit_inverse_temperature(value) if beta is None else beta).to(work)[None, :, None, :]
     q_features = gla_features(query.to(work), eps)
     k_features = gla_features(key.to(work), eps)
-    v = clip_values_for_exp(value.to(work).transpose(1, 2), beta)
-    scaled = beta * v
+    keep = None if valid is None else valid[:, None, :, None]
+    v, scaled, _ = stream = ExpStream.of(value.to(work).transpose(1, 2), beta, keep)
     log_decay = log_decay.to(work)
-    scaled_for_max = scaled.detach()
-    if valid is not None:
-        keep = valid[:, None, :, None]
+    if keep is not None:
         k_features = k_features * keep
         log_decay = log_decay * keep
-        scaled_for_max = scaled.detach().masked_fill(~keep, -EXP_ARGUMENT_CAP)
     if state is None:
         num_state = v.new_zeros(batch, heads, query.shape[-1], 2 * v_dim + 1)
-        shift = torch.full((batch, heads, 1, v_dim), -EXP_ARGUMENT_CAP, dtype=work, device=v.device)
+        shift = empty_shift((batch, heads, 1, v_dim), v)
     else:
         num_state, shift = (tensor.to(work) for tensor in state)
     ones = torch.ones_like(v[..., :1])
@@ -159,10 +156,8 @@ def gla_free_energy_read(
     mus, f_maxes = [], []
     scan = fla_scan if kernel == "fla" else _linear_attention_chunk
     for piece in chunk_slices(length, None if kernel == "fla" else chunk_size):
-        new_shift = torch.maximum(shift, scaled_for_max[:, :, piece].amax(dim=2, keepdim=True))
-        rescale = torch.cat([torch.ones_like(shift), torch.exp(shift - new_shift), ones[:, :, :1]], dim=-1)
-        num_state = num_state * rescale  # exp columns follow the raised shift
-        shift = new_shift
+        shift, exp_rescale = stream.raised_shift(shift, piece, dim=2)
+        num_state = num_state * torch.cat([torch.ones_like(shift), exp_rescale, ones[:, :, :1]], dim=-1)
         values = torch.cat([v[:, :, piece], torch.exp(scaled[:, :, piece] - shift), ones[:, :, piece]], dim=-1)
         out, num_state = scan(q_features[:, :, piece], k_features[:, :, piece], values, log_decay[:, :, piece],
                               num_state)

@@ -14,7 +14,7 @@ from transformers.cache_utils import DynamicLayer, StaticLayer
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.llama.modeling_llama import eager_attention_forward
 
-from .cache_states import CacheStatesMixin
+from .caches import CacheStatesMixin
 from .configuration_fem import fem_layer_type
 from .errors import UserError
 from .fem_free_energy import (

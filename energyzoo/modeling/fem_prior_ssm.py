@@ -28,10 +28,10 @@ from transformers import initialization as init
 from .configuration_fem import fem_layer_type
 from .fem_cache import FEMRecurrentCacheLayer
 from .fem_free_energy import (
-    EXP_ARGUMENT_CAP,
+    ExpStream,
     FreeEnergyRead,
     chunk_slices,
-    clip_values_for_exp,
+    empty_shift,
     inverse_softplus,
     normalized_free_energy,
     read_kernel,
@@ -114,28 +114,22 @@ def ssm_free_energy_read(
     out_dtype = v.dtype
     work = work_dtype(v.dtype)
     beta, generator, skip = beta.to(work), generator.to(work), skip.to(work)
-    v = clip_values_for_exp(v.to(work), beta)
-    scaled = beta * v
+    keep = None if valid is None else valid[..., None]
+    v, scaled, _ = stream = ExpStream.of(v.to(work), beta, keep)
     delta, input_matrix, output_matrix = delta.to(work), input_matrix.to(work), output_matrix.to(work)
-    if valid is not None:
-        keep = valid[..., None]
+    if keep is not None:
         delta = delta * keep  # no decay and no input at padding
-        scaled_for_max = scaled.detach().masked_fill(~keep, -EXP_ARGUMENT_CAP)
-    else:
-        scaled_for_max = scaled.detach()
     if state is None:
         hidden = v.new_zeros(batch, channels, input_matrix.shape[-1], 3)
-        shift = torch.full((batch, channels), -EXP_ARGUMENT_CAP, dtype=work, device=v.device)
+        shift = empty_shift((batch, channels), v)
     else:
         hidden, shift = (tensor.to(work) for tensor in state)
 
     mus, f_maxes = [], []
     scan = mamba_scan if kernel == "mamba" else _chunk_scan
     for piece in chunk_slices(length, None if kernel == "mamba" else chunk_size):
-        new_shift = torch.maximum(shift, scaled_for_max[:, piece].amax(dim=1))
-        rescale = torch.stack([torch.ones_like(shift), torch.exp(shift - new_shift), torch.ones_like(shift)], -1)
-        hidden = hidden * rescale[:, :, None, :]
-        shift = new_shift
+        shift, exp_rescale = stream.raised_shift(shift, piece, dim=1)
+        hidden = hidden * torch.stack([torch.ones_like(shift), exp_rescale, torch.ones_like(shift)], -1)[:, :, None]
         exp_stream = torch.exp(scaled[:, piece] - shift[:, None])
         streams = torch.stack([v[:, piece], exp_stream, torch.ones_like(exp_stream)], 2)
         if valid is not None:

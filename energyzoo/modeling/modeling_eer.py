@@ -39,7 +39,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils.generic import can_return_tuple
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
-from .cache_kinds import CacheKindsMixin
+from .caches import CacheKindsMixin
 from .configuration_eer import EERConfig
 from .eer_energy import (
     additive_mask,
@@ -53,7 +53,7 @@ from .errors import UserError
 from .inputs import CausalLMLossMixin, check_labels, check_token_inputs
 from .numerics import applied_weight, widened
 from .outputs import EnergyTrace, record_energies, recording_energies, records_energies
-from .positions import positions_from_mask, sinusoidal_positions
+from .positions import positions_from_mask, real_tokens, sinusoidal_positions
 from .refinement import refine, refinement_steps, takes_refinement_steps
 from .transformers_compat import CACHE_FIELD, cache_of, takes_cache, with_cache
 
@@ -247,6 +247,28 @@ class EERPreTrainedModel(PreTrainedModel):
             init.zeros_(module.bias)
 
 
+@dataclass(frozen=True)
+class LoopOutputs:
+    """What a forward asks of its loops besides the latent: eq. 3-5's terms (``regularisers``, kept in the graph), the
+    `EnergyTrace` (``tracing``), the attention probabilities (``attentions``); the Hamiltonian form reads the
+    probabilities in every loop (``hamiltonian``)."""
+
+    regularisers: bool
+    tracing: bool
+    attentions: bool
+    hamiltonian: bool
+
+    @property
+    def statistics(self) -> bool:
+        """Whether the loops compute the attention statistics (probabilities, log-partition) at all."""
+        return self.regularisers or self.tracing or self.attentions or self.hamiltonian
+
+    @property
+    def records(self) -> str | None:
+        """What `refine` keeps of the loops' records."""
+        return "graph" if self.regularisers else "detached" if self.tracing else None
+
+
 class EERModel(EERPreTrainedModel):
     """The embedding, the looped block and the final LayerNorm. ``hidden_states`` are Z_0..Z_T,
     ``last_hidden_state`` is LN_f(Z_T + X)."""
@@ -294,42 +316,41 @@ class EERModel(EERPreTrainedModel):
         if use_cache and cache is None:
             cache = DynamicCache()  # grows a layer per loop, whatever T this call runs
         past_seen = cache.get_seq_length() if cache is not None else 0
-        loops = refinement_steps(self._configured_loops())
+        loops = self._loops()
         self._check_cache(cache, past_seen, loops)
         if position_ids is None:
             position_ids = self._position_ids(attention_mask, past_seen, length, inputs_embeds.device)
         positions = sinusoidal_positions(position_ids, config.hidden_size).expand(batch, -1, -1)
         inputs = inputs_embeds + config.position_embedding_scale * positions.to(inputs_embeds.dtype)
-        tracing = recording_energies()
-        output_attentions = kwargs.get("output_attentions", config.output_attentions)
-        with_statistics = bool(return_regularisers or tracing or output_attentions
-                               or config.loop_dynamics == "hamiltonian")
+        wanted = LoopOutputs(return_regularisers, recording_energies(),
+                             bool(kwargs.get("output_attentions", config.output_attentions)),
+                             config.loop_dynamics == "hamiltonian")
         mask = create_causal_mask(config=config, inputs_embeds=inputs, attention_mask=attention_mask,
-                                  position_ids=position_ids, allow_is_causal_skip=not with_statistics,
+                                  position_ids=position_ids, allow_is_causal_skip=not wanted.statistics,
                                   **with_cache(cache))
-        statistics_mask = additive_mask(mask) if with_statistics else None
-        valid = torch.ones(batch, length, dtype=torch.bool, device=inputs.device)
-        if attention_mask is not None and attention_mask.dim() == 2:
-            valid = attention_mask[:, -length:].bool()
+        statistics_mask = additive_mask(mask) if wanted.statistics else None
+        valid = real_tokens(attention_mask, inputs, dense=True)
 
-        step, start = self._dynamics(inputs, (mask, statistics_mask), cache, valid, with_statistics,
-                                     return_regularisers, tracing)
-        records = "graph" if return_regularisers else "detached" if tracing else None
-        result = refine(step, start, loops, records=records)
+        step, start = self._dynamics(inputs, (mask, statistics_mask), cache, valid, wanted)
+        result = refine(step, start, loops, records=wanted.records)
         latent = result.state[0]
         regularisers = {}
-        if return_regularisers:
+        if wanted.regularisers:
             regularisers = {name: result.records[name].mean() if loops else latent.new_zeros(())
                             for name in REGULARISERS}
-        if tracing:
+        if wanted.tracing:
             record_energies({**result.records, "iterations": result.iterations,
                              "temperature": torch.tensor(config.attention_temperature)})
         readout = latent + inputs if config.readout_with_inputs else latent
         return EERModelOutput(last_hidden_state=self.norm(readout), **with_cache(cache),
                               **regularisers)
 
-    def _configured_loops(self) -> int:
-        """T: `num_loops`, or in training a draw from `num_loops_range` when set (§5.3)."""
+    def _loops(self) -> int:
+        """T: the call's ``refinement_steps``; else `num_loops`, or in training a draw from `num_loops_range` when set
+        (§5.3), drawn only then (an overridden count draws nothing from the RNG)."""
+        override = refinement_steps(None)
+        if override is not None:
+            return override
         span = self.config.num_loops_range
         if self.training and span is not None:
             return int(torch.randint(span[0], span[1] + 1, ()).item())
@@ -355,10 +376,11 @@ class EERModel(EERPreTrainedModel):
             return positions_from_mask(attention_mask, length)
         return torch.arange(past_seen, past_seen + length, device=device).unsqueeze(0)
 
-    def _dynamics(self, inputs, masks, cache, valid, with_statistics: bool, regularisers: bool, tracing: bool):
+    def _dynamics(self, inputs, masks, cache, valid, wanted: "LoopOutputs"):
         """(step function for `refine`, initial state) of the configured latent dynamics. ``masks``: the mask of the
         attention implementation and the additive one of the statistics (None when none are needed); the steps
-        record the regularisers' terms and (``tracing``) the trace's quantities."""
+        record what ``wanted`` asks for: the regularisers' terms, the trace's quantities."""
+        tracing = wanted.tracing
         config = self.config
         mask, statistics_mask = masks
         q = config.tsallis_q
@@ -368,7 +390,7 @@ class EERModel(EERPreTrainedModel):
         weights = [applied_weight(projection, inputs) for projection in projections] if tracing else None
 
         def loop_records(previous, following, probabilities, log_partition):
-            if not (regularisers or tracing):
+            if not (wanted.regularisers or tracing):
                 return {}
             records = loop_terms(previous, following, probabilities, valid, q)
             if tracing:
@@ -397,7 +419,7 @@ class EERModel(EERPreTrainedModel):
         def residual_step(index: int, state: tuple):
             following, probabilities, log_partition = self.block(
                 state[0], inputs, attention_mask=mask, loop=index, **with_cache(cache),
-                statistics_mask=statistics_mask, with_statistics=with_statistics, with_log_partition=tracing)
+                statistics_mask=statistics_mask, with_statistics=wanted.statistics, with_log_partition=tracing)
             return (following,), None, loop_records(state[0], following, probabilities, log_partition)
 
         return residual_step, (torch.zeros_like(inputs),)

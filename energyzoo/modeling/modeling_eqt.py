@@ -13,6 +13,7 @@ refined state feeds the next layer, whose keys and values are cached as usual, a
 carries the token window the energies read (`eqt_cache`), so decoding refines only the new positions.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -31,11 +32,10 @@ from transformers.models.llama.modeling_llama import (
 from transformers.utils.generic import can_return_tuple
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
-from .cache_kinds import CacheKindsMixin
-from .cache_states import own_cache_layer
+from .caches import CacheKindsMixin, own_cache_layer
 from .configuration_eqt import EqTLlamaConfig
 from .eqt_cache import WINDOW_LAYERS, TokenWindow
-from .eqt_energy import TERMS, EnergyContext, EqTEnergyNetwork
+from .eqt_energy import EnergyContext, EqTEnergyNetwork
 from .errors import UserError
 from .inputs import CausalLMLossMixin, check_labels, check_token_inputs
 from .numerics import widened, work_dtype
@@ -46,6 +46,7 @@ from .outputs import (
     recording_energies,
     records_energies,
 )
+from .positions import real_tokens
 from .refinement import EarlyExit, refine, refinement_steps, takes_refinement_steps
 from .transformers_compat import cache_of, takes_cache, with_cache
 
@@ -62,6 +63,24 @@ class SiteInputs:
     readout: torch.Tensor
     norm_weight: torch.Tensor
     norm_eps: float
+
+
+@dataclass(frozen=True)
+class EnergyTerm:
+    """One term of eq. 11: the config field of its weight lambda, and ``evaluate(energy network, h, site inputs,
+    with_gradient) -> (value per position, grad_h or None)``."""
+
+    weight_field: str
+    evaluate: Callable[[EqTEnergyNetwork, torch.Tensor, SiteInputs, bool], tuple]
+
+
+ENERGY_TERMS = {
+    "reverse": EnergyTerm("lambda_rev", lambda energy, h, site, grad: energy.reverse_energy(h, site.context, grad)),
+    "masked": EnergyTerm("lambda_mask", lambda energy, h, site, grad: energy.masked_energy(h, site.context, grad)),
+    "confidence": EnergyTerm("lambda_conf", lambda energy, h, site, grad: energy.confidence_energy(
+        h, site.norm_weight, site.norm_eps, site.readout, grad)),
+    "memory": EnergyTerm("lambda_mem", lambda energy, h, site, grad: energy.memory_energy(h, site.memories, grad)),
+}
 
 
 @dataclass
@@ -96,28 +115,17 @@ class EquilibriumRefinement(nn.Module):
         self.energy = EqTEnergyNetwork(config)
 
     def weights(self) -> dict[str, float]:
-        config = self.config
-        return {"reverse": config.lambda_rev, "masked": config.lambda_mask, "confidence": config.lambda_conf,
-                "memory": config.lambda_mem}
+        return {name: getattr(self.config, term.weight_field) for name, term in ENERGY_TERMS.items()}
 
     def evaluate(self, hidden: torch.Tensor, inputs: SiteInputs, with_gradient: bool):
         """(L(h) per position, each term per position, grad_h L or None) for eq. 11's weighted energy."""
-        energy = self.energy
         terms, gradient = {}, None
         total = torch.zeros(hidden.shape[:-1], dtype=work_dtype(hidden.dtype),
                             device=hidden.device)
         for name, weight in self.weights().items():
             if weight == 0:
                 continue
-            if name == "reverse":
-                value, grad = energy.reverse_energy(hidden, inputs.context, with_gradient)
-            elif name == "masked":
-                value, grad = energy.masked_energy(hidden, inputs.context, with_gradient)
-            elif name == "confidence":
-                value, grad = energy.confidence_energy(hidden, inputs.norm_weight, inputs.norm_eps, inputs.readout,
-                                                       with_gradient)
-            else:
-                value, grad = energy.memory_energy(hidden, inputs.memories, with_gradient)
+            value, grad = ENERGY_TERMS[name].evaluate(self.energy, hidden, inputs, with_gradient)
             terms[name] = value
             total = total + weight * value
             if with_gradient:  # summed in float32 at least, like the energies
@@ -156,7 +164,8 @@ class EquilibriumRefinement(nn.Module):
             if tracing or early_exit is not None:
                 residual = (following - hidden).norm(dim=-1) / hidden.norm(dim=-1).clamp_min(1e-12)
             if tracing:
-                records = {f"{name}_energy": masked_mean(terms.get(name, torch.zeros_like(total))) for name in TERMS}
+                records = {f"{name}_energy": masked_mean(terms.get(name, torch.zeros_like(total)))
+                           for name in ENERGY_TERMS}
                 proximal = (hidden - inputs.proposal).pow(2).sum(-1) / (2 * config.erm_gamma)
                 records.update(energy=masked_mean(total), residual=masked_mean(residual),
                                proximal_energy=masked_mean(proximal),
@@ -311,9 +320,7 @@ class EqTLlamaModel(EqTLlamaPreTrainedModel):
         config = self.config
         batch, length = inputs_embeds.shape[:2]
         device = inputs_embeds.device
-        valid = torch.ones(batch, length, dtype=torch.bool, device=device)
-        if attention_mask is not None and attention_mask.dim() == 2:
-            valid = attention_mask[:, -length:].bool()
+        valid = real_tokens(attention_mask, inputs_embeds, dense=True)
         if input_ids is None:
             return valid, None
         input_ids = input_ids.long()  # the window's ids index gathers and one-hot targets, whatever int type came in

@@ -21,8 +21,7 @@ from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, Lla
 from transformers.utils import can_return_tuple
 from transformers.utils.output_capturing import capture_outputs
 
-from .cache_kinds import CacheKindsMixin
-from .cache_states import own_cache_layer
+from .caches import CacheKindsMixin, own_cache_layer
 from .configuration_fem import PRIORS, FEMConfig
 from .errors import UserError, UserTypeError
 from .fem_free_energy import (
@@ -52,7 +51,7 @@ from .outputs import (
     recording_energies,
     records_energies,
 )
-from .positions import positions_from_mask
+from .positions import positions_from_mask, real_tokens
 from .transformers_compat import CACHE_FIELD, cache_of, takes_cache, with_cache
 
 PRIOR_CODE = {
@@ -333,9 +332,8 @@ class FEMModel(FEMPreTrainedModel):
         use_cache = self.config.use_cache if use_cache is None else use_cache
         if use_cache and cache is None and not self.training:  # training builds no cache
             cache = DynamicCache(config=self.config)
-        padding_mask = None
-        if attention_mask is not None and attention_mask.dim() == 2:
-            padding_mask = attention_mask[:, -length:].bool()
+        padding_mask = real_tokens(attention_mask, inputs_embeds)
+        if padding_mask is not None:
             if position_ids is None:
                 # Count real tokens only, as generate() does: RoPE followed by the GLA prior's ReLU features is
                 # not shift-invariant, so a left-padded sequence must see the positions it has alone.

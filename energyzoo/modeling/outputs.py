@@ -7,20 +7,27 @@ forward in progress, and layers call `record_energies(...)` (a no-op unless a tr
 quantities cost nothing otherwise). Recomputation under activation checkpointing happens after the forward
 returned and records nothing; under torch.compile the trace lives in a plain global while tracing.
 
-Keys shared by the families (`COMMON_ENERGY_KEYS`; per-step quantities are stacked over the steps):
+Keys shared by the families (`COMMON_ENERGY_KEYS`; per-step quantities are stacked over the steps), where a
+family has the quantity:
 
 - ``energy``: the energy or free energy the layer computes or descends (FEM: the free-energy gain
   F(beta_max) - mu = KL(p* || p) / beta_max per token, FEM eq. 6; TEL: G(y) per step where the entropy S has a
-  closed form, TEL eq. 2-3; Hyper-SET: E_ATTN + E_FF per sample after each iteration, eq. 3-5);
-- ``temperature``: T (FEM: 1 / beta_max per channel, eq. 9; TEL: T_i per step, eq. 7);
-- ``step_size``: the step size of an iterative update (TEL: eta_i, eq. 8; Hyper-SET: mean alpha_t, eq. 12);
+  closed form, TEL eq. 2-3; Hyper-SET: E_ATTN + E_FF per sample after each iteration, eq. 3-5; EqT: the weighted
+  energy L(h) of eq. 11 per step; EER: the attention energy -T log Z per loop);
+- ``temperature``: T (FEM: 1 / beta_max per channel, eq. 9; TEL: T_i per step, eq. 7; EER: the attention
+  temperature);
+- ``step_size``: the step size of an iterative update (TEL: eta_i, eq. 8; Hyper-SET: mean alpha_t, eq. 12; EqT:
+  alpha, eq. 8);
 - ``iterations``: refinement steps actually taken (mean over positions);
 - ``residual``: the size of the update, per step (TEL: ||g_G||, Algorithm 1 line 8; Hyper-SET: the mean
-  ||x_{t+1} - x_t|| over tokens).
+  ||x_{t+1} - x_t|| over tokens; EqT: ||h_{k+1} - h_k|| / ||h_k||; EER: ||z_{t+1} - z_t|| per loop).
 
-Families add their own keys beside them (FEM: ``inverse_temperature``, ``temperature_gate``; TEL:
-``free_energy_change``, ``enthalpy_entropy_ratio``, ``gradient_alignment``; Hyper-SET: ``attention_energy``,
-``feedforward_energy``, ``feedforward_step_size``, ``effective_rank``, ``average_angle``).
+Families add their own keys beside them (FEM: ``inverse_temperature``, ``temperature_gate``,
+``temperature_gate_std``; TEL: ``free_energy_change``, ``enthalpy_entropy_ratio``, ``gradient_alignment``;
+Hyper-SET: ``attention_energy``, ``feedforward_energy``, ``feedforward_step_size``, ``effective_rank``,
+``average_angle``; EqT: ``reverse_energy``, ``masked_energy``, ``confidence_energy``, ``memory_energy``,
+``proximal_energy``; EER: ``kinetic``, ``potential``, ``entropy`` (eq. 3-5) and ``contraction_bound``). TEL's ``energy``
+and ``free_energy_change`` exist where S has a closed form (not under SiLU).
 """
 
 import contextlib

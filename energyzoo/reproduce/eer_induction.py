@@ -20,13 +20,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
-from ..training.induction import (
-    SYMBOLS,
-    induction_batch,
-    induction_metrics,
-    last_symbols_accuracy,
-    occurrence_gaps,
-)
+from ..data.induction import SYMBOLS, induction_batch, induction_metrics, last_symbols_accuracy, occurrence_gaps
 from ..training.recipe import load_recipe
 from ..training.run import run_training
 from .verdict import Claim, judged, ledger_lines
@@ -51,7 +45,7 @@ def induction_claims(length: int) -> list[Claim]:
 
 
 @dataclass
-class InductionSettings:
+class Settings:
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     steps: int = 3000
     eval_every: int = 500
@@ -152,7 +146,7 @@ def curve(metrics_path: Path, eval_every: int) -> list[dict]:
     return points
 
 
-def run_induction(settings: InductionSettings, output_dir: str | Path, progress=print) -> dict:
+def run(settings: Settings, output_dir: str | Path, progress=print) -> dict:
     started = time.perf_counter()
     output_dir = Path(output_dir)
     runs = []
@@ -174,7 +168,7 @@ def run_induction(settings: InductionSettings, output_dir: str | Path, progress=
             "verdicts": verdicts(runs, settings), "seconds": time.perf_counter() - started}
 
 
-def verdicts(runs: list[dict], settings: InductionSettings) -> list[dict]:
+def verdicts(runs: list[dict], settings: Settings) -> list[dict]:
     """Every claim of `induction_claims` on the final accuracies, seeds paired."""
     final = {method: [run["curve"][-1] for run in sorted((r for r in runs if r["method"] == method),
                                                           key=lambda r: r["seed"])] for method in METHODS}
@@ -189,7 +183,7 @@ def _mean_and_std(values: list[float]) -> dict:
     return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0}
 
 
-def summarise(runs: list[dict], settings: InductionSettings) -> dict:
+def summarise(runs: list[dict], settings: Settings) -> dict:
     """Final accuracies per method and length (mean and std over seeds), and per evaluation step the seed means of
     the accuracies and of S, P, K (App. C's table)."""
     columns = [f"L{length}_{kind}" for length in settings.eval_lengths for kind in ("accuracy", "induction_accuracy")]

@@ -36,7 +36,7 @@ def block_claim(arm: str, loops: int) -> Claim:
 
 
 @dataclass
-class ScreenSettings:
+class Settings:
     arms: list[str] = field(default_factory=lambda: list(ARMS))
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     loops: int = 4
@@ -50,7 +50,7 @@ class ScreenSettings:
                              f"{self.arms}")
 
 
-def run_screen(settings: ScreenSettings, output_dir: str | Path, progress=print) -> dict:
+def run(settings: Settings, output_dir: str | Path, progress=print) -> dict:
     started = time.perf_counter()
     output_dir = Path(output_dir)
     rows = []

@@ -30,8 +30,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
+from ..data.parity import cumulative_parity_split
 from ..modeling.errors import UserError
-from ..training.data import cumulative_parity_split
 from ..training.recipe import load_recipe
 from ..training.run import run_training
 from .verdict import Claim, judged, ledger_lines
@@ -66,7 +66,7 @@ def auxiliary_claim(length: int) -> Claim:
 
 
 @dataclass
-class ParitySettings:
+class Settings:
     lengths: list[int] = field(default_factory=lambda: [16])
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     steps: int = 600
@@ -141,7 +141,7 @@ def evaluate_arm(model, arm: str, ids: torch.Tensor, labels: torch.Tensor, eval_
     return row
 
 
-def run_parity(settings: ParitySettings, output_dir: str | Path, progress=print) -> dict:
+def run(settings: Settings, output_dir: str | Path, progress=print) -> dict:
     started = time.perf_counter()
     output_dir = Path(output_dir)
     rows, parameters = [], {}
@@ -160,7 +160,7 @@ def run_parity(settings: ParitySettings, output_dir: str | Path, progress=print)
             "seconds": time.perf_counter() - started}
 
 
-def columns(settings: ParitySettings | dict) -> list[str]:
+def columns(settings: Settings | dict) -> list[str]:
     arms, eval_steps = (settings["arms"], settings["eval_steps"]) if isinstance(settings, dict) else (
         settings.arms, settings.eval_steps)
     names = []
@@ -170,7 +170,7 @@ def columns(settings: ParitySettings | dict) -> list[str]:
     return names
 
 
-def verdicts(rows: list[dict], settings: ParitySettings) -> list[dict]:
+def verdicts(rows: list[dict], settings: Settings) -> list[dict]:
     """Per length: Table 2's claim and §7's scaling for ``eqt`` at the largest K, and the attribution arm."""
     steps = max(settings.eval_steps)
     records = []
@@ -189,7 +189,7 @@ def verdicts(rows: list[dict], settings: ParitySettings) -> list[dict]:
     return records
 
 
-def summarise(rows: list[dict], settings: ParitySettings) -> list[dict]:
+def summarise(rows: list[dict], settings: Settings) -> list[dict]:
     """Mean and standard deviation over seeds of every column, per length."""
     summary = []
     for length in settings.lengths:

@@ -36,7 +36,7 @@ def argmax_claim(length: int) -> Claim:
 
 
 @dataclass
-class ArgmaxSettings:
+class Settings:
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     length: int = 128  # T
     channels: int = 512  # D
@@ -49,7 +49,7 @@ class ArgmaxSettings:
     noise: float = 0.05  # sigma
 
 
-def argmax_samples(count: int, settings: ArgmaxSettings, generator: torch.Generator):
+def argmax_samples(count: int, settings: Settings, generator: torch.Generator):
     """(V, winners a, targets y*) of App. P, (count, T, D), (count, D), (count, D)."""
     values = settings.noise * torch.randn(count, settings.length, settings.channels, generator=generator)
     winners = torch.randint(0, settings.length, (count, settings.channels), generator=generator)
@@ -67,7 +67,7 @@ def index_accuracy(values: torch.Tensor, winners: torch.Tensor, predictions: tor
 class Mixer(torch.nn.Module):
     """One `FEMAttention` on V; the output at the last position."""
 
-    def __init__(self, arm: str, settings: ArgmaxSettings):
+    def __init__(self, arm: str, settings: Settings):
         super().__init__()
         config = FEMConfig(hidden_size=settings.channels, num_attention_heads=settings.heads, value_ratio=1.0,
                            num_hidden_layers=1, max_position_embeddings=settings.length, vocab_size=8,
@@ -85,7 +85,7 @@ class Mixer(torch.nn.Module):
         return output[:, -1]
 
 
-def train_arm(arm: str, seed: int, settings: ArgmaxSettings, validation) -> dict:
+def train_arm(arm: str, seed: int, settings: Settings, validation) -> dict:
     torch.manual_seed(seed)
     model = Mixer(arm, settings)
     optimizer = torch.optim.AdamW(model.parameters(), lr=settings.learning_rate)
@@ -103,7 +103,7 @@ def train_arm(arm: str, seed: int, settings: ArgmaxSettings, validation) -> dict
             "index_accuracy": index_accuracy(values, winners, predictions)}
 
 
-def run_argmax(settings: ArgmaxSettings, progress=print) -> dict:
+def run(settings: Settings, progress=print) -> dict:
     started = time.perf_counter()
     validation = argmax_samples(settings.validation_samples, settings, torch.Generator().manual_seed(10**6))
     rows = []

@@ -30,7 +30,7 @@ def language_model_claim(metric: str) -> Claim:
 
 
 @dataclass
-class LanguageModelSettings:
+class Settings:
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     steps: int = 1000
 
@@ -42,7 +42,7 @@ def _train(preset: str, seed: int, steps: int, output_dir: Path):
     return run_training(recipe, overwrite=True, progress=False)
 
 
-def run_language_model(settings: LanguageModelSettings, output_dir: str | Path, progress=print) -> dict:
+def run(settings: Settings, output_dir: str | Path, progress=print) -> dict:
     started = time.perf_counter()
     rows = []
     for seed in settings.seeds:

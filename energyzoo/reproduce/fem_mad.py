@@ -1,6 +1,6 @@
 """`energyzoo reproduce fem-mad`: fem.txt Table 1's MAD ablation ladder of FEM-SM at CPU scale.
 
-Tasks: the six MAD tasks of `energyzoo.training.mad` at MAD's baseline settings, sequences shortened to
+Tasks: the six MAD tasks of `energyzoo.data.mad` at MAD's baseline settings, sequences shortened to
 ``max_length`` (64 by default: MAD's recall tasks use 128, selective copy 256), one fixed training set per task (MAD's
 sizes; data seed fixed) and 1,280 test instances, shared by every arm and seed. Arms, the rows of Table 1's ladder,
 each a FEM-SM of ``layers`` blocks whose switches (FEM §2.3, App. I) are on as named: ``softmax`` (every switch off:
@@ -33,10 +33,10 @@ import torch
 import torch.nn.functional as F
 from transformers import get_cosine_schedule_with_warmup
 
+from ..data.mad import IGNORE, TASKS, MadTask, mad_split
 from ..modeling.configuration_fem import FEMConfig
 from ..modeling.errors import UserError
 from ..modeling.modeling_fem import FEMForCausalLM, FEMModel
-from ..training.mad import IGNORE, TASKS, MadTask, mad_split
 from .verdict import Claim, judged, ledger_lines, mean_std
 
 SWITCHES = {"C": "use_time_decay", "L": "use_lse", "T": "use_temperature_gate", "G": "use_outer_gate"}
@@ -69,7 +69,7 @@ def ladder_claim(arm: str, baseline: str) -> Claim:
 
 
 @dataclass
-class MadSettings:
+class Settings:
     tasks: list[str] = field(default_factory=lambda: list(TASKS))
     arms: list[str] = field(default_factory=lambda: list(ARMS))
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
@@ -133,7 +133,7 @@ class MadLanguageModel(torch.nn.Module):
         return self.model(input_ids=input_ids).logits
 
 
-def build(arm: str, task: MadTask, settings: MadSettings) -> torch.nn.Module:
+def build(arm: str, task: MadTask, settings: Settings) -> torch.nn.Module:
     switches = {} if arm == "softmax" else set(arm)
     config = FEMConfig(hidden_size=settings.hidden_size, num_hidden_layers=settings.layers,
                        num_attention_heads=settings.heads, intermediate_size=4 * settings.hidden_size,
@@ -170,7 +170,7 @@ def task_data(name: str, max_length: int | None, test_examples: int):
             mad_split(task, test_examples, seed=54321, training=False))
 
 
-def train_arm(settings: MadSettings, arm: str, name: str, seed: int) -> dict:
+def train_arm(settings: Settings, arm: str, name: str, seed: int) -> dict:
     """One model trained ``steps`` steps on epochs of the task's training set in the seed's order; its test
     accuracy."""
     task, (inputs, targets), test = task_data(name, settings.max_length, settings.test_examples)
@@ -194,7 +194,7 @@ def train_arm(settings: MadSettings, arm: str, name: str, seed: int) -> dict:
             "accuracy": accuracy(model, *test), "parameters": sum(p.numel() for p in model.parameters())}
 
 
-def run_mad(settings: MadSettings, progress=print) -> dict:
+def run(settings: Settings, progress=print) -> dict:
     """Every (task, seed, arm) run, in ``workers`` processes of one thread each when ``workers`` > 1 (tiny models
     use one core about as well as two, so two processes on two cores nearly halve the wall time)."""
     started = time.perf_counter()
@@ -215,7 +215,7 @@ def run_mad(settings: MadSettings, progress=print) -> dict:
             "seconds": time.perf_counter() - started}
 
 
-def verdicts(rows: list[dict], settings: MadSettings) -> list[dict]:
+def verdicts(rows: list[dict], settings: Settings) -> list[dict]:
     def scores(arm: str, task: str | None = None) -> list[float]:
         """Per seed: the task's accuracy, or the mean over the tasks."""
         return [statistics.fmean(row["accuracy"] for row in rows if row["arm"] == arm and row["seed"] == seed

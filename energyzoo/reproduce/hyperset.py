@@ -37,17 +37,17 @@ from transformers import (
     AutoModelForTokenClassification,
 )
 
+from ..data.digits import shuffled_digit_images
+from ..data.image_tokenizer import DIGIT_PATCH_CODES, digit_patch_tokenizer, reconstruction_metrics
+from ..data.sudoku import sudoku_examples
 from ..modeling.errors import UserError
-from ..training.data import shuffled_digit_images
-from ..training.image_tokenizer import DIGIT_PATCH_CODES, digit_patch_tokenizer, reconstruction_metrics
 from ..training.recipe import load_recipe
 from ..training.run import run_training
-from ..training.sudoku import sudoku_examples
 from ..training.tasks import training_task
 from .verdict import Claim, judged, ledger_lines, mean_std
 
 SCALES = (1.0, 1.5, 2.0)
-# arm: (recipe overrides, whether it is Hyper-SET); the low-lr arm's rate is `HypersetSettings.low_learning_rate`
+# arm: (recipe overrides, whether it is Hyper-SET); the low-lr arm's rate is `Settings.low_learning_rate`
 SUDOKU_ARMS = {"hyperset": ("model.preset=hyperset-sudoku-4x4-tiny",),
                "transformer": ("model.preset=hyperset-sudoku-4x4-transformer",),
                "hyperset_low_lr": ("model.preset=hyperset-sudoku-4x4-tiny",)}
@@ -64,7 +64,7 @@ CLASSIFICATION = Claim("competitive with the Transformer of the same parameter c
 
 
 @dataclass
-class HypersetSettings:
+class Settings:
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     sudoku_arms: list[str] = field(default_factory=lambda: list(SUDOKU_ARMS))
     sudoku_steps: int = 2000
@@ -95,7 +95,7 @@ def _train(recipe: str, output_dir: Path, steps: int, *overrides: str, keep_best
     return run_training(recipe, overwrite=True, progress=False)
 
 
-def sudoku_scaling(model, settings: HypersetSettings) -> tuple[list[dict], object]:
+def sudoku_scaling(model, settings: Settings) -> tuple[list[dict], object]:
     """Board and cell accuracy at each multiple of R on held-out puzzles (a seed no training run uses), and the
     trace at 2R."""
     inputs, labels = sudoku_examples(settings.evaluation_puzzles, tuple(settings.sudoku_givens), box=2,
@@ -113,7 +113,7 @@ def sudoku_scaling(model, settings: HypersetSettings) -> tuple[list[dict], objec
     return rows, trace
 
 
-def maskgit_reconstruction(model, recipe, settings: HypersetSettings) -> list[dict]:
+def maskgit_reconstruction(model, recipe, settings: Settings) -> list[dict]:
     """PSNR / SSIM of held-out digits whose masked codes were decoded (module docstring, item 3)."""
     data = recipe.data
     tokenizer = digit_patch_tokenizer(data.validation_fraction, recipe.training.seed)
@@ -132,7 +132,7 @@ def maskgit_reconstruction(model, recipe, settings: HypersetSettings) -> list[di
     return rows
 
 
-def _sudoku_runs(settings: HypersetSettings, output_dir: Path, progress) -> tuple[list[dict], dict, dict]:
+def _sudoku_runs(settings: Settings, output_dir: Path, progress) -> tuple[list[dict], dict, dict]:
     """Per arm and seed: the best checkpoint's accuracies at R, 1.5R, 2R; per arm, seed 0's traces up to 2R."""
     rows, traces, parameters = [], {}, {}
     for arm in settings.sudoku_arms:
@@ -163,7 +163,7 @@ def _sudoku_verdicts(rows: list[dict]) -> list[dict]:
             judged(EXTRAPOLATION, gain("hyperset"), gain("transformer"), task="sudoku")]
 
 
-def run_hyperset(settings: HypersetSettings, output_dir: str | Path, progress=print) -> dict:
+def run(settings: Settings, output_dir: str | Path, progress=print) -> dict:
     started = time.perf_counter()
     output_dir = Path(output_dir)
     sudoku, traces, parameters = _sudoku_runs(settings, output_dir, progress)

@@ -44,7 +44,7 @@ def run_experiment(name: str, overrides: list[str], output_dir: str | Path, quic
     finished experiment."""
     experiment = EXPERIMENTS[name]
     code = experiment.code()
-    settings = typed_settings(getattr(code, experiment.settings), [*(experiment.quick if quick else ()), *overrides],
+    settings = typed_settings(code.Settings, [*(experiment.quick if quick else ()), *overrides],
                               owner=f"{name} settings")
     saved = Path(output_dir) / f"{experiment.module}.json"
     if reuse and saved.is_file():
@@ -52,8 +52,7 @@ def run_experiment(name: str, overrides: list[str], output_dir: str | Path, quic
         if report.get("settings") == json.loads(json.dumps(asdict(settings))):
             progress(f"{name}: reusing the report in {saved} (same settings)")
             return report
-    run = getattr(code, experiment.run)
-    report = run(settings, output_dir, progress) if experiment.trains_models else run(settings, progress)
+    report = code.run(settings, output_dir, progress) if experiment.trains_models else code.run(settings, progress)
     write_report(name, report, output_dir)
     return report
 

@@ -77,7 +77,7 @@ def load_task(name: str) -> Task:
 
 
 @dataclass
-class StageOneSettings:
+class Settings:
     datasets: tuple[str, ...] = ("digits", "wine", "diabetes", "swiss_roll", "s_curve")
     widths: tuple[int, ...] = (16, 64, 256)
     seeds: int = 5
@@ -155,7 +155,7 @@ def _cosine_with_warmup(step: int, warmup: int, total: int) -> float:
     return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup)))
 
 
-def train_one(task: Task, kind: str, width: int, seed: int, settings: StageOneSettings) -> tuple[float, nn.Module]:
+def train_one(task: Task, kind: str, width: int, seed: int, settings: Settings) -> tuple[float, nn.Module]:
     """Train one model; return its test metric at the best validation epoch, and the trained model."""
     data = _splits(task, seed)
     torch.manual_seed(seed)
@@ -205,7 +205,7 @@ def tel_trace(model: nn.Module, task: Task, seed: int) -> dict[str, list[float]]
     return traces
 
 
-def run_stage_one(settings: StageOneSettings, progress=print) -> dict:
+def run(settings: Settings, progress=print) -> dict:
     """Every dataset x width x model x seed; returns the JSON-ready report."""
     started = time.perf_counter()
     records, traces, verdicts = [], {}, []

@@ -14,6 +14,9 @@
 - A disk that fills during a save (`disk_full`) leaves the folder as it was before that save, resumable from its newest
   complete checkpoint.
 - `rotate_checkpoints` keeps the newest ``training.save_total_limit`` checkpoints.
+- The run's other files: ``metrics.jsonl`` (`append_metrics`, cut back to a resumed checkpoint by `truncate_metrics`),
+  ``loss_curve.png`` (`plot_loss_curve`), a stream's position per process (`stream_state_file`), and model folders
+  (`save_model_folder` writes one, `model_folder` finds the one `energyzoo eval` and `export` take).
 """
 
 import errno
@@ -23,10 +26,16 @@ import logging
 import os
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
+import yaml
+from accelerate import Accelerator
+
 from ..modeling.errors import UserError
-from .recipe import flat_settings, read_recipe
+from ..registry import ARCHITECTURES, auto_map_for
+from .engines import check_resumable, engine_of, gathered_state_dict
+from .recipe import Recipe, flat_settings, read_recipe
 
 logger = logging.getLogger(__name__)
 
@@ -234,3 +243,153 @@ def rotate_checkpoints(output_dir: Path, keep: int | None) -> None:
     if keep is not None:
         for path in complete_checkpoints(output_dir)[:-keep]:
             shutil.rmtree(path)
+
+
+def append_metrics(path: Path, row: dict) -> None:
+    with path.open("a") as handle:
+        handle.write(json.dumps(row) + "\n")
+
+
+def truncate_metrics(path: Path, last_step: int) -> None:
+    """Drop rows a killed run logged after its last checkpoint (they are recomputed on resume), and a last row that a
+    kill cut short."""
+    if path.exists():
+        rows = []
+        for line in path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                break
+            if row["step"] <= last_step:
+                rows.append(line)
+        write_text_whole(path, "".join(row + "\n" for row in rows))
+
+
+def plot_loss_curve(metrics_path: Path, png_path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [json.loads(line) for line in metrics_path.read_text().splitlines()]
+    figure, axis = plt.subplots(figsize=(7, 4))
+    train = [row for row in rows if "loss" in row]
+    axis.plot([r["step"] for r in train], [r["loss"] for r in train], label="train loss")
+    evaluated = [row for row in rows if "validation_loss" in row]
+    if evaluated:
+        axis.plot([r["step"] for r in evaluated], [r["validation_loss"] for r in evaluated], "o-",
+                  label="validation loss")
+    axis.set_xlabel("step")
+    axis.set_ylabel("loss")
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(png_path, dpi=110)
+    plt.close(figure)
+
+
+def stream_state_file(rank: int) -> str:
+    return f"stream_state_{rank}.json"
+
+
+def save_model_folder(accelerator: Accelerator, model, model_dir: Path, tokenizer, output_dir: Path,
+                      metrics: dict) -> None:
+    """A folder `from_pretrained`, `energyzoo eval` and `energyzoo export` take, called on every process: the full
+    state dict gathered by accelerate (FSDP and ZeRO-3 shards included; DeepSpeed's float32 master weights, which
+    `engines.gathered_state_dict` puts in) saved by the main process, with the
+    tokenizer, the recipe and ``training_metrics.json``."""
+    state_dict = gathered_state_dict(accelerator, model)
+    floats = {value.dtype for value in (state_dict or {}).values() if value.is_floating_point()}  # main process
+    unwrapped = accelerator.unwrap_model(model)
+    if unwrapped.config.model_type in ARCHITECTURES:  # vanilla baselines (a ViT, a Llama) need no remote code
+        unwrapped.config.auto_map = auto_map_for(unwrapped.config.model_type)
+    unwrapped.save_pretrained(model_dir, is_main_process=accelerator.is_main_process, state_dict=state_dict,
+                              save_function=accelerator.save)
+    if accelerator.is_main_process:
+        if tokenizer is not None:
+            tokenizer.save_pretrained(model_dir)
+        if len(floats) == 1 and floats != {unwrapped.dtype}:  # DeepSpeed's float32 masters of a bf16 module
+            # (save_pretrained names the module's dtype, which `from_pretrained(dtype="auto")` would load them in)
+            unwrapped.config.dtype = str(floats.pop()).removeprefix("torch.")
+            unwrapped.config.save_pretrained(model_dir)
+        (model_dir / RECIPE).write_text((output_dir / RECIPE).read_text())
+        (model_dir / "training_metrics.json").write_text(json.dumps(metrics))
+
+
+def model_folder(path: str | Path, checkpoint: str | None = None) -> Path:
+    """The model folder to evaluate or export, checked on disk before anything can reach the network: ``path``
+    itself (a folder with a config.json), or with ``checkpoint`` ("step-N", or a checkpoint folder) the model saved
+    in that checkpoint of the run folder ``path`` (or of the run whose ``model/`` folder ``path`` is)."""
+    path = Path(path)
+    if not path.is_dir():
+        raise UserError(f"{path} is not a folder")
+    if checkpoint is not None:
+        run = path.parent if path.name == MODEL and not (path / CHECKPOINTS).is_dir() else path
+        chosen = Path(checkpoint)
+        if not chosen.is_dir():
+            step = checkpoint.removeprefix("step-")
+            if not step.isdigit():
+                raise UserError(f"--checkpoint must be step-N or a checkpoint folder, got {checkpoint!r}")
+            chosen = run / CHECKPOINTS / f"step-{int(step):07d}"
+        path = chosen / MODEL
+        if not path.is_dir():
+            saved = ", ".join(folder.name for folder in sorted((run / CHECKPOINTS).glob("step-*"))) or "none"
+            raise UserError(f"no model in checkpoint {chosen} (checkpoints of {run}: {saved})")
+    if not (path / "config.json").is_file():
+        raise UserError(f"{path} has no config.json: not a model folder (a run folder takes --checkpoint, "
+                                f"or use its {MODEL}/ folder)")
+    return path
+
+
+def saved_whole(accelerator: Accelerator, path: Path, write: Callable[[Path], None]) -> None:
+    """``write(folder)`` on every process into a partial folder, which the main process records (`write_manifest`)
+    and publishes as ``path`` once every process is done: the folder is whole or absent whenever the run is killed,
+    and a save that fills the disk leaves no partial folder behind (`run_training` says so)."""
+    written = partial_path(path)
+    if accelerator.is_main_process:
+        shutil.rmtree(written, ignore_errors=True)  # a save a kill interrupted
+    accelerator.wait_for_everyone()
+    try:
+        write(written)
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            write_manifest(written)
+            publish(written, path)
+    except (OSError, RuntimeError) as error:
+        if disk_full(error):
+            shutil.rmtree(written, ignore_errors=True)
+        raise
+
+
+def claim_output_dir(accelerator: Accelerator, recipe: Recipe, resume: bool, overwrite: bool) -> Path:
+    """The run folder, checked by every process (`claim_run_folder`), cleared by the main process under ``overwrite``,
+    with this run's recipe.yaml."""
+    output_dir = Path(recipe.output_dir)
+    remove = claim_run_folder(output_dir, recipe.to_dict(), resume, overwrite)
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        if remove:
+            remove_run_files(output_dir)
+        output_dir.mkdir(parents=True, exist_ok=True)
+        write_text_whole(output_dir / RECIPE, yaml.safe_dump(recipe.to_dict(), sort_keys=False))
+    accelerator.wait_for_everyone()
+    return output_dir
+
+
+def resumed_step(accelerator: Accelerator, output_dir: Path, resume: bool) -> tuple[int, Path | None]:
+    """(step, checkpoint) the run continues from: the newest complete checkpoint's state loaded under ``resume``
+    (step 0 without one), metrics logged after it dropped."""
+    is_main = accelerator.is_main_process
+    checkpoint = latest_checkpoint(output_dir, main=is_main) if resume else None
+    start_step = 0
+    if checkpoint is not None:
+        saved = json.loads((checkpoint / STATE_FILE).read_text())
+        check_resumable(saved.get("engine"), engine_of(accelerator), str(checkpoint))
+        accelerator.load_state(str(checkpoint))
+        start_step = checkpoint_step(checkpoint)
+    elif resume and is_main:
+        logger.warning(f"--resume: no complete checkpoint in {output_dir / CHECKPOINTS}: starting at step 0")
+    if is_main and start_step:
+        truncate_metrics(output_dir / METRICS, start_step)
+    elif is_main:
+        (output_dir / METRICS).unlink(missing_ok=True)
+    return start_step, checkpoint

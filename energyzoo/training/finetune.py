@@ -12,8 +12,8 @@ from pathlib import Path
 
 from transformers import AutoConfig, AutoTokenizer, Trainer, TrainingArguments
 
+from ..data.text import pack_into_blocks
 from ..registry import architecture
-from .data import pack_into_blocks
 from .recipe import DataSection
 from .tasks import TrainingData, training_task
 

@@ -30,10 +30,10 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from transformers import PretrainedConfig
 
+from ..data.digits import MASK_SCHEDULES
 from ..modeling.checks import require
 from ..modeling.errors import UserError
 from ..presets import config_with_overrides, preset_card, preset_config_fields
-from .data import MASK_SCHEDULES
 from .recipe_files import shipped_recipe_path, shipped_recipes
 from .tasks import TRAINING_TASKS, training_task
 
@@ -90,7 +90,7 @@ class DataSection:
     """source: "python-docs" (embedded text), "digits" (embedded 8x8 images), "text" / "jsonl" (local files in
     `paths`; JSONL reads `text_field`), "hf" (a `datasets` text source, e.g. a Hub id or "json" with
     `paths`: streamed, tokenised and packed on the fly, each process reading its share of the documents; validation
-    on the documents `training.data.held_out` picks among the first `examples`), "hf-images" /
+    on the documents `data.hub.held_out` picks among the first `examples`), "hf-images" /
     "hf-sudoku" (a `datasets` image-classification / Sudoku source: `image_column`, `label_column`, `image_size`
     / `puzzle_column`, `solution_column`; local files through `paths`), "sudoku"
     (`examples` generated unique-solution puzzles of box `sudoku_box` with `givens` = [min, max] givens),

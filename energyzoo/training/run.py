@@ -6,13 +6,11 @@ the run's log and checkpoints: `engines`). AdamW with decoupled weight
 decay, linear warmup + cosine decay (or the recipe's `lr_schedule`), gradient clipping, gradient accumulation
 (`Accelerator.accumulate`), mixed precision where the device has it, activation checkpointing on request.
 
-Data order is a pure function of (seed, step): the global batch of step s is the s-th slice of a stream of
-seeded permutations of the training examples (online tasks, e.g. induction heads, draw a fresh one), served by a
-DataLoader that accelerate prepares and shards: process p of P takes every p-th micro-batch. So a run resumed
-from a checkpoint continues with exactly the examples it would have seen, and P processes see the same global
-batches as one process (same global batch size, same loss curve up to float rounding). Streamed `datasets`
-sources are read by each process from its own share of the documents (`data.PackedStream`) and resume from the
-per-process stream positions saved in the checkpoint.
+Data order is a pure function of (seed, step) (`schedule`), served by a DataLoader that accelerate prepares and
+shards: process p of P takes every p-th micro-batch, so a resumed run continues with exactly the examples it would
+have seen and P processes train on the same global batches as one. Streamed `datasets` sources are read by each
+process from its own share of the documents (`data.hub.PackedStream`) and resume from the per-process stream
+positions saved in the checkpoint. Validation is `validation.evaluate`.
 
 Outputs in ``output_dir``, which belongs to this run alone (`checkpoints.claim_run_folder`: another run's folder is
 refused unless ``--resume`` or ``--overwrite``): ``recipe.yaml``, ``metrics.jsonl`` (step, loss, learning rate,
@@ -31,9 +29,7 @@ weights an uninterrupted run would have.
 import importlib.util
 import json
 import logging
-import math
 import os
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -41,7 +37,6 @@ from functools import partial
 from pathlib import Path
 
 import torch
-import yaml
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState, GradientState
 from accelerate.utils import ProjectConfiguration, load_checkpoint_in_model, set_seed
@@ -49,45 +44,45 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import AutoTokenizer, get_scheduler
 
+from ..data.hub import tokenizer_training_texts
+from ..data.text import train_bpe_tokenizer
 from ..modeling.checks import require
 from ..modeling.errors import UserError
-from ..registry import ARCHITECTURES, TASKS, auto_map_for
+from ..registry import TASKS
 from .checkpoints import (
     BEST_MODEL,
-    CHECKPOINTS,
     LOSS_CURVE,
     METRICS,
     MODEL,
-    RECIPE,
     STATE_FILE,
     TOKENIZER,
     TRACKERS,
+    append_metrics,
     checkpoint_path,
     checkpoint_step,
-    claim_run_folder,
+    claim_output_dir,
     disk_full,
     latest_checkpoint,
-    partial_path,
-    publish,
-    remove_run_files,
+    plot_loss_curve,
+    resumed_step,
     rotate_checkpoints,
+    save_model_folder,
+    saved_whole,
+    stream_state_file,
     write_folder_whole,
-    write_manifest,
-    write_text_whole,
 )
-from .data import tokenizer_training_texts, train_bpe_tokenizer
 from .engines import (
     Engine,
     build_accelerator,
-    check_resumable,
     engine_of,
-    gathered_state_dict,
     hand_recipe_to_deepspeed,
     precision_available,
     true_shape,
 )
 from .recipe import Recipe, flat_settings
+from .schedule import ScheduledExamples, fetched_batch
 from .tasks import TrainingData, TrainingTask, training_task
+from .validation import evaluate
 
 logger = logging.getLogger(__name__)
 TINY_MODEL_PARAMETERS = 10_000_000  # below this a CPU run takes one thread (`_threads_for`)
@@ -126,132 +121,6 @@ def build_model(recipe: Recipe, tokenizer):
     if recipe.model.init_from is not None:  # a warm start: the checkpoint's weights where the names match
         return auto_class.from_pretrained(recipe.model.init_from, config=config)
     return auto_class.from_config(config)
-
-
-class BatchSchedule:
-    """Indices of the global batch of every step: consecutive slices of a stream of seeded permutations."""
-
-    def __init__(self, examples: int, batch_size: int, seed: int):
-        if batch_size > examples:
-            raise UserError(f"training.batch_size {batch_size} exceeds the {examples} training examples")
-        self.examples, self.batch_size, self.seed = examples, batch_size, seed
-        self._permutations: dict[int, torch.Tensor] = {}
-
-    def _permutation(self, epoch: int) -> torch.Tensor:
-        if epoch not in self._permutations:
-            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-            self._permutations = {epoch: torch.randperm(self.examples, generator=generator)}
-        return self._permutations[epoch]
-
-    def global_batch(self, step: int) -> torch.Tensor:
-        positions = torch.arange(step * self.batch_size, (step + 1) * self.batch_size)
-        epochs = positions // self.examples
-        return torch.cat([self._permutation(int(epoch))[positions[epochs == epoch] % self.examples]
-                          for epoch in epochs.unique()])
-
-
-class ScheduledExamples(torch.utils.data.Dataset):
-    """Training examples by global position, for a DataLoader that accelerate prepares: position k is example
-    k mod B of the global batch of step k // B (B = ``batch_size``): a `BatchSchedule` slice of the training
-    tensors, or of an online task's fresh batch. A micro-batch never straddles two steps, so ``__getitems__`` fetches
-    it at once (torch's DataLoader calls it with the micro-batch's positions)."""
-
-    def __init__(self, data: TrainingData, batch_size: int, steps: int, seed: int):
-        self.data, self.batch_size, self.steps = data, batch_size, steps
-        self.schedule = None if data.train_batches else BatchSchedule(len(data.train_inputs), batch_size, seed)
-
-    def __len__(self) -> int:
-        return self.steps * self.batch_size
-
-    def __getitems__(self, positions: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        positions = torch.as_tensor(positions)
-        step, rows = int(positions[0]) // self.batch_size, positions % self.batch_size
-        if self.schedule is None:
-            inputs, labels = self.data.train_batches(step, self.batch_size)
-            return inputs[rows], labels[rows]
-        indices = self.schedule.global_batch(step)
-        if self.data.remask is not None:  # the whole global batch, so every process draws the same masks
-            inputs, labels = self.data.remask(step, self.data.train_inputs[indices])
-            return inputs[rows], labels[rows]
-        return self.data.train_inputs[indices[rows]], self.data.train_labels[indices[rows]]
-
-
-def _fetched_batch(batch):
-    """The DataLoader's collate function: `ScheduledExamples.__getitems__` returns whole batches already."""
-    return batch
-
-
-@torch.no_grad()
-def evaluate(model, data: TrainingData, task: TrainingTask, accelerator: Accelerator, batch_size: int = 32) -> dict:
-    """Validation loss and the task's metrics (the data's own, where it has them), each process on its share, summed
-    over processes. Every process runs the same number of forward passes (a sharded model gathers its weights in
-    each one): a process whose share is used up runs its last batches on the first example and drops the result."""
-    model.eval()
-    totals: dict[str, torch.Tensor] = {}
-
-    def add(name: str, numerator, denominator) -> None:
-        pair = torch.stack([torch.as_tensor(numerator), torch.as_tensor(denominator)]).float().to(accelerator.device)
-        totals[name] = totals.get(name, torch.zeros(2, device=accelerator.device)) + pair
-
-    examples, processes = len(data.validation_inputs), accelerator.num_processes
-    share = torch.arange(accelerator.process_index, examples, processes)
-    for start in range(0, math.ceil(examples / processes), batch_size):
-        chunk = share[start : start + batch_size]
-        counted = len(chunk) > 0
-        chunk = chunk if counted else torch.zeros(1, dtype=torch.long)
-        labels = data.validation_labels[chunk].to(accelerator.device)
-        inputs = data.validation_inputs[chunk].to(accelerator.device)
-        outputs = model(**task.model_inputs(inputs, labels), **task.model_options)
-        if counted:
-            add("loss", outputs.loss * len(chunk), len(chunk))
-            for name, (numerator, denominator) in (data.metrics or task.metrics)(outputs, labels).items():
-                add(name, numerator, denominator)
-    model.train()
-    names = sorted(totals)  # the same order on every process
-    reduced = accelerator.reduce(torch.stack([totals[name] for name in names]), reduction="sum")
-    return {f"validation_{name}": float(pair[0] / pair[1]) for name, pair in zip(names, reduced)}
-
-
-def _append_metrics(path: Path, row: dict) -> None:
-    with path.open("a") as handle:
-        handle.write(json.dumps(row) + "\n")
-
-
-def _truncate_metrics(path: Path, last_step: int) -> None:
-    """Drop rows a killed run logged after its last checkpoint (they are recomputed on resume), and a last row that a
-    kill cut short."""
-    if path.exists():
-        rows = []
-        for line in path.read_text().splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                break
-            if row["step"] <= last_step:
-                rows.append(line)
-        write_text_whole(path, "".join(row + "\n" for row in rows))
-
-
-def plot_loss_curve(metrics_path: Path, png_path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = [json.loads(line) for line in metrics_path.read_text().splitlines()]
-    figure, axis = plt.subplots(figsize=(7, 4))
-    train = [row for row in rows if "loss" in row]
-    axis.plot([r["step"] for r in train], [r["loss"] for r in train], label="train loss")
-    evaluated = [row for row in rows if "validation_loss" in row]
-    if evaluated:
-        axis.plot([r["step"] for r in evaluated], [r["validation_loss"] for r in evaluated], "o-",
-                  label="validation loss")
-    axis.set_xlabel("step")
-    axis.set_ylabel("loss")
-    axis.legend()
-    figure.tight_layout()
-    figure.savefig(png_path, dpi=110)
-    plt.close(figure)
 
 
 @dataclass
@@ -352,61 +221,6 @@ def tracker_config(recipe: Recipe) -> dict:
             for name, value in flat_settings(recipe.to_dict()).items()}
 
 
-def _saved_whole(accelerator: Accelerator, path: Path, write: Callable[[Path], None]) -> None:
-    """``write(folder)`` on every process into a partial folder, which the main process records (`write_manifest`)
-    and publishes as ``path`` once every process is done: the folder is whole or absent whenever the run is killed,
-    and a save that fills the disk leaves no partial folder behind (`run_training` says so)."""
-    written = partial_path(path)
-    if accelerator.is_main_process:
-        shutil.rmtree(written, ignore_errors=True)  # a save a kill interrupted
-    accelerator.wait_for_everyone()
-    try:
-        write(written)
-        accelerator.wait_for_everyone()
-        if accelerator.is_main_process:
-            write_manifest(written)
-            publish(written, path)
-    except (OSError, RuntimeError) as error:
-        if disk_full(error):
-            shutil.rmtree(written, ignore_errors=True)
-        raise
-
-
-def _claim_output_dir(accelerator: Accelerator, recipe: Recipe, resume: bool, overwrite: bool) -> Path:
-    """The run folder, checked by every process (`claim_run_folder`), cleared by the main process under ``overwrite``,
-    with this run's recipe.yaml."""
-    output_dir = Path(recipe.output_dir)
-    remove = claim_run_folder(output_dir, recipe.to_dict(), resume, overwrite)
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        if remove:
-            remove_run_files(output_dir)
-        output_dir.mkdir(parents=True, exist_ok=True)
-        write_text_whole(output_dir / RECIPE, yaml.safe_dump(recipe.to_dict(), sort_keys=False))
-    accelerator.wait_for_everyone()
-    return output_dir
-
-
-def _resumed_step(accelerator: Accelerator, output_dir: Path, resume: bool) -> tuple[int, Path | None]:
-    """(step, checkpoint) the run continues from: the newest complete checkpoint's state loaded under ``resume``
-    (step 0 without one), metrics logged after it dropped."""
-    is_main = accelerator.is_main_process
-    checkpoint = latest_checkpoint(output_dir, main=is_main) if resume else None
-    start_step = 0
-    if checkpoint is not None:
-        saved = json.loads((checkpoint / STATE_FILE).read_text())
-        check_resumable(saved.get("engine"), engine_of(accelerator), str(checkpoint))
-        accelerator.load_state(str(checkpoint))
-        start_step = checkpoint_step(checkpoint)
-    elif resume and is_main:
-        logger.warning(f"--resume: no complete checkpoint in {output_dir / CHECKPOINTS}: starting at step 0")
-    if is_main and start_step:
-        _truncate_metrics(output_dir / METRICS, start_step)
-    elif is_main:
-        (output_dir / METRICS).unlink(missing_ok=True)
-    return start_step, checkpoint
-
-
 def _micro_batch_size(recipe: Recipe, accelerator: Accelerator) -> int:
     """Examples per forward pass of one process: the global batch over processes and accumulation steps."""
     settings, processes = recipe.training, accelerator.num_processes
@@ -455,7 +269,7 @@ class _Run:
         accelerator = _accelerator(recipe)
         micro = _micro_batch_size(recipe, accelerator)
         hand_recipe_to_deepspeed(accelerator, settings.max_grad_norm, settings.gradient_accumulation, micro)
-        output_dir = _claim_output_dir(accelerator, recipe, resume, overwrite)
+        output_dir = claim_output_dir(accelerator, recipe, resume, overwrite)
         set_seed(settings.seed)
         data, tokenizer = prepare_data(recipe, output_dir, accelerator.is_main_process, accelerator)
         if len(data.validation_inputs) < accelerator.num_processes:
@@ -474,7 +288,7 @@ class _Run:
             # accelerate gives process p every p-th micro-batch of this loader, so the micro-batches of one step
             # are the step's global batch in any number of processes
             loader = DataLoader(ScheduledExamples(data, settings.batch_size, settings.steps, settings.seed),
-                                batch_size=micro, collate_fn=_fetched_batch)
+                                batch_size=micro, collate_fn=fetched_batch)
             model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
         else:
             model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
@@ -488,13 +302,13 @@ class _Run:
             skipped = start_step * self.recipe.training.gradient_accumulation
             return iter(self.accelerator.skip_first_batches(self.loader, skipped) if start_step else self.loader)
         rank = self.accelerator.process_index
-        state = json.loads((checkpoint / _stream_state_file(rank)).read_text()) if checkpoint else None
+        state = json.loads((checkpoint / stream_state_file(rank)).read_text()) if checkpoint else None
         self.stream = self.data.train_stream(rank, self.accelerator.num_processes, state)
         return ((blocks, blocks) for blocks in iter(lambda: self.stream.next_blocks(self.micro), None))
 
     def log(self, row: dict) -> None:
         if self.accelerator.is_main_process:
-            _append_metrics(self.output_dir / METRICS, row)
+            append_metrics(self.output_dir / METRICS, row)
         self.accelerator.log({key: value for key, value in row.items() if key != "step"}, step=row["step"])
 
     def optimizer_step(self, batches) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -537,7 +351,7 @@ class _Run:
         save_model_folder(self.accelerator, self.model, folder / MODEL, self.tokenizer, self.output_dir,
                           self.trained(step, metrics))
         if self.stream is not None:
-            (folder / _stream_state_file(self.accelerator.process_index)).write_text(
+            (folder / stream_state_file(self.accelerator.process_index)).write_text(
                 json.dumps(self.stream.state_dict()))
         if self.accelerator.is_main_process:
             (folder / STATE_FILE).write_text(json.dumps({"step": step, "engine": self.engine.to_dict()}))
@@ -555,14 +369,14 @@ class _Run:
             lower = name.endswith("loss")
             if (metrics[name] >= best) if lower else (metrics[name] <= best):
                 return
-        _saved_whole(self.accelerator, self.output_dir / BEST_MODEL, lambda folder: save_model_folder(
+        saved_whole(self.accelerator, self.output_dir / BEST_MODEL, lambda folder: save_model_folder(
             self.accelerator, self.model, folder, self.tokenizer, self.output_dir, self.trained(step, metrics)))
 
     def save_model(self, metrics: dict) -> Path:
         """The final model folder and the loss curve."""
         model_dir = self.output_dir / MODEL
         metrics = self.trained(self.recipe.training.steps, metrics)
-        _saved_whole(self.accelerator, model_dir, lambda folder: save_model_folder(
+        saved_whole(self.accelerator, model_dir, lambda folder: save_model_folder(
             self.accelerator, self.model, folder, self.tokenizer, self.output_dir, metrics))
         if self.accelerator.is_main_process:
             if importlib.util.find_spec("matplotlib"):
@@ -578,7 +392,7 @@ def _train(recipe: Recipe, resume: bool, overwrite: bool, stop_after: int | None
     settings = recipe.training
     run = _Run.prepare(recipe, resume, overwrite)
     accelerator, output_dir = run.accelerator, run.output_dir
-    start_step, checkpoint = _resumed_step(accelerator, output_dir, resume)
+    start_step, checkpoint = resumed_step(accelerator, output_dir, resume)
     batches = run.batches(start_step, checkpoint)
     accelerator.init_trackers(output_dir.name, config=tracker_config(recipe))
     end_step = settings.steps if stop_after is None else min(settings.steps, start_step + stop_after)
@@ -607,7 +421,7 @@ def _train(recipe: Recipe, resume: bool, overwrite: bool, stop_after: int | None
             if settings.keep_best is not None:
                 run.keep_if_best(done, final_metrics)
         if (done % settings.save_every == 0 or done == end_step) and done < settings.steps:  # --stop-after saves too
-            _saved_whole(accelerator, checkpoint_path(output_dir, done),
+            saved_whole(accelerator, checkpoint_path(output_dir, done),
                          partial(run.save_checkpoint, step=done, metrics=final_metrics))
             if accelerator.is_main_process:
                 rotate_checkpoints(output_dir, settings.save_total_limit)
@@ -618,56 +432,3 @@ def _train(recipe: Recipe, resume: bool, overwrite: bool, stop_after: int | None
         return TrainingResult(output_dir, None, end_step, losses, final_metrics, run.engine)
     best = output_dir / BEST_MODEL if settings.keep_best is not None else None
     return TrainingResult(output_dir, run.save_model(final_metrics), end_step, losses, final_metrics, run.engine, best)
-
-
-def _stream_state_file(rank: int) -> str:
-    return f"stream_state_{rank}.json"
-
-
-def save_model_folder(accelerator: Accelerator, model, model_dir: Path, tokenizer, output_dir: Path,
-                      metrics: dict) -> None:
-    """A folder `from_pretrained`, `energyzoo eval` and `energyzoo export` take, called on every process: the full
-    state dict gathered by accelerate (FSDP and ZeRO-3 shards included; DeepSpeed's float32 master weights, which
-    `engines.gathered_state_dict` puts in) saved by the main process, with the
-    tokenizer, the recipe and ``training_metrics.json``."""
-    state_dict = gathered_state_dict(accelerator, model)
-    floats = {value.dtype for value in (state_dict or {}).values() if value.is_floating_point()}  # main process
-    unwrapped = accelerator.unwrap_model(model)
-    if unwrapped.config.model_type in ARCHITECTURES:  # vanilla baselines (a ViT, a Llama) need no remote code
-        unwrapped.config.auto_map = auto_map_for(unwrapped.config.model_type)
-    unwrapped.save_pretrained(model_dir, is_main_process=accelerator.is_main_process, state_dict=state_dict,
-                              save_function=accelerator.save)
-    if accelerator.is_main_process:
-        if tokenizer is not None:
-            tokenizer.save_pretrained(model_dir)
-        if len(floats) == 1 and floats != {unwrapped.dtype}:  # DeepSpeed's float32 masters of a bf16 module
-            # (save_pretrained names the module's dtype, which `from_pretrained(dtype="auto")` would load them in)
-            unwrapped.config.dtype = str(floats.pop()).removeprefix("torch.")
-            unwrapped.config.save_pretrained(model_dir)
-        (model_dir / RECIPE).write_text((output_dir / RECIPE).read_text())
-        (model_dir / "training_metrics.json").write_text(json.dumps(metrics))
-
-
-def model_folder(path: str | Path, checkpoint: str | None = None) -> Path:
-    """The model folder to evaluate or export, checked on disk before anything can reach the network: ``path``
-    itself (a folder with a config.json), or with ``checkpoint`` ("step-N", or a checkpoint folder) the model saved
-    in that checkpoint of the run folder ``path`` (or of the run whose ``model/`` folder ``path`` is)."""
-    path = Path(path)
-    if not path.is_dir():
-        raise UserError(f"{path} is not a folder")
-    if checkpoint is not None:
-        run = path.parent if path.name == MODEL and not (path / CHECKPOINTS).is_dir() else path
-        chosen = Path(checkpoint)
-        if not chosen.is_dir():
-            step = checkpoint.removeprefix("step-")
-            if not step.isdigit():
-                raise UserError(f"--checkpoint must be step-N or a checkpoint folder, got {checkpoint!r}")
-            chosen = run / CHECKPOINTS / f"step-{int(step):07d}"
-        path = chosen / MODEL
-        if not path.is_dir():
-            saved = ", ".join(folder.name for folder in sorted((run / CHECKPOINTS).glob("step-*"))) or "none"
-            raise UserError(f"no model in checkpoint {chosen} (checkpoints of {run}: {saved})")
-    if not (path / "config.json").is_file():
-        raise UserError(f"{path} has no config.json: not a model folder (a run folder takes --checkpoint, "
-                                f"or use its {MODEL}/ folder)")
-    return path

@@ -1,7 +1,7 @@
 """The task table: what `energyzoo train` and fine-tuning do for each task a preset card names (DESIGN.md,
 keyed like `registry.TASKS`): the data a task reads, the batch -> model kwargs mapping, and its metrics.
 
-Metrics are sums over a batch, ``{name: (numerator, denominator)}``, so that `run.evaluate` can add them over
+Metrics are sums over a batch, ``{name: (numerator, denominator)}``, so that `validation.evaluate` can add them over
 batches and processes before dividing (an accuracy is correct / counted).
 """
 
@@ -10,20 +10,15 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..data.digits import digit_code_split, digits_split
+from ..data.hub import PackedStream, streamed_validation_blocks
+from ..data.image_tokenizer import digit_patch_split
+from ..data.images import hub_image_split
+from ..data.induction import induction_batch, induction_metrics, training_batch
+from ..data.parity import cumulative_parity_split
+from ..data.sudoku import hub_sudoku_split, sudoku_split
+from ..data.text import language_model_blocks
 from ..modeling.errors import UserError
-from .data import (
-    PackedStream,
-    cumulative_parity_split,
-    digit_code_split,
-    digits_split,
-    hub_image_split,
-    hub_sudoku_split,
-    language_model_blocks,
-    streamed_validation_blocks,
-)
-from .image_tokenizer import digit_patch_split
-from .induction import induction_batch, induction_metrics, training_batch
-from .sudoku import sudoku_split
 
 
 @dataclass
@@ -45,7 +40,7 @@ class TrainingData:
 
 
 def _masked_modelling_data(codes, validation_inputs, validation_labels, remask) -> TrainingData:
-    """Masked image modelling: unmasked training codes, masked per batch by ``remask`` (`data.masking_split`)."""
+    """Masked image modelling: unmasked training codes, masked per batch by ``remask`` (`data.digits.masking_split`)."""
     return TrainingData(codes, codes, validation_inputs, validation_labels, remask=remask)
 
 

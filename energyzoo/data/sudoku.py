@@ -9,6 +9,8 @@ difficulty knob) or as far as uniqueness allows.
 
 import torch
 
+from .hub import load_hub_dataset
+
 
 def sudoku_solutions(count: int, generator: torch.Generator, box: int = 3) -> torch.Tensor:
     """``count`` valid solutions, (count, n^2) digits 1..n: the pattern grid under digit relabelling, the
@@ -117,3 +119,19 @@ def sudoku_split(examples: int, givens: tuple[int, int], validation_fraction: fl
     inputs, labels = sudoku_examples(examples, givens, box, seed)
     cut = int(examples * (1 - validation_fraction))
     return inputs[:cut], labels[:cut], inputs[cut:], labels[cut:]
+
+
+def hub_sudoku_split(data, seed: int):
+    """A `datasets` Sudoku source (e.g. the hard set of Palm et al. that hyperset.txt §5.1 uses): puzzles and
+    solutions as strings of digits in ``puzzle_column`` / ``solution_column`` ("0" or "." for a blank), in the
+    format of `sudoku_examples`, split by ``validation_fraction`` with ``seed``."""
+    parts = load_hub_dataset(data).train_test_split(test_size=data.validation_fraction, seed=seed)
+
+    def digits(dataset, column: str) -> torch.Tensor:
+        return torch.tensor([[0 if c == "." else int(c) for c in row] for row in dataset[column]])
+
+    def tensors(dataset):
+        puzzles, solutions = digits(dataset, data.puzzle_column), digits(dataset, data.solution_column)
+        return puzzles, (solutions - 1).masked_fill(puzzles != 0, -100)
+
+    return (*tensors(parts["train"]), *tensors(parts["test"]))

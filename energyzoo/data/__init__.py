@@ -1,0 +1,1 @@
+"""Data sources and task generators, one file each; every one offline unless it reads a `datasets` name."""
