@@ -1,4 +1,4 @@
-"""The one table where an architecture is declared (DESIGN.md): its config, base model and task heads, its
+"""The one table where an architecture is declared: its config, base model and task heads, its
 card template and facts, and the presets `energyzoo bench` measures. The Auto registration, export, fine-tuning,
 training, the bench and the contract testers read it; adding an architecture adds an entry here and touches no
 other table.
@@ -74,7 +74,7 @@ TASKS = {
 
 @dataclass(frozen=True)
 class Bench:
-    """What `energyzoo bench` measures for an architecture (DESIGN.md performance targets).
+    """What `energyzoo bench` measures for an architecture, and the performance targets it is held to.
 
     presets: measured together, in one paired run, against the one baseline their cards name.
     workloads: names in `eval.speed.WORKLOADS` ("forward", "train_step", "peak_memory"; for language models
@@ -101,7 +101,7 @@ class Bench:
 
 
 FEM_TARGETS = {"forward": 1.10, "train_step": 1.20, "peak_memory": 1.20, "decode": 0.85}
-LINEAR_GROWTH_SLACK = 1.125  # an O(T) prior's forward may grow 4.5x from 1024 to 4096 tokens (DESIGN.md)
+LINEAR_GROWTH_SLACK = 1.125  # an O(T) prior's forward may grow 4.5x from 1024 to 4096 tokens: linear, 12.5% slack
 
 
 def _fem_targets(config, call) -> dict[str, float]:

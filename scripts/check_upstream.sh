@@ -37,7 +37,7 @@ extras = [line for extra in ("eval", "vision", "plots", "test") for line in proj
 print(" ".join(sorted({Requirement(line).name for line in project["dependencies"] + extras})))')
 # shellcheck disable=SC2086  # one word per package name
 pip_install $names
-# DeepSpeed built against that torch, its CPU op compiled now (README, "Scaling out")
+# DeepSpeed built against that torch, its CPU op compiled now (docs/training.md, "Scaling out")
 DS_BUILD_OPS=0 DS_BUILD_SHM_COMM=1 pip_install --no-build-isolation deepspeed
 echo "== the newest releases"
 "$python" - <<'EOF'

@@ -159,6 +159,7 @@ def test_bench_times_image_classifiers_on_images_of_their_size(monkeypatch):
     assert "seq" not in result["title"] and result["rows"][2]["ratio"] == 1.0
 
 
+@pytest.mark.slow
 def test_peak_memory_grows_with_the_model():
     settings = BenchSettings(batch_size=1, seq_len=16)
     small = measure_peak_memory(Arm("fem-lm-tiny", "fem-lm-tiny"), settings)

@@ -56,6 +56,7 @@ def test_help_listing_recipes_and_argument_errors_answer_without_importing_torch
     (["eval", "runs/no-such-run"], "runs/no-such-run is not a folder"),
     (["export", "missing_dir", "out"], "missing_dir is not a folder"),
 ])
+@pytest.mark.slow
 def test_bad_paths_are_answered_in_one_line_with_exit_code_2_before_any_network_wait(args, message, tmp_path):
     """Online, against a Hub endpoint that records connections: none is made (the old export waited 31 s on the
     Hub before answering)."""
@@ -120,6 +121,7 @@ def test_bad_values_types_precisions_and_devices_are_answered_in_one_line(args, 
     assert not list(tmp_path.iterdir())  # refused before anything is written
 
 
+@pytest.mark.slow
 def test_debug_shows_the_traceback(tmp_path):
     done = subprocess.run(["energyzoo", "--debug", "export", "missing_dir", "out"], capture_output=True, text=True,
                           timeout=300, cwd=tmp_path)
@@ -147,6 +149,7 @@ def test_recipes_lists_every_shipped_recipe_and_the_accelerate_configs(capsys):
     assert "Cross-entropy alone: model.preset=eer-induction-ce." in " ".join(printed.split())  # the whole header
 
 
+@pytest.mark.slow
 def test_eval_passes_its_settings_to_lm_eval_and_reads_checkpoints(run_folder, capsys):
     code = main(["eval", str(run_folder), "--checkpoint", "step-2", "--tasks", "energyzoo_pydoc_mc", "--dtype",
                  "bfloat16", "--num-fewshot", "1", "--limit", "5", "--batch-size", "4"])
@@ -321,6 +324,7 @@ sys.exit(main(["quickstart", "--steps", "40", "--output-dir", sys.argv[1]]))
 """
 
 
+@pytest.mark.slow
 def test_the_quickstart_is_quiet_and_offline_without_being_told(tmp_path):
     """The quickstart's train / eval / export path with sockets refused and HF_HUB_OFFLINE unset: no network attempt,
     no warning, no git noise, one progress bar at a time (no weight-file bars), the local task's aggregations

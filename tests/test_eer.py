@@ -262,7 +262,7 @@ class LiveStorageBytes(TorchDispatchMode):
 
 def test_a_length_1000_forward_keeps_no_loops_attention_maps():
     """Loss parts and the trace at L = 1000 with T = 25 loops (the paper's evaluation): the regularisers are reduced
-    inside the loop, so the live memory peaks at a few (n x n) maps, not T of them (spec §1.2)."""
+    inside the loop, so the live memory peaks at a few (n x n) maps, not T of them."""
     torch.manual_seed(0)
     model = EERForCausalLM(tiny_eer_config(hidden_size=8, num_attention_heads=1, num_loops=25)).eval()
     ids = torch.randint(3, 16, (1, 1000))

@@ -71,7 +71,7 @@ def test_symbols_follow_uniform_transitions():
 @pytest.mark.parametrize("length, paper", [(10, 25.6), (100, 32.7), (1000, 33.5)])
 def test_blank_and_uniform_guess_scores_the_papers_epoch_0_accuracy(length, paper):
     """App. C's epoch-0 row is what a model answering BLANK first and guessing among the 3 other symbols scores on
-    this format (spec §1.4: 27.0 / 32.7 / 33.3 by simulation; 3 or 5 symbols would give 40 / 49 / 50 or 21 / 24.5 /
+    this format (27.0 / 32.7 / 33.3 by simulation; 3 or 5 symbols would give 40 / 49 / 50 or 21 / 24.5 /
     25): both its expectation and a random draw of it, scored by the task's metric, are within 2 points of the
     paper (whose evaluation-set size is not given; 1.4 points apart at L = 10)."""
     ids, labels = induction_batch(2000 if length < 1000 else 300, length, seed=2)
@@ -147,6 +147,7 @@ def test_train_recipe_logs_the_loss_parts_and_evaluates_accuracy(tmp_path):
     assert 0 <= result.final_metrics["validation_induction_accuracy"] <= 1
 
 
+@pytest.mark.slow
 def test_reproduction_writes_its_tables_from_one_initialisation_per_seed(tmp_path):
     """Both losses start from the same weights per seed (identical step-0 accuracies); the report has the final
     accuracies per length and the over-training table with S, P, K."""
@@ -263,6 +264,7 @@ def test_the_length_curriculum_grows_the_longest_length_from_min_to_max():
         training_length(3, step, (16, 64), curriculum_steps=0) for step in range(50)]
 
 
+@pytest.mark.slow
 def test_block_screen_trains_each_arm_with_its_choice_and_judges_it_against_the_default(tmp_path):
     from energyzoo.reproduce.eer_screen import Settings as ScreenSettings
     from energyzoo.reproduce.eer_screen import run as run_screen

@@ -25,6 +25,8 @@ from energyzoo.training.engines import Engine, check_resumable, hand_recipe_to_d
 from energyzoo.training.recipe import load_recipe, shipped_recipe_path
 from energyzoo.training.run import run_training
 
+pytestmark = pytest.mark.slow  # processes of their own
+
 pytest.importorskip("deepspeed", reason="the [deepspeed] extra")
 
 CONFIGS = Path(shipped_recipe_path("fem-lm-tiny")).parent
@@ -58,7 +60,8 @@ def losses(output_dir: Path) -> list[float]:
 
 def assert_same(actual: dict, expected: dict, tolerance: float, what: str) -> None:
     assert actual.keys() == expected.keys(), what
-    print(f"{what}: weights {largest_difference(actual, expected):.1e}")  # README's "Scaling out" table (pytest -rP)
+    # the "Scaling out" table of docs/training.md (pytest -rP)
+    print(f"{what}: weights {largest_difference(actual, expected):.1e}")
     for name, value in expected.items():
         if tolerance == 0:
             assert torch.equal(actual[name], value), f"{what} {name}"

@@ -3,6 +3,7 @@
 import json
 from types import SimpleNamespace
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
@@ -43,6 +44,7 @@ def test_per_token_accuracy_counts_the_positions_whose_parity_the_logits_predict
     assert per_token_accuracy(ParityOracle(wrong_at=[0, 4]), ids, labels) == 8 / 10
 
 
+@pytest.mark.slow
 def test_parity_reproduction_writes_its_table_and_diagnostics(tmp_path):
     settings = ParitySettings(lengths=[8], seeds=[0], steps=20, eval_steps=[0, 2], test_sequences=64)
     report = run_parity(settings, tmp_path, progress=lambda message: None)

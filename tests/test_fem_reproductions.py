@@ -133,6 +133,7 @@ def test_mad_verdicts_on_constructed_accuracies():
     assert "seeds disagree" not in records[4]["reason"] and "within" in records[4]["reason"]  # CL ties C
 
 
+@pytest.mark.slow
 def test_a_mad_run_in_two_processes_gives_the_rows_of_one(tmp_path):
     settings = dict(tasks=["memorize", "selective_copy"], arms=["softmax", FULL], seeds=[0], steps=3, batch_size=4,
                     hidden_size=16, heads=2, max_length=40, test_examples=8)

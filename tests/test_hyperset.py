@@ -78,7 +78,7 @@ def test_the_model_starts_as_the_identity_for_every_iteration_count(iterations):
 
 def test_output_zero_init_keeps_the_iteration_path_alive():
     """step_zero_init="output": only the last Linear starts at zero, so t reaches alpha once it trains; "all"
-    leaves the t-path's Linears at zero (spec §1.3: their gradient is then exactly zero)."""
+    leaves the t-path's Linears at zero (their gradient is then exactly zero)."""
     for mode, alive in (("all", False), ("output", True)):
         config = HyperSETConfig(hidden_size=WIDTH, num_attention_heads=HEADS, intermediate_size=64,
                                 num_iterations=3, time_embed_dim=16, input_type="tokens", vocab_size=10,
@@ -94,7 +94,8 @@ def test_output_zero_init_keeps_the_iteration_path_alive():
 
 HYPERSET_PRESETS = [name for name in preset_names() if preset_card(name).get("paper") == "hyperset"
                     and "paper_parameters" in preset_card(name)]
-# Exact counts of the public code's structure (shared/specs/hyperset.md §6), independent of this implementation.
+# Exact parameter counts of the authors' public code (huyunzhe/hyper-set) at these shapes, independent of this
+# implementation.
 SPEC_COUNTS = {"hyperset-sudoku": 5_195_584, "hyperset-mim": 3_937_856, "hyperset-mim-8d": 8_072_000,
                "hyperset-small-scaleup-in1k": 2_395_968, "hyperset-d640-in1k": 3_403_968,
                "hyperset-small-in1k": 1_551_808, "hyperset-small-in1k-fixed-steps": 909_760,

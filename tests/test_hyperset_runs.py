@@ -25,6 +25,7 @@ def test_recipes_train_and_report_their_task_metrics(recipe, metric, tmp_path):
     assert 0 <= result.final_metrics[metric] <= 1 and sum(losses[-5:]) < sum(losses[:5])
 
 
+@pytest.mark.slow
 def test_reproduce_hyperset_writes_scaling_baselines_verdicts_and_traces(tmp_path):
     code = main(["reproduce", "hyperset", "seeds=[0]", "sudoku_steps=20", "classification_steps=20",
                  "maskgit_steps=20", "evaluation_puzzles=100", "--output-dir", str(tmp_path)])

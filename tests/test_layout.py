@@ -1,11 +1,13 @@
-"""The package layout (DESIGN.md, issue 10): `modeling/` is flat and imports only siblings; its files are the few
+"""The package layout: `modeling/` is flat and imports only siblings; its files are the few
 shared ones or belong to one family by name; shared files import no family file; families import no other
 family; the package's folders import each other without loops; and every config check runs once."""
 
 import ast
+import fnmatch
 import graphlib
 import importlib
 import re
+import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
@@ -136,14 +138,46 @@ def test_checks_name_the_owner_the_field_the_range_and_the_value():
         energyzoo.FEMConfig(prior="cosine")
 
 
-# A path that leaves the repository: a parent folder, the project's shared folder or its specs, a home or work folder.
-OUTSIDE_PATH = re.compile(r"\.\./|(?<![\w.])(?:shared|specs)/|/(?:work|home|root|tmp)/|\bspec §")
+# A path that leaves the repository: a parent folder, the project's shared folder, its specs or design notes, a home or
+# work folder.
+OUTSIDE_PATH = re.compile(r"\.\./|(?<![\w.])(?:shared|specs)/|/(?:work|home|root|tmp)/|\bspec §"
+                          r"|\b(?:DESIGN|HF_NOTES)\.md")
+ROOT = PACKAGE.parent
+CITING_FILES = sorted([*(p for p in PACKAGE.rglob("*") if p.suffix in {".py", ".md", ".yaml", ".json"}),
+                       ROOT / "README.md", *(ROOT / "docs").rglob("*.md"), *(ROOT / "tests").rglob("*.py")])
 
 
-@pytest.mark.parametrize("path", sorted(p for p in PACKAGE.rglob("*") if p.suffix in {".py", ".md", ".yaml", ".json"}),
-                         ids=lambda path: str(path.relative_to(PACKAGE)))
-def test_package_files_cite_the_papers_not_files_outside_the_repository(path):
-    """Docstrings ship inside every exported checkpoint: they cite the paper (section, equation, table)."""
+@pytest.mark.parametrize("path", CITING_FILES, ids=lambda path: str(path.relative_to(ROOT)))
+def test_no_file_cites_a_path_outside_the_repository(path):
+    """Docstrings ship inside every exported checkpoint, and the README and docs ship with the repository: they cite
+    the papers (section, equation, table) and the repository's own files, nothing a user does not have."""
     outside = [f"{path.name}:{number}: {line.strip()}" for number, line in enumerate(path.read_text().splitlines(), 1)
                if OUTSIDE_PATH.search(line)]
     assert not outside, "\n".join(outside)
+
+
+def layout_entries() -> list[str]:
+    """The file patterns of docs/contributing.md's layout tree: a line's names (comma-separated, before two spaces and
+    the description) under the folders its indentation (two spaces a level) puts it in."""
+    text = (ROOT / "docs" / "contributing.md").read_text()
+    tree = text.split("## Layout", 1)[1].split("```\n")[1]
+    folders, patterns = [], []
+    for line in tree.splitlines():
+        match = re.match(r"( *)(\S.*?)(?: {2,}.*)?$", line)
+        del folders[len(match[1]) // 2 :]
+        names = match[2].split(", ")
+        if len(names) == 1 and names[0].endswith("/"):
+            folders.append(names[0])
+        else:
+            patterns += ["".join(folders) + name for name in names]
+    return patterns
+
+
+def test_the_documented_layout_is_the_tracked_tree():
+    """Every tracked file is in the layout (a package's `__init__.py` under its folder), and every entry names one."""
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    patterns = layout_entries()
+    unlisted = [path for path in tracked if not any(fnmatch.fnmatchcase(path, pattern) for pattern in patterns)
+                and not path.endswith("/__init__.py")]
+    assert not unlisted, f"tracked files the layout of docs/contributing.md lacks: {unlisted}"
+    assert not [pattern for pattern in patterns if not any(fnmatch.fnmatchcase(path, pattern) for path in tracked)]

@@ -1,6 +1,7 @@
-"""The README's command blocks do what they say: every ```bash block is preceded by a ``<!-- doc-test: ... -->`` line
-that either runs it (each line as written, in a fresh folder, with the tiny settings it names put before each
-`energyzoo train`'s own) or says why it cannot run here (an install, the network, a GPU)."""
+"""The documents do what they say. Every ```bash block of the README and of docs/ is preceded by a
+``<!-- doc-test: ... -->`` line that either runs it (each line as written, in a fresh folder, with the tiny settings it
+names put before each `energyzoo train`'s own) or says why it cannot run here (an install, the network, a GPU). Every
+rendered table is the rendering of the shipped measurements (`energyzoo.hub_cards.docs`)."""
 
 import os
 import re
@@ -10,15 +11,19 @@ from pathlib import Path
 
 import pytest
 
+from energyzoo.hub_cards.docs import BLOCK as RENDERED
+from energyzoo.hub_cards.docs import render_document
+
 ROOT = Path(__file__).resolve().parents[1]
+DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 BLOCK = re.compile(r"(?:<!-- doc-test: (?P<directive>.*?) -->\n)?```bash\n(?P<commands>.*?)```", re.S)
 TINY = re.compile(r"run, every `energyzoo train` with (?P<settings>.*) before its own settings")
 
 
 def command_blocks() -> list[tuple[str | None, list[str]]]:
-    """(directive, command lines without their comments) of every bash block of the README."""
+    """(directive, command lines without their comments) of every bash block of the documents."""
     blocks = []
-    for match in BLOCK.finditer((ROOT / "README.md").read_text()):
+    for match in BLOCK.finditer("\n".join(document.read_text() for document in DOCUMENTS)):
         joined = match["commands"].replace("\\\n", " ")
         lines = [line.split("  #")[0].strip() for line in joined.splitlines()]
         blocks.append((match["directive"], [line for line in lines if line and not line.startswith("#")]))
@@ -44,6 +49,7 @@ def test_every_command_block_is_run_or_says_why_not():
 RUN_BLOCKS = [commands for directive, commands in command_blocks() if directive and TINY.fullmatch(directive)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("commands", RUN_BLOCKS, ids=[f"block{index}" for index in range(len(RUN_BLOCKS))])
 def test_a_runnable_block_runs_as_written(commands, tmp_path):
     (directive,) = [d for d, c in command_blocks() if c == commands]
@@ -61,3 +67,21 @@ def test_a_runnable_block_runs_as_written(commands, tmp_path):
             assert " 6/20 [" in done.stderr and " 1/20 [" not in done.stderr, done.stderr[-2000:]
             assert "trained 20 steps" in done.stdout
     assert (tmp_path / "runs/tiny-export/config.json").is_file()
+
+
+@pytest.mark.parametrize("document", DOCUMENTS, ids=lambda path: str(path.relative_to(ROOT)))
+def test_every_rendered_table_is_the_rendering_of_the_shipped_measurements(document):
+    text = document.read_text()
+    stale = f"stale tables: run python -m energyzoo.hub_cards.docs {document.relative_to(ROOT)}"
+    assert text == render_document(text), stale
+
+
+def test_the_family_pages_render_every_bench_entry_and_experiment():
+    """Each bench entry and each experiment has its table on some page (a new one without a page fails here)."""
+    from energyzoo.registry import ARCHITECTURES
+    from energyzoo.reproduce.experiments import EXPERIMENTS
+
+    named = {(match["kind"], name) for document in DOCUMENTS for match in RENDERED.finditer(document.read_text())
+             for name in match["names"].split()}
+    assert {("bench", name) for name, entry in ARCHITECTURES.items() if entry.bench} <= named
+    assert {("ledger", name) for name in EXPERIMENTS} <= named

@@ -71,7 +71,7 @@ def test_every_bench_preset_is_the_architecture_and_names_a_baseline(model_type)
 
 
 def test_the_shipped_bench_results_cover_every_bench_entry_as_declared():
-    """hub_cards/bench.json (the README's and the cards' speed rows) was measured with the registry's entries."""
+    """hub_cards/bench.json (the documents' and the cards' speed rows) was measured with the registry's entries."""
     measured = {tuple(result["presets"]): result for result in measured_speed()}
     for model_type, architecture_entry in ARCHITECTURES.items():
         entry = architecture_entry.bench

@@ -9,10 +9,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 import zoo
 
 from energyzoo.hub_cards import export_model
+
+pytestmark = pytest.mark.slow  # processes of their own
 
 SCRIPT = Path(__file__).parent / "support" / "side_by_side_check.py"
 LANGUAGE_MODELS = {zoo.name_of(tester): tester for tester in zoo.causal_lm_testers(zoo.HEADS_AND_PRIORS)}

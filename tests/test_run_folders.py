@@ -55,6 +55,7 @@ def newer(folder: Path, pattern: str, since: float) -> bool:
     return any(path.stat().st_mtime >= since for path in folder.glob(pattern))
 
 
+@pytest.mark.slow
 def test_runs_killed_at_random_moments_resume_to_the_weights_of_an_uninterrupted_run(uninterrupted, tmp_path):
     """`energyzoo train` SIGKILLed, then resumed with --resume, again and again: during a checkpoint's save (a few
     milliseconds after its partial folder appears), at a random moment of training, during start-up and during the
@@ -214,8 +215,8 @@ def test_keep_best_names_the_metrics_an_evaluation_has(tmp_path):
 
 
 def test_stop_after_saves_its_last_step_so_resume_continues_from_it(uninterrupted, tmp_path, caplog):
-    """The README's example: a recipe that saves every 100 steps, stopped after 3 (was: nothing saved, and --resume
-    started at step 0). save_every beyond the run is warned about."""
+    """docs/training.md's example: a recipe that saves every 100 steps, stopped after 3 (was: nothing saved, and
+    --resume started at step 0). save_every beyond the run is warned about."""
     run = tmp_path / "run"
     with caplog.at_level(logging.WARNING, logger="energyzoo.training.recipe"):
         stopped = train(run, "training.save_every=100", stop_after=3)
@@ -266,6 +267,7 @@ def small_disk(path: Path, size: str):
     return path if mounted.returncode == 0 else None
 
 
+@pytest.mark.slow
 def test_a_full_disk_during_a_save_is_one_line_and_the_run_resumes_after_space_is_freed(stopped_at_five,
                                                                                          uninterrupted, tmp_path,
                                                                                          monkeypatch):

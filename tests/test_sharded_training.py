@@ -26,6 +26,7 @@ SCRIPT = Path(__file__).parent / "support" / "sharded_training.py"
 ENGINE_RUNS = {"fsdp2": (torch.float64, 1e-12), "zero2": (torch.float32, 0.0), "zero3": (torch.float32, 1e-6)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("engine", sorted(ENGINE_RUNS))
 def test_sharded_training_of_every_architecture_matches_unsharded_data_parallelism(tmp_path, engine):
     """FSDP2 in float64 within 1e-12 (rtol 1e-9), DeepSpeed in float32: ZeRO-2 exactly, ZeRO-3 within 1e-6 (its
@@ -47,7 +48,7 @@ def test_sharded_training_of_every_architecture_matches_unsharded_data_paralleli
         assert run["weights"].keys() == reference["weights"].keys(), preset
         loss_gap = max(abs(a - b) for a, b in zip(run["losses"], reference["losses"]))
         print(f"{engine} {preset}: weights {largest_difference(run['weights'], reference['weights']):.1e}, "
-              f"losses {loss_gap:.1e}")  # the table of README "Scaling out" (pytest -rP)
+              f"losses {loss_gap:.1e}")  # the table of docs/training.md, "Scaling out" (pytest -rP)
         for name, expected in reference["weights"].items():
             actual = run["weights"][name]
             if tolerance == 0:
@@ -62,10 +63,12 @@ def test_sharded_training_of_every_architecture_matches_unsharded_data_paralleli
 
 # transformers initialises a custom-code model built for ZeRO-3 with its remote-code flag for every sub-model, and under
 # that flag skips the `_init_weights` of a module without parameters of its own: GPT-2's depth-scaled init of c_proj
-# (std 0.02 / sqrt(2 n_layer), set from GPT2Attention and GPT2MLP) is not applied to TEL-GPT2 (README "Scaling out").
+# (std 0.02 / sqrt(2 n_layer), set from GPT2Attention and GPT2MLP) is not applied to TEL-GPT2 (docs/training.md,
+# "Scaling out").
 UNSCALED_UNDER_ZERO3 = {"tel-gpt2-tiny": r"transformer\.h\.\d+\.(attn|mlp)\.c_proj\.weight"}
 
 
+@pytest.mark.slow
 def test_every_architecture_built_for_zero3_starts_as_it_does_unsharded(tmp_path):
     """accelerate builds a ZeRO-3 model inside DeepSpeed's sharded initialisation, where `nn.init` is off and
     transformers initialises afterwards through `_init_weights`: every parameter must start as in an unsharded build -

@@ -125,6 +125,7 @@ def test_eqt_refuses_assisted_decoding_up_front_and_its_window_cannot_be_cropped
         cache.crop(1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["eqt-llama", "fem"])
 def test_compiled_static_decoding_of_an_unpadded_then_a_padded_batch_compiles_once(name):
     """`generate()` drops an all-ones mask; the decoding steps must still make the call a padded batch makes, or the

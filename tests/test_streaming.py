@@ -91,6 +91,7 @@ def test_a_killed_and_resumed_streamed_run_ends_with_the_weights_of_an_uninterru
     assert whole.final_metrics["validation_loss"] == resumed.final_metrics["validation_loss"]
 
 
+@pytest.mark.slow
 def test_two_processes_stream_their_shares_and_resume_from_their_own_positions(corpus, tmp_path):
     """`accelerate launch` with 2 processes on a streamed source: killed after step 4, resumed from step 3's
     checkpoint (one stream position per process), it ends with the weights of an uninterrupted 2-process run."""

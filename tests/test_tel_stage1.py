@@ -9,6 +9,7 @@ from energyzoo.cli import main
 from energyzoo.reproduce.tel_stage1 import MODELS, load_task
 
 
+@pytest.mark.slow
 def test_reproduce_tel_stage1_writes_a_consistent_report(tmp_path):
     code = main(["reproduce", "tel-stage1", "datasets=[wine,swiss_roll]", "widths=[8]", "seeds=2", "epochs=30",
                  "--output-dir", str(tmp_path)])

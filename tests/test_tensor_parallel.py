@@ -13,6 +13,8 @@ from tensor_parallel import held_width, run
 from energyzoo import model_from_preset
 from energyzoo.modeling.configuration_fem import FEM_PRIORS
 
+pytestmark = pytest.mark.slow  # processes of their own
+
 SCRIPT = Path(__file__).parent / "support" / "tensor_parallel.py"
 VARIANTS = {  # name: (preset, overrides)
     "fem-softmax": ("fem-lm-tiny", {"prior": "softmax"}),

@@ -128,6 +128,7 @@ def test_killed_and_resumed_run_ends_with_the_weights_of_an_uninterrupted_run(tm
     assert (tmp_path / "whole" / "loss_curve.png").read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.slow
 def test_two_processes_with_accumulation_follow_the_single_process_run(tmp_path):
     """accelerate's prepared DataLoader, `accumulate` and `get_state_dict` save: 2 processes x 2 micro-batches of one
     example end with the losses, validation metrics and weights of one process on the whole batch of 4."""
@@ -331,6 +332,7 @@ def test_the_card_carries_the_measured_bench_rows_of_its_preset_only(trained_mod
     assert "fem-lm-tiny-wide" not in card.text
 
 
+@pytest.mark.slow
 def test_exported_folder_loads_and_generates_without_energyzoo(trained_model, tmp_path):
     """(a) a fresh process where energyzoo cannot be imported loads the folder as remote code."""
     folder = export_folder(trained_model, tmp_path / "export")
@@ -349,6 +351,7 @@ def test_exported_folder_loads_and_generates_without_energyzoo(trained_model, tm
     assert done.returncode == 0 and "REMOTE_OK transformers_modules" in done.stdout, done.stdout + done.stderr
 
 
+@pytest.mark.slow
 def test_lm_eval_cli_runs_the_exported_folder_on_the_local_task(trained_model, tmp_path):
     """(b) the stock `lm_eval` CLI, in a fresh process, with remote code."""
     folder = export_folder(trained_model, tmp_path / "export")
@@ -479,6 +482,7 @@ def run_in_terminal(command: list[str], timeout: float = 120) -> str:
 
 
 
+@pytest.mark.slow
 def test_exported_code_refuses_untested_transformers_and_the_tokenizer_needs_no_remote_code(trained_model, tmp_path):
     """The folder's code loads only on the releases it was tested on, the package's own range (below and above it
     a release is refused in one line, instead of decoding wrong tokens); its tokenizer needs no remote code."""
@@ -542,6 +546,7 @@ def test_trainer_example_fine_tunes_a_trained_folder(trained_model, tmp_path):
     assert type(AutoModelForCausalLM.from_pretrained(tmp_path / "tuned")).__name__ == "FEMForCausalLM"
 
 
+@pytest.mark.slow
 def test_short_quickstart_trains_evaluates_and_exports(tmp_path):
     report = run_quickstart(tmp_path / "qs", steps=40, batch_size=8, progress=False)
     assert report.validation_loss < report.uniform_loss - 1.0

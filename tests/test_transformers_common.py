@@ -2,15 +2,14 @@
 ``tests/``), run against zoo models the way transformers runs them for Llama and GPT-2. The test bodies are
 transformers'; this file only wires model testers to them.
 
-transformers' sdist does not ship its ``tests/`` folder and CI cannot download it, so this module reads a copy: the one
-``ENERGYZOO_TRANSFORMERS_TESTS`` names, or else the copy of the installed release beside the repository
-(`SHARED_COPIES`: ``../shared/transformers-tests/tests`` for 5.23, ``../shared/transformers-tests-5.24/tests`` for 5.24,
-where CI and the project's machines keep them; each README says where each part comes from). Without one it is
-skipped, the one skip of its kind in the suite. To use transformers' own checkout::
+transformers' sdist does not ship its ``tests/`` folder and CI cannot download it, so this module reads the copy of
+the installed release's ``tests/`` that ``ENERGYZOO_TRANSFORMERS_TESTS`` names (`.ci/run` names the one its machine
+keeps for each end of the supported range). Without one it is skipped, the one skip of its kind in the suite. To use
+transformers' own checkout::
 
     git clone --depth 1 --branch v$(python -c "import transformers; print(transformers.__version__)") \\
-        https://github.com/huggingface/transformers /tmp/transformers
-    ENERGYZOO_TRANSFORMERS_TESTS=/tmp/transformers/tests python -m pytest -q tests/test_transformers_common.py
+        https://github.com/huggingface/transformers ~/transformers
+    ENERGYZOO_TRANSFORMERS_TESTS=~/transformers/tests python -m pytest -q tests/test_transformers_common.py
 
 Covered: FEM (each prior), TEL-GPT2, TEL-ViT, TEL-ResNet, EqT-LLaMA, EER, and Hyper-SET's three heads (image
 classification, Sudoku token classification, MaskGIT masked image modelling). Where a common test does not apply,
@@ -28,14 +27,13 @@ import torch
 import transformers
 from packaging.version import Version
 
-# the copy of transformers' tests/ that matches each supported release (major.minor)
-SHARED_COPIES = {"5.23": "transformers-tests", "5.24": "transformers-tests-5.24"}
+pytestmark = pytest.mark.slow  # transformers' whole common suite per model class, compiled decoding included
+
 RELEASE = ".".join(map(str, Version(transformers.__version__).release[:2]))
-SHARED_COPY = Path(__file__).resolve().parents[2] / "shared" / SHARED_COPIES.get(RELEASE, "none") / "tests"
-TRANSFORMERS_TESTS = os.environ.get("ENERGYZOO_TRANSFORMERS_TESTS") or (SHARED_COPY.is_dir() and str(SHARED_COPY))
+TRANSFORMERS_TESTS = os.environ.get("ENERGYZOO_TRANSFORMERS_TESTS")
 if not TRANSFORMERS_TESTS:
-    pytest.skip(f"no copy of transformers' tests/ for transformers {RELEASE}: set ENERGYZOO_TRANSFORMERS_TESTS or keep "
-                f"one at {SHARED_COPY} (see this module's docstring)", allow_module_level=True)
+    pytest.skip(f"no copy of transformers' tests/ for transformers {RELEASE}: set ENERGYZOO_TRANSFORMERS_TESTS (see "
+                "this module's docstring)", allow_module_level=True)
 sys.path.insert(0, str(Path(TRANSFORMERS_TESTS).resolve().parent))
 
 from tests.generation.test_utils import GenerationTesterMixin  # noqa: E402

@@ -1,5 +1,5 @@
 """`energyzoo bench NAME`: an architecture against the baseline of the same shape, as the registry's `Bench` entry
-declares it (presets, workloads, targets), in one table format (DESIGN.md performance targets).
+declares it (presets, workloads, targets), in one table format.
 
 Workloads: ``forward`` (full sequence, no cache, eval mode), ``train_step`` (forward with the model's own loss,
 backward, AdamW step), ``peak_memory`` (of a train step) and, for language models, ``decode`` (cached greedy
@@ -113,9 +113,9 @@ def bench_arms(entry: Bench, presets: tuple[str, ...], baseline: str, workload: 
     sweep runs the baseline at every length too)."""
     keyword, values = entry.sweep if entry.sweep is not None and workload == "forward" else (None, ())
     if keyword == "seq_len":
-        return [Arm(f"{preset_label} seq_len={length}", preset, baseline=preset == baseline, seq_len=length)
-                for preset, preset_label in ((baseline, f"{baseline} (baseline)"), *((p, p) for p in presets))
-                for length in values]
+        labelled = [(baseline, f"{baseline} (baseline)"), *((preset, preset) for preset in presets)]
+        return [Arm(f"{label} seq_len={length}", preset, baseline=preset == baseline, seq_len=length)
+                for preset, label in labelled for length in values]
     arms = [Arm(f"{baseline} (baseline)", baseline, baseline=True)]
     for preset in presets:
         arms += ([Arm(f"{preset} {keyword}={value}", preset, {keyword: value}) for value in values] if keyword

@@ -4,11 +4,10 @@ The folder loads with `trust_remote_code=True` on a machine without energyzoo: s
 config whose `auto_map` names every Auto class the architecture supports, the modeling files (copied by
 transformers through `register_for_auto_class`), the tokenizer, the generation config, and a model card
 rendered from this folder's per-paper template (the registry's `card_template`: `fem.md`, `tel.md`,
-`hyperset.md`, `eqt.md`, `eer.md`) with the evaluation results that
-`energyzoo eval` left in ``MODEL_DIR/eval`` as `model-index` metadata, and the speed rows of the model's preset as
-`energyzoo bench --all` measured them (``bench.json`` here, the README's "Speed" table). The card declares a
-``pipeline_tag`` only where that transformers pipeline runs on the folder (it holds the tokenizer or image processor
-the pipeline reads).
+`hyperset.md`, `eqt.md`, `eer.md`) with the evaluation results that `energyzoo eval` left in ``MODEL_DIR/eval`` as
+`model-index` metadata, and the speed rows of the model's preset as `energyzoo bench --all` measured them
+(``bench.json`` here, also the documents' speed tables). The card declares a ``pipeline_tag`` only where that
+transformers pipeline runs on the folder (it holds the tokenizer or image processor the pipeline reads).
 Nothing touches the network unless ``push_to`` names a repository.
 
 The output folder is new, empty or an earlier export (which is replaced as a whole), never the model folder or a
@@ -183,7 +182,7 @@ def _eval_table(model_dir: Path) -> str:
 
 
 def measured_speed() -> list[dict]:
-    """`energyzoo bench --all` as measured for the README (``hub_cards/bench.json``, one result per architecture)."""
+    """`energyzoo bench --all` as measured for the documents (``hub_cards/bench.json``, one result per architecture)."""
     return json.loads((resources.files("energyzoo") / "hub_cards" / BENCH_RESULTS).read_text())
 
 
@@ -197,7 +196,7 @@ def _speed_table(model_dir: Path, model_type: str) -> str:
             return (f"`energyzoo bench {model_type}`, this preset's rows:\n\n"
                     + format_table({"title": result["title"], "rows": rows, "notes": []}))
     return (f"This model's preset{f' ({preset})' if preset else ''} was not timed: `energyzoo bench {model_type}` "
-            f"times the architecture's bench presets against their baseline (energyzoo's README, \"Speed\").")
+            f"times the architecture's bench presets against their baseline (energyzoo's docs/speed.md).")
 
 
 def runnable_pipeline(task: str, folder: Path) -> str | None:

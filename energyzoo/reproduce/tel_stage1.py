@@ -59,7 +59,7 @@ class Task:
 
 
 def load_task(name: str) -> Task:
-    """The embedded datasets (DESIGN.md "Data that is always there")."""
+    """The embedded datasets (scikit-learn's, always installed with the [vision] extra: no download)."""
     with needs_extra("vision"):
         from sklearn import datasets
 

@@ -1,4 +1,4 @@
-"""Fine-tuning any zoo model with the transformers `Trainer` (the README's example, as a function).
+"""Fine-tuning any zoo model with the transformers `Trainer` (docs/usage.md's example, as a function).
 
     >>> from energyzoo.training.finetune import finetune_with_trainer
     >>> finetune_with_trainer("runs/quickstart/train/model", "runs/finetuned", max_steps=100)

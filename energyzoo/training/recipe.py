@@ -1,5 +1,5 @@
-"""Run recipes (`energyzoo/configs/*.yaml`): what to train, on which data, how (DESIGN.md keeps recipes in
-`configs/`, model definitions in `models/`).
+"""Run recipes (`energyzoo/configs/*.yaml`): what to train, on which data, how (recipes live in `configs/`, model
+definitions in `models/`).
 
 A recipe is YAML with four sections and an output folder::
 

@@ -166,7 +166,7 @@ def run_training(recipe: Recipe, resume: bool = False, overwrite: bool = False, 
 
 def _threads_for(model) -> None:
     """One CPU thread for a tiny model on a CPU: its operations are too small to split, and on a shared machine extra
-    threads wait on each other (the README's quickstart took 28 minutes under load with torch's default, 2.5 with
+    threads wait on each other (the quickstart took 28 minutes under load with torch's default, 2.5 with
     one). `training.num_threads` or ``OMP_NUM_THREADS`` choose otherwise; `run_training` restores the count after."""
     parameters = sum(parameter.numel() for parameter in model.parameters())
     if not torch.cuda.is_available() and parameters < TINY_MODEL_PARAMETERS:

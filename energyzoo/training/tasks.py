@@ -1,5 +1,5 @@
-"""The task table: what `energyzoo train` and fine-tuning do for each task a preset card names (DESIGN.md,
-keyed like `registry.TASKS`): the data a task reads, the batch -> model kwargs mapping, and its metrics.
+"""The task table: what `energyzoo train` and fine-tuning do for each task a preset card names (keyed like
+`registry.TASKS`): the data a task reads, the batch -> model kwargs mapping, and its metrics.
 
 Metrics are sums over a batch, ``{name: (numerator, denominator)}``, so that `validation.evaluate` can add them over
 batches and processes before dividing (an accuracy is correct / counted).

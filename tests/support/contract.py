@@ -1,4 +1,4 @@
-"""The model contract every energyzoo architecture passes (DESIGN.md, "The model contract", items 1-11).
+"""The model contract every energyzoo architecture passes (docs/contributing.md, "A new architecture").
 
 A new architecture adds a small tester: subclass `ModelContract` (vision), `CausalLMContract` or
 `SequenceClassificationContract` (token models, which add padding items 3/6 and, for causal LMs, item 7)
@@ -164,6 +164,7 @@ class ModelContract:
             assert torch.equal(base(**base_inputs)[0], expected)
 
     # 2. remote code in a fresh process ---------------------------------------------------------------
+    @pytest.mark.slow
     @pytest.mark.parametrize("runtime", RUNTIMES)
     def test_exported_folder_loads_as_remote_code_without_energyzoo(self, tmp_path, runtime):
         model = self.build()
@@ -361,6 +362,7 @@ class ModelContract:
         assert type(restored) is type(traced) and torch.equal(output_tensor(restored), output_tensor(traced))
         self.assert_same_trace(restored.energies, trace)
 
+    @pytest.mark.slow
     def test_energy_trace_is_the_same_under_activation_checkpointing_and_compile(self):
         """The trace of a training-mode forward: recomputation in backward records nothing more, and a
         fullgraph-compiled forward records what eager does."""
@@ -437,6 +439,7 @@ class ModelContract:
         """Inputs for the compile check: the hardest ones the model takes (token models add padding)."""
         return self.make_inputs(config)
 
+    @pytest.mark.slow
     @pytest.mark.parametrize("training", [False, True], ids=["inference", "training"])
     def test_fullgraph_compile_matches_eager(self, training):
         """torch.compile(fullgraph=True) traces the whole forward (and backward) without a graph break and

@@ -1,4 +1,4 @@
-"""A float64 reference of EER's residual loop and loss (eer.txt §5.1, eq. 2-5; spec shared/specs/eer.md §1.1-1.2),
+"""A float64 reference of EER's residual loop and loss (eer.txt §5.1, eq. 2-5),
 written from the equations with plain tensor ops over the model's weights: no code of `energyzoo.modeling` runs.
 Positions with ``mask`` 0 are padding: they are never attended to and not counted in the regularisers."""
 

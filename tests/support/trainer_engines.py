@@ -6,8 +6,8 @@ fixed random sequences, saved by `Trainer.save_model` to OUT. The engines see th
 over 2 processes), so their weights agree up to the reductions' rounding.
 
 On a CPU, `TrainingArguments(deepspeed=...)` sets up accelerate's state without a backend, and each process then
-takes itself for the only one; a state set up first over gloo (`use_configured_state`) is what it needs (README,
-"Scaling out")."""
+takes itself for the only one; a state set up first over gloo (`use_configured_state`) is what it needs
+(docs/training.md, "Scaling out")."""
 
 import os
 import sys

@@ -1,0 +1,105 @@
+"""The measured numbers of the repository's documents, rendered from their one source as the cards are: the bench
+tables from ``bench.json`` (`energyzoo bench --all`) and the reproduction tables from ``ledger.json`` (`energyzoo
+reproduce all --quick`), both shipped here. A document marks each rendered block::
+
+    <!-- rendered: bench fem -->
+    ... (written by `render_document`) ...
+    <!-- end rendered -->
+
+Blocks: ``bench MODEL_TYPE...`` (each bench table of those architectures), ``speed-summary`` (a row per bench
+table), ``ledger EXPERIMENT...`` (each experiment's verdicts), ``ledger-summary`` (a row per experiment).
+``python -m energyzoo.hub_cards.docs FILE...`` rewrites the blocks of each file; a test checks they are current.
+"""
+
+import json
+import re
+import sys
+from collections import Counter
+from importlib import resources
+from pathlib import Path
+
+from ..eval.speed import format_table
+from ..presets import config_from_preset
+from ..reproduce.experiments import EXPERIMENTS
+from ..reproduce.verdict import LEDGER_HEADER, VERDICTS
+from .export import measured_speed
+
+BLOCK = re.compile(r"(<!-- rendered: (?P<kind>[\w-]+)(?P<names>(?: [\w.-]+)*) -->\n)(?P<body>.*?)"
+                   r"(<!-- end rendered -->)", re.S)
+SUMMARY_WORKLOADS = ("forward", "train_step", "peak_memory", "decode")
+
+
+def measured_ledger() -> dict:
+    """The shipped ledger: ``{"quick": bool, "experiments": {name: {"seconds", "verdicts"}}}``."""
+    return json.loads(resources.files(__package__).joinpath("ledger.json").read_text())
+
+
+def _architecture(result: dict) -> str:
+    return config_from_preset(result["presets"][0]).model_type
+
+
+def bench_tables(model_types: list[str]) -> str:
+    return "\n\n".join(format_table(result) for result in measured_speed() if _architecture(result) in model_types)
+
+
+def speed_summary() -> str:
+    """Each bench table's first preset against its baseline: the median ratio of each workload (of a swept entry,
+    the arm with a target), and whether it meets its target."""
+    lines = ["| architecture | preset vs baseline | " + " | ".join(SUMMARY_WORKLOADS) + " |",
+             "|---|---|" + "---|" * len(SUMMARY_WORKLOADS)]
+    for result in measured_speed():
+        preset = result["presets"][0]
+        cells = []
+        for workload in SUMMARY_WORKLOADS:
+            rows = [row for row in result["rows"] if row["workload"] == workload
+                    and row["arm"].split(" ")[0] == preset and " vs " not in row["arm"]]
+            row = next((row for row in rows if row["target"] is not None), rows[0] if rows else None)
+            notes = [row["arm"].removeprefix(preset).strip()] if row else []
+            if row and row["target"] is not None:
+                notes.append("ok" if row["meets_target"] else "missed")
+            notes = [note for note in notes if note]
+            cells.append("" if row is None else f"{row['ratio']:.2f}" + (f" ({', '.join(notes)})" if notes else ""))
+        lines.append(f"| {_architecture(result)} | `{preset}` vs `{result['baseline']}` | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def ledger_tables(experiments: list[str]) -> str:
+    ledger = measured_ledger()["experiments"]
+    sections = []
+    for name in experiments:
+        report = ledger[name]
+        sections.append("\n".join([f"**{name}** ({report['seconds'] / 60:.1f} min): {EXPERIMENTS[name].description}",
+                                   "", LEDGER_HEADER, *(record["row"] for record in report["verdicts"])]))
+    return "\n\n".join(sections)
+
+
+def ledger_summary() -> str:
+    ledger = measured_ledger()
+    experiments = ledger["experiments"]
+    total = Counter(record["verdict"] for report in experiments.values() for record in report["verdicts"])
+    minutes = sum(report["seconds"] for report in experiments.values()) / 60
+    lines = [f"{'Quick' if ledger['quick'] else 'Full'} settings, {minutes:.0f} min on 2 CPU cores: "
+             + ", ".join(f"**{total[verdict]} {verdict}**" for verdict in VERDICTS) + ".", "",
+             "| experiment | " + " | ".join(VERDICTS) + " |", "|---|" + "---|" * len(VERDICTS)]
+    for name, report in experiments.items():
+        counts = Counter(record["verdict"] for record in report["verdicts"])
+        lines.append(f"| {name} | " + " | ".join(str(counts[verdict]) for verdict in VERDICTS) + " |")
+    return "\n".join(lines)
+
+
+RENDERERS = {"bench": bench_tables, "speed-summary": lambda names: speed_summary(),
+             "ledger": ledger_tables, "ledger-summary": lambda names: ledger_summary()}
+
+
+def render_document(text: str) -> str:
+    """``text`` with every rendered block written from the shipped measurements."""
+    def render(match: re.Match) -> str:
+        body = RENDERERS[match["kind"]](match["names"].split())
+        return f"{match.group(1)}{body}\n{match.group(5)}"
+
+    return BLOCK.sub(render, text)
+
+
+if __name__ == "__main__":
+    for path in map(Path, sys.argv[1:]):
+        path.write_text(render_document(path.read_text()))
