@@ -57,6 +57,7 @@ def test_reproduce_hyperset_writes_scaling_baselines_verdicts_and_traces(tmp_pat
     assert (tmp_path / "hyperset.png").read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.slow
 def test_hub_image_source_trains_a_classifier_from_local_image_files(tmp_path):
     """The `hf-images` source through `datasets` (here its imagefolder builder on local PNGs, as the CIFAR recipes
     read the Hub): RGB in [-1, 1] with the labels of the folders, resized on request. Classes: 1-pixel stripes,

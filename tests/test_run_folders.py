@@ -90,6 +90,7 @@ def test_runs_killed_at_random_moments_resume_to_the_weights_of_an_uninterrupted
     assert metric_rows(run) == metric_rows(uninterrupted)
 
 
+@pytest.mark.slow
 def test_resume_takes_the_newest_complete_checkpoint_and_says_which_it_skipped(uninterrupted, tmp_path, caplog):
     """A run stopped after step 5, then the debris of a kill: step 6's save interrupted (its partial folder), a
     checkpoint folder without its trainer state (as the old direct writes left them) and a metrics row cut short.
@@ -159,6 +160,7 @@ def test_resuming_with_settings_that_change_the_run_is_refused_by_name(uninterru
     assert named in str(refused.value)
 
 
+@pytest.mark.slow
 def test_resuming_with_a_new_logging_and_saving_schedule_continues_the_run(uninterrupted, tmp_path):
     run = tmp_path / "run"
     train(run, stop_after=3)
@@ -185,6 +187,7 @@ def test_a_warmup_longer_than_the_run_is_clamped_with_a_note(caplog):
     assert "training.warmup_steps 30 >= steps 20: warming up over the whole run (19 steps)" in caplog.text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("metric", ["validation_loss", "validation_next_token_accuracy"])
 def test_keep_best_keeps_the_model_of_the_best_evaluation_even_across_a_resume(tmp_path, metric):
     """best-model/ holds the weights the checkpoint of the best evaluation holds (lowest loss, highest accuracy; the

@@ -68,6 +68,7 @@ def test_an_exhausted_stream_says_so(corpus):
         PackedStream(streamed(path), tokenizer).next_blocks(10**6)
 
 
+@pytest.mark.slow
 def test_a_killed_and_resumed_streamed_run_ends_with_the_weights_of_an_uninterrupted_one(corpus, tmp_path):
     path, documents, _ = corpus
     settings = ["data.source=hf", "data.name=json", f"data.paths=[{path}]", f"data.block_size={BLOCK}",

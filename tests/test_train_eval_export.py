@@ -110,6 +110,7 @@ def test_batch_schedule_walks_seeded_epochs_without_repeats():
 
 
 # train -----------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_killed_and_resumed_run_ends_with_the_weights_of_an_uninterrupted_run(tmp_path):
     whole = tiny_run(tmp_path / "whole")
     stopped = tiny_run(tmp_path / "resumed", stop_after=4)
@@ -173,6 +174,7 @@ def f_max_collapsed_to_mu(read):
     return collapsed
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", ["fem-lm-tiny", "fem-gla-tiny"])
 def test_bf16_mixed_precision_training_follows_fp32_closer_than_the_lse_branch(tmp_path, monkeypatch, preset):
     """CPU autocast bf16 through every FEM module (the conditioner's custom backward included): its losses stay
@@ -225,6 +227,7 @@ def lm_eval_rows(text: str) -> list[list[str]]:
     return [[cell.strip() for cell in line.split("|")[1:-1]] for line in lines[start + 2:]]
 
 
+@pytest.mark.slow
 def test_eval_local_suite_writes_lm_eval_json_and_markdown(trained_model):
     results = json.loads((trained_model / "eval" / "local.json").read_text())["results"]
     assert 0 <= results["energyzoo_pydoc_mc"]["acc,none"] <= 1
