@@ -229,22 +229,36 @@ def _doctor(args) -> int:
     return 1 if counts["FAIL"] else 0
 
 
-def _reproduce(args) -> int:
-    from .reproduce.report import ledger_markdown, run_experiment, write_ledger
+def _setting(args) -> str:
+    if args.quick and args.paper_scale:
+        raise UserError("--quick and --paper-scale are two settings: give one")
+    return "quick" if args.quick else "paper-scale" if args.paper_scale else "full"
 
+
+def _reproduce(args) -> int:
+    from .reproduce.experiments import SETTINGS
+    from .reproduce.report import build_ledger, ledger_markdown, run_experiment, write_ledger
+
+    setting = _setting(args)
     if args.experiment == "all":
-        if args.overrides:
-            raise UserError(f"reproduce all takes no settings ({' '.join(args.overrides)}): each experiment has its "
-                             f"own; run `energyzoo reproduce NAME field=value` for one")
+        chosen = dict(override.partition("=")[::2] for override in args.overrides)
+        for name, own in chosen.items():
+            if name not in EXPERIMENTS or own not in SETTINGS:
+                raise UserError(f"reproduce all takes NAME=SETTING (an experiment's setting in this ledger, one of "
+                                 f"{SETTINGS}), got {name}={own}: experiments are {', '.join(EXPERIMENTS)}; run "
+                                 f"`energyzoo reproduce NAME field=value` to change one's settings")
         output_dir = Path(args.output_dir or "runs/reproduce")
-        reports = {name: run_experiment(name, [], output_dir / name, args.quick, reuse=True) for name in EXPERIMENTS}
-        paths = write_ledger(reports, output_dir, args.quick)
-        print(ledger_markdown(reports, args.quick))
+        reports = {name: run_experiment(name, [], output_dir / name, chosen.get(name, setting), reuse=True)
+                   for name in EXPERIMENTS}
+        ledger = build_ledger(reports, command=" ".join(["energyzoo reproduce all", *args.overrides]
+                                                        + [f"--{setting}"] * (setting != "full")))
+        paths = write_ledger(ledger, output_dir)
+        print(ledger_markdown(ledger))
         print("\nwrote " + ", ".join(str(path) for path in paths.values()) + f" and each experiment's report in "
               f"{output_dir}/<name>")
         return 0
     output_dir = args.output_dir or f"runs/{args.experiment}"
-    report = run_experiment(args.experiment, args.overrides, output_dir, args.quick)
+    report = run_experiment(args.experiment, args.overrides, output_dir, setting)
     print(EXPERIMENTS[args.experiment].code().format_markdown(report))
     print(f"\n{report['seconds']:.0f} s; wrote its markdown, JSON and PNG in {output_dir}")
     return 0
@@ -373,9 +387,13 @@ def build_parser() -> argparse.ArgumentParser:
                                f"{name}: {experiment.description}" for name, experiment in EXPERIMENTS.items()))
     reproduce.add_argument("overrides", nargs="*",
                            help="settings, e.g. seeds=3 epochs=30 (tel-stage1), sudoku_steps=400 (hyperset), "
-                                "lengths=[16,32] seeds=[0,1,2] (eqt-parity), steps=1000 (eer-induction)")
+                                "lengths=[16,32] seeds=[0,1,2] (eqt-parity), steps=1000 (eer-induction); for all: "
+                                "NAME=SETTING, one experiment's setting in the ledger (e.g. fem-lm=quick)")
     reproduce.add_argument("--quick", action="store_true",
-                           help="the experiment's quick setting (minutes on 2 CPU cores; reproduce/experiments.py)")
+                           help="the quick setting: a smoke test of minutes on 2 CPU cores, no verdicts "
+                                "(reproduce/experiments.py)")
+    reproduce.add_argument("--paper-scale", action="store_true",
+                           help="the paper's own scale (for a GPU; reproduce/experiments.py)")
     reproduce.add_argument("--output-dir", default=None, help="default: runs/<experiment> (all: runs/reproduce)")
     reproduce.set_defaults(run=_reproduce)
     return parser

@@ -1,6 +1,7 @@
 """The optional parts of energyzoo (pyproject's extras): what loading, generating, fine-tuning and training need is
-the base install; lm-eval (``eval``), the image metrics and the digits data (``vision``) and plotting (``plots``)
-come with their extra, and a missing one is named in one line when it is first used."""
+the base install; lm-eval (``eval``), the image metrics and the digits data (``vision``), plotting (``plots``) and
+the statistics of the reproduction verdicts (``reproduce``) come with their extra, and a missing one is named in one
+line when it is first used."""
 
 from collections.abc import Iterator
 from contextlib import contextmanager

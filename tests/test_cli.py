@@ -92,7 +92,10 @@ def test_bad_paths_are_answered_in_one_line_with_exit_code_2_before_any_network_
      "eqt-parity settings seed: Key 'seed' not in 'Settings'. Did you mean: 'seeds'?"),
     (["reproduce", "eqt-parity", "arms=[eqt]"], "eqt-parity arms must include llama and be among "),
     (["reproduce", "eqt-parity", "eval_steps=[8,32]"], "eqt-parity eval_steps must include 0"),
-    (["reproduce", "all", "seeds=3"], "reproduce all takes no settings (seeds=3): each experiment has its own"),
+    (["reproduce", "all", "seeds=3"], "reproduce all takes NAME=SETTING (an experiment's setting in this ledger"),
+    (["reproduce", "all", "fem-lm=huge"], "got fem-lm=huge"),
+    (["reproduce", "fem-lm", "--paper-scale"], "fem_lm has no paper-scale setting"),
+    (["reproduce", "fem-lm", "--quick", "--paper-scale"], "--quick and --paper-scale are two settings"),
     (["bench", "tel-gpt2", "--prior", "gla"], "TELGPT2Config has no field 'prior'"),
     (["bench", "--all", "fem"], "--all benches every architecture against its own baseline: drop NAME"),
     (["train", "fem-lm-tiny", "model.overrides.rms_norm_eps=-1e-5"],  # YAML reads -1e-5 as a string; the field a float

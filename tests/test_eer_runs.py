@@ -176,9 +176,15 @@ def test_the_l1000_claims_are_judged_against_cross_entropy_and_against_the_paper
     from energyzoo.reproduce.verdict import judge
 
     comparative, absolute = induction_claims(1000)
-    eer, ce = [0.36, 0.35, 0.37], [0.36, 0.36, 0.35]  # the measurement: both near 1/3
-    assert "sits at chance" in judge(comparative, eer, ce).reason
+    assert comparative.paper_baseline == pytest.approx(blank_and_guess_accuracy(
+        induction_batch(256, 1000, seed=[10**6, 1000])[1]))  # stagnating: cross-entropy at App. C's epoch 0
+    assert comparative.effect == pytest.approx((0.792 - 0.335) / 2)  # half App. C's jump
+    eer, ce = [0.36, 0.35, 0.37, 0.355, 0.365], [0.36, 0.36, 0.35, 0.355, 0.35]  # both near 1/3, as measured
+    assert judge(comparative, eer, ce).verdict == "not reproduced"  # EER is far from the jump
     assert judge(absolute, eer, ce).verdict == "not reproduced"
+    learned = judge(comparative, eer, [0.6, 0.62, 0.61, 0.6, 0.63])  # cross-entropy that does not stagnate
+    assert learned.verdict == "regime differs" and "the paper's at 0.33" in learned.reason
+    assert judge(comparative, eer[:3], ce[:3]).reason.endswith("a verdict needs >= 5")
     assert [claim.kind for claim in induction_claims(100)] == ["better"]
 
 

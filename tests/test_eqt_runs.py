@@ -98,10 +98,16 @@ def test_flips_and_moved_measure_what_the_refinement_changes():
     assert row == {"eqt_K0": 1.0, "eqt_K6": 7 / 10, "eqt_flips": 3 / 10, "eqt_moved": 3.0}
 
 
-def test_a_parity_baseline_near_chance_gives_no_verdict():
-    from energyzoo.reproduce.eqt_parity import parity_claim
+def test_parity_claims_take_table_2s_gain_and_its_standard_as_the_regime():
+    from energyzoo.reproduce.eqt_parity import convergence_claim, parity_claim
     from energyzoo.reproduce.verdict import judge
 
-    near_chance = judge(parity_claim(32, 32), [0.62, 0.64, 0.63], [0.565, 0.57, 0.56])  # the L = 32 case
-    assert near_chance.verdict == "inconclusive" and "sits at chance" in near_chance.reason
-    assert judge(parity_claim(16, 32), [0.85, 0.86, 0.84], [0.80, 0.79, 0.80]).verdict == "reproduced"
+    claim = parity_claim(64, 32)
+    assert claim.effect == pytest.approx(0.0233) and claim.paper_baseline == pytest.approx(0.8815)
+    near_chance = judge(claim, [0.62, 0.64, 0.63, 0.61, 0.6], [0.565, 0.57, 0.56, 0.55, 0.56])  # L = 64, Llama at 56 %
+    assert near_chance.verdict == "regime differs" and "the paper's at 0.8815" in near_chance.reason
+    assert judge(claim, [0.93, 0.94, 0.93, 0.92, 0.935], [0.88, 0.87, 0.88, 0.875, 0.89]).verdict == "reproduced"
+    # at L = 16 Table 2 reports -0.01: the claim's effect falls back to its smallest gain, and Llama at 100 %
+    assert parity_claim(16, 32).effect == pytest.approx(0.49 / 200) and parity_claim(16, 32).paper_baseline == 1.0
+    same = judge(convergence_claim(64, 8, 32), [0.9, 0.91, 0.905, 0.9, 0.91], [0.9, 0.909, 0.906, 0.901, 0.91])
+    assert same.verdict == "reproduced"  # TOST: K = 8 and 32 within half a point

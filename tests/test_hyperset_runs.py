@@ -102,3 +102,20 @@ def test_hub_sudoku_source_reads_puzzle_and_solution_strings(tmp_path):
     read_labels = torch.cat([data.train_labels, data.validation_labels])
     order = [next(i for i in range(10) if torch.equal(inputs[i], puzzle)) for puzzle in read]
     assert sorted(order) == list(range(10)) and torch.equal(read_labels, labels[order])
+
+
+def test_held_out_sudoku_grids_never_occur_in_training_or_validation():
+    from energyzoo.data.sudoku import sudoku_examples, sudoku_split
+
+    def grids(inputs, labels) -> set:
+        solutions = torch.where(labels == -100, inputs, labels + 1)
+        return {tuple(row) for row in solutions.tolist()}
+
+    train_inputs, train_labels, validation_inputs, validation_labels = sudoku_split(900, (4, 5), 0.1, seed=0, box=2)
+    seen = grids(train_inputs, train_labels) | grids(validation_inputs, validation_labels)
+    assert len(seen) > 100  # most of the 144 training-part grids of the 192 the generator reaches
+    held_out = grids(*sudoku_examples(300, (4, 5), box=2, seed=43, held_out=True))
+    assert len(held_out) > 30 and not held_out & seen
+    # without held_out an evaluation draws the training part: the grids training saw (the old, memorisable test set)
+    training_part = grids(*sudoku_examples(300, (4, 5), box=2, seed=43))
+    assert len(training_part & seen) > 0.9 * len(training_part) and not training_part & held_out

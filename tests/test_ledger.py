@@ -5,59 +5,77 @@ import json
 
 import pytest
 
+from energyzoo.modeling.errors import UserError
 from energyzoo.reproduce.experiments import EXPERIMENTS
-from energyzoo.reproduce.report import ledger_markdown, run_experiment, write_ledger
-from energyzoo.reproduce.verdict import Claim, judged
+from energyzoo.reproduce.report import build_ledger, ledger_markdown, run_experiment, write_ledger
+from energyzoo.reproduce.verdict import MIN_SEEDS, Claim, judged
 from energyzoo.training.recipe import typed_settings
 
-CLAIM = Claim("A beats B", "paper Table 1", "a", "b", "accuracy", chance=0.0, ceiling=1.0)
+CLAIM = Claim("A beats B", "paper Table 1", "a", "b", "accuracy", effect=0.02, effect_source="half the gap",
+              chance=0.0, ceiling=1.0)
+FIVE = [0.0, 0.01, -0.01, 0.005, -0.005]
 
 
-def test_the_ledger_counts_and_lists_every_experiments_verdicts(tmp_path):
+def _report(setting: str, seconds: float, *pairs) -> dict:
+    return {"setting": setting, "seconds": seconds, "settings": {"seeds": 5}, "machine": "here", "commit": None,
+            "verdicts": [judged(CLAIM, arm, baseline) for arm, baseline in pairs]}
+
+
+def test_the_ledger_decides_every_verdict_together_and_counts_smoke_apart(tmp_path):
     reports = {
-        "tel-stage1": {"seconds": 120.0, "verdicts": [judged(CLAIM, [0.8, 0.81, 0.82], [0.7, 0.7, 0.71]),
-                                                      judged(CLAIM, [0.6, 0.8, 0.7], [0.7, 0.7, 0.7])]},
-        "eqt-parity": {"seconds": 60.0, "verdicts": [judged(CLAIM, [0.5, 0.51, 0.5], [0.7, 0.71, 0.72])]},
+        "tel-stage1": _report("full", 120.0, ([0.80 + d for d in FIVE], [0.70 + d / 2 for d in FIVE]),
+                              ([0.70 + d for d in FIVE], [0.70 - d for d in FIVE])),
+        "eqt-parity": _report("quick", 60.0, ([0.5 + d for d in FIVE], [0.7 + d for d in FIVE])),
     }
-    markdown = ledger_markdown(reports, quick=True)
-    assert markdown.splitlines()[0] == ("Reproduction ledger (quick settings, 3 min): 1 reproduced, 1 not reproduced, "
-                                        "1 inconclusive.")
+    ledger = build_ledger(reports, command="energyzoo reproduce all eqt-parity=quick")
+    verdicts = [record["verdict"] for report in ledger["experiments"].values() for record in report["verdicts"]]
+    assert verdicts == ["reproduced", "not reproduced", "smoke"]  # the second: a true zero excludes the effect
+    assert ledger["tested"] == 2  # Holm's family: the two full-setting claims
+    first = ledger["experiments"]["tel-stage1"]["verdicts"][0]
+    raw = [record["p"] for record in ledger["experiments"]["tel-stage1"]["verdicts"]]
+    assert first["p_adjusted"] == pytest.approx(min(1.0, 2 * min(raw)))  # Holm's first step over two claims
+    assert ledger["provenance"]["seconds"] == 180.0 and ledger["provenance"]["packages"]["torch"]
+    markdown = ledger_markdown(ledger)
+    assert markdown.splitlines()[0].startswith("Reproduction ledger (1 full, 1 quick settings, 3 min): 1 reproduced, "
+                                               "1 not reproduced; 1 smoke rows (quick settings: no verdicts).")
     assert markdown.count("| A beats B (paper Table 1) |") == 3
-    assert markdown.index("**tel-stage1**") < markdown.index("**eqt-parity**")
-    assert "(2.0 min)" in markdown and "(1.0 min)" in markdown
-    paths = write_ledger(reports, tmp_path, quick=True)
-    saved = json.loads(paths["json"].read_text())
-    assert saved["quick"] is True
-    assert [record["verdict"] for record in saved["experiments"]["tel-stage1"]["verdicts"]] == [
-        "reproduced", "inconclusive"]
+    assert markdown.index("**tel-stage1** (full setting, 2.0 min)") < markdown.index("**eqt-parity** (quick")
+    paths = write_ledger(ledger, tmp_path)
+    assert json.loads(paths["json"].read_text()) == json.loads(json.dumps(ledger))
     assert paths["markdown"].read_text() == markdown + "\n"
 
 
 @pytest.mark.parametrize("name", sorted(EXPERIMENTS))
-def test_every_quick_setting_is_a_valid_override_set_with_three_seeds(name):
+def test_every_setting_is_a_valid_override_set_and_the_full_one_has_five_seeds(name):
     experiment = EXPERIMENTS[name]
     assert all(callable(getattr(experiment.code(), part)) for part in ("Settings", "run", "format_markdown", "plot"))
-    settings = typed_settings(experiment.code().Settings, list(experiment.quick))
-    seeds = settings.seeds
-    assert (seeds if isinstance(seeds, int) else len(seeds)) >= 3
+    for setting, fewest in (("quick", 3), ("full", MIN_SEEDS), ("paper-scale", MIN_SEEDS)):
+        if setting == "paper-scale" and not experiment.paper_scale:
+            with pytest.raises(UserError, match="no paper-scale setting"):
+                experiment.overrides(setting)
+            continue
+        seeds = typed_settings(experiment.code().Settings, list(experiment.overrides(setting))).seeds
+        assert (seeds if isinstance(seeds, int) else len(seeds)) >= fewest
 
 
 def test_run_experiment_applies_the_quick_setting_before_the_command_lines(tmp_path):
-    report = run_experiment("tel-stage1", ["datasets=[wine]", "widths=[8]", "epochs=2"], tmp_path, quick=True,
+    report = run_experiment("tel-stage1", ["datasets=[wine]", "widths=[8]", "epochs=2"], tmp_path, "quick",
                             progress=lambda message: None)
     assert report["settings"]["seeds"] == 3 and report["settings"]["widths"] == (8,)  # quick's seeds, our widths
-    assert len(report["verdicts"]) == 1 and (tmp_path / "tel_stage1.md").is_file()
+    assert report["settings"]["learning_rates"] == (3e-3,) and report["setting"] == "quick"
+    assert [record["verdict"] for record in report["verdicts"]] == ["smoke"]
+    assert (tmp_path / "tel_stage1.md").is_file()
 
 
 def test_a_finished_report_with_the_same_settings_is_reused_and_other_settings_rerun(tmp_path):
-    overrides = ["datasets=[wine]", "widths=[8]", "epochs=2", "seeds=1"]
+    overrides = ["datasets=[wine]", "widths=[8]", "epochs=2", "seeds=1", "learning_rates=[3e-3]"]
     first = run_experiment("tel-stage1", overrides, tmp_path, progress=lambda message: None)
     messages = []
     again = run_experiment("tel-stage1", overrides, tmp_path, progress=messages.append, reuse=True)
     assert messages == [f"tel-stage1: reusing the report in {tmp_path / 'tel_stage1.json'} (same settings)"]
     assert again["verdicts"] == json.loads(json.dumps(first["verdicts"])) and again["seconds"] == first["seconds"]
-    rerun = run_experiment("tel-stage1", [*overrides[:-1], "seeds=2"], tmp_path, progress=lambda message: None,
-                           reuse=True)
+    rerun = run_experiment("tel-stage1", [*overrides[:3], "seeds=2", overrides[4]], tmp_path,
+                           progress=lambda message: None, reuse=True)
     assert rerun["settings"]["seeds"] == 2 and len(rerun["verdicts"]) == 1
 
 
@@ -83,4 +101,4 @@ def test_fem_argmax_data_metric_and_arms_follow_app_p(tmp_path):
     assert torch.equal(fem.v_proj.weight, torch.eye(16)) and not fem.o_proj.weight.requires_grad
     report = run_argmax(settings, progress=lambda message: None)
     assert [row["arm"] for row in report["rows"]] == ["softmax", "fem"]
-    assert report["verdicts"][0]["reason"] == "1 seed; a verdict needs >= 3"
+    assert report["verdicts"][0]["reason"] == f"1 seed; a verdict needs >= {MIN_SEEDS}"

@@ -85,3 +85,16 @@ def test_the_family_pages_render_every_bench_entry_and_experiment():
              for name in match["names"].split()}
     assert {("bench", name) for name, entry in ARCHITECTURES.items() if entry.bench} <= named
     assert {("ledger", name) for name in EXPERIMENTS} <= named
+
+
+CARDS = sorted((ROOT / "energyzoo" / "hub_cards").glob("*.md"))
+MEASURED = re.compile(r"\d(?:\.\d+)? ?(?:±|\+-) ?\d")  # a measured mean with its spread
+
+
+@pytest.mark.parametrize("document", [*DOCUMENTS, *CARDS], ids=lambda path: str(path.relative_to(ROOT)))
+def test_measured_numbers_appear_only_in_rendered_blocks(document):
+    """A measurement (a mean ± its spread) written by hand drifts from the data it came from: prose points to the
+    rendered tables (bench.json, ledger.json) instead."""
+    prose = RENDERED.sub("", document.read_text())
+    assert not [line for line in prose.splitlines() if MEASURED.search(line)], f"measured numbers in the prose of " \
+        f"{document.relative_to(ROOT)}: render them from ledger.json or bench.json"

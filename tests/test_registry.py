@@ -12,8 +12,10 @@ from transformers import AutoConfig, AutoModel
 
 from energyzoo.hub_cards import export_model
 from energyzoo.hub_cards.export import measured_speed, render_card
+from energyzoo.hub_cards.ledger import measured_ledger
 from energyzoo.presets import config_from_preset, preset_card, preset_names
 from energyzoo.registry import ARCHITECTURES, TASKS, architecture
+from energyzoo.reproduce.experiments import EXPERIMENTS
 
 TESTERS = zoo.TESTERS
 
@@ -99,4 +101,9 @@ def test_export_writes_a_full_auto_map_over_the_familys_files_only(tester, tmp_p
     assert f"modeling_{own}" in files and f"configuration_{own}" in files
     card = render_card(model, tmp_path / "export", next(iter(entry.heads)))
     assert card.data.tags == ["energyzoo", tester.model_type, "custom_code"]
+    # the family's reproductions, rendered from the shipped ledger: every claim row, not prose written by hand
+    shipped = measured_ledger()["experiments"]
+    rows = [record["row"] for name, experiment in EXPERIMENTS.items() if experiment.family == entry.card_template[:-3]
+            for record in shipped[name]["verdicts"]]
+    assert rows and all(row in card.text for row in rows)
     assert card.data.pipeline_tag is None  # no tokenizer or image processor in the folder for a pipeline to read

@@ -5,7 +5,14 @@ Boards have side n = box^2 (4x4 with box 2, 9x9 with box 3), digits 1..n and 0 f
 pattern grid (box (r mod box) + r // box + c) mod n under random validity-preserving symmetries; a puzzle removes
 cells of it in random order while the solution stays unique, down to the requested number of givens (the
 difficulty knob) or as far as uniqueness allows.
+
+Solution grids are split once and for all into a training part and a held-out part (`held_out_grid`: a quarter of
+them, by a checksum of the grid): training and validation puzzles (`sudoku_split`) come from the training part, and
+an evaluation asks for held-out grids, so that no test solution was ever seen in training. This matters for 4x4
+boards, whose generator reaches 192 grids: a test set drawn from all of them repeats training grids many times.
 """
+
+import zlib
 
 import torch
 
@@ -96,26 +103,45 @@ def unique_puzzle(solution: list[int], givens: int, box: int, generator: torch.G
     return board
 
 
-def sudoku_puzzles(count: int, givens: tuple[int, int], box: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+HELD_OUT_EVERY = 4  # one grid in four is held out for evaluation
+
+
+def held_out_grid(solution: torch.Tensor) -> bool:
+    """Whether a solution grid belongs to the held-out part: a checksum of its digits, one in ``HELD_OUT_EVERY``."""
+    return zlib.crc32(bytes(solution.to(torch.uint8).tolist())) % HELD_OUT_EVERY == 0
+
+
+def _solutions_of_part(count: int, generator: torch.Generator, box: int, held_out: bool) -> torch.Tensor:
+    """``count`` solutions drawn until that many fall in the requested part of the grid split."""
+    kept = []
+    while len(kept) < count:
+        kept += [grid for grid in sudoku_solutions(2 * count, generator, box) if held_out_grid(grid) == held_out]
+    return torch.stack(kept[:count])
+
+
+def sudoku_puzzles(count: int, givens: tuple[int, int], box: int, seed: int,
+                   held_out: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(puzzles, solutions), (count, n^2) each: unique-solution puzzles with a uniform number of givens in
     ``givens`` (fewer givens: harder; a puzzle stops above the target when no cell can go without losing
-    uniqueness)."""
+    uniqueness), on solution grids of the training part, or of the ``held_out`` part."""
     generator = torch.Generator().manual_seed(seed)
-    solutions = sudoku_solutions(count, generator, box)
+    solutions = _solutions_of_part(count, generator, box, held_out)
     targets = torch.randint(givens[0], givens[1] + 1, (count,), generator=generator).tolist()
     puzzles = [unique_puzzle(solution.tolist(), target, box, generator) for solution, target in zip(solutions, targets)]
     return torch.tensor(puzzles), solutions
 
 
-def sudoku_examples(count: int, givens: tuple[int, int], box: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+def sudoku_examples(count: int, givens: tuple[int, int], box: int, seed: int,
+                    held_out: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Token-classification examples (hyperset.txt §5.1 format): ``input_ids`` digits with 0 a blank, labels
-    digit - 1 on blanks and -100 on givens."""
-    puzzles, solutions = sudoku_puzzles(count, givens, box, seed)
+    digit - 1 on blanks and -100 on givens; on held-out solution grids with ``held_out``."""
+    puzzles, solutions = sudoku_puzzles(count, givens, box, seed, held_out)
     return puzzles, (solutions - 1).masked_fill(puzzles != 0, -100)
 
 
 def sudoku_split(examples: int, givens: tuple[int, int], validation_fraction: float, seed: int, box: int = 3):
-    """`sudoku_examples` split into (train inputs, train labels, validation inputs, validation labels)."""
+    """`sudoku_examples` (training grids) split into (train inputs, train labels, validation inputs, validation
+    labels)."""
     inputs, labels = sudoku_examples(examples, givens, box, seed)
     cut = int(examples * (1 - validation_fraction))
     return inputs[:cut], labels[:cut], inputs[cut:], labels[cut:]

@@ -11,27 +11,21 @@ table), ``ledger EXPERIMENT...`` (each experiment's verdicts), ``ledger-summary`
 ``python -m energyzoo.hub_cards.docs FILE...`` rewrites the blocks of each file; a test checks they are current.
 """
 
-import json
 import re
 import sys
 from collections import Counter
-from importlib import resources
 from pathlib import Path
 
 from ..eval.speed import format_table
 from ..presets import config_from_preset
-from ..reproduce.experiments import EXPERIMENTS
-from ..reproduce.verdict import LEDGER_HEADER, VERDICTS
+from ..reproduce.report import headline
+from ..reproduce.verdict import VERDICTS
 from .export import measured_speed
+from .ledger import ledger_tables, measured_ledger
 
 BLOCK = re.compile(r"(<!-- rendered: (?P<kind>[\w-]+)(?P<names>(?: [\w.-]+)*) -->\n)(?P<body>.*?)"
                    r"(<!-- end rendered -->)", re.S)
 SUMMARY_WORKLOADS = ("forward", "train_step", "peak_memory", "decode")
-
-
-def measured_ledger() -> dict:
-    """The shipped ledger: ``{"quick": bool, "experiments": {name: {"seconds", "verdicts"}}}``."""
-    return json.loads(resources.files(__package__).joinpath("ledger.json").read_text())
 
 
 def _architecture(result: dict) -> str:
@@ -63,27 +57,21 @@ def speed_summary() -> str:
     return "\n".join(lines)
 
 
-def ledger_tables(experiments: list[str]) -> str:
-    ledger = measured_ledger()["experiments"]
-    sections = []
-    for name in experiments:
-        report = ledger[name]
-        sections.append("\n".join([f"**{name}** ({report['seconds'] / 60:.1f} min): {EXPERIMENTS[name].description}",
-                                   "", LEDGER_HEADER, *(record["row"] for record in report["verdicts"])]))
-    return "\n\n".join(sections)
-
-
 def ledger_summary() -> str:
+    """The ledger's headline, and a row per experiment: its setting and the count of each verdict."""
     ledger = measured_ledger()
-    experiments = ledger["experiments"]
-    total = Counter(record["verdict"] for report in experiments.values() for record in report["verdicts"])
-    minutes = sum(report["seconds"] for report in experiments.values()) / 60
-    lines = [f"{'Quick' if ledger['quick'] else 'Full'} settings, {minutes:.0f} min on 2 CPU cores: "
-             + ", ".join(f"**{total[verdict]} {verdict}**" for verdict in VERDICTS) + ".", "",
-             "| experiment | " + " | ".join(VERDICTS) + " |", "|---|" + "---|" * len(VERDICTS)]
-    for name, report in experiments.items():
+    columns = (*VERDICTS, "smoke")
+    lines = [headline(ledger), "", "| experiment | setting | " + " | ".join(columns) + " | ran on |",
+             "|---|---|" + "---|" * (len(columns) + 1)]
+    for name, report in ledger["experiments"].items():
         counts = Counter(record["verdict"] for record in report["verdicts"])
-        lines.append(f"| {name} | " + " | ".join(str(counts[verdict]) for verdict in VERDICTS) + " |")
+        lines.append(f"| {name} | {report['setting']} | " + " | ".join(str(counts[verdict]) for verdict in columns)
+                     + f" | {report['machine']} |")
+    provenance = ledger["provenance"]
+    commit = provenance["commit"] or "unknown"
+    lines += ["", f"Made by `{ledger['command']}` at commit {commit[:7]}{'-dirty' * commit.endswith('-dirty')} on "
+                  f"{provenance['date']} ({provenance['machine']}; torch {provenance['packages']['torch']}, "
+                  f"transformers {provenance['packages']['transformers']})."]
     return "\n".join(lines)
 
 

@@ -35,6 +35,7 @@ from ..training.checkpoints import RECIPE, write_folder_whole
 from ..training.engines import Engine
 from ..training.recipe import Recipe, read_recipe
 from ..training.tasks import training_task
+from .ledger import family_ledger
 from .public import is_local_path, public_evaluations, public_recipe
 
 SKIPPED_CONFIG_KEYS = {"auto_map", "architectures", "transformers_version", "id2label", "label2id", "dtype"}
@@ -232,6 +233,7 @@ def render_card(model, model_dir: Path, task: str, repo_id: str | None = None,
         repo_id=repo_id or "path/to/this/folder", parameters=f"{sum(p.numel() for p in model.parameters()):,}",
         config_table=_config_table(config), training_data=_training_data(model_dir, task),
         eval_table=_eval_table(model_dir), speed_table=_speed_table(model_dir, model_type),
+        reproduction_table=family_ledger(Path(entry.card_template).stem),
         transformers_range=TESTED_TRANSFORMERS,
         **entry.card_facts(config),
     )

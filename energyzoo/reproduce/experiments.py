@@ -8,17 +8,38 @@ import inspect
 from dataclasses import dataclass
 from types import ModuleType
 
+from ..modeling.errors import UserError
+
+SETTINGS = ("quick", "full", "paper-scale")
+
 
 @dataclass(frozen=True)
 class Experiment:
     """module: energyzoo.reproduce.<module>, which defines ``Settings`` (a dataclass), ``run(settings[,
     output_dir], progress)`` (the report, a dict with its ``seconds``; it takes ``output_dir`` where it keeps trained
     models there), ``format_markdown(report)`` and ``plot(report, path)``; quick: the overrides of ``--quick`` (a few
-    minutes on 2 CPU cores, still >= 3 seeds and every arm), applied before the command line's."""
+    minutes on 2 CPU cores, still >= 3 seeds and every arm: a smoke test, no verdicts), applied before the command
+    line's; paper_scale: the overrides of ``--paper-scale`` (the paper's own scale, for a GPU). The defaults are the
+    full setting: the protocol at the largest scale that fits the ledger's 2 CPU hours, >= 5 seeds. The family
+    (whose model cards and docs page show the verdicts) is the module's first word."""
 
     module: str
     description: str
     quick: tuple[str, ...]
+    paper_scale: tuple[str, ...] = ()
+
+    @property
+    def family(self) -> str:
+        """The paper family (its model card template and docs page): the module's first word."""
+        return self.module.split("_")[0]
+
+    def overrides(self, setting: str) -> tuple[str, ...]:
+        if setting not in SETTINGS:
+            raise UserError(f"setting must be one of {SETTINGS}, got {setting!r}")
+        if setting == "paper-scale" and not self.paper_scale:
+            raise UserError(f"{self.module} has no paper-scale setting: its paper's scale is out of reach offline "
+                             f"(its module docstring says why)")
+        return {"quick": self.quick, "full": (), "paper-scale": self.paper_scale}[setting]
 
     def code(self) -> ModuleType:
         return importlib.import_module(f"{__package__}.{self.module}")
@@ -32,28 +53,37 @@ class Experiment:
 EXPERIMENTS = {
     "fem-argmax": Experiment("fem_argmax",
                              "fem.txt App. P: one softmax-attention vs one FEM layer on the channel-wise argmax",
-                             ("length=32", "channels=128", "steps=1000", "validation_samples=500")),
+                             ("seeds=[0,1,2]", "steps=300", "validation_samples=500"),
+                             ("length=128", "channels=512", "steps=2000", "validation_samples=2000", "device=cuda")),
     "fem-lm": Experiment("fem_lm",
                          "fem.txt Table 2 at CPU scale: FEM-SM vs Llama of the same shape on the embedded corpus",
-                         ("steps=200",)),
+                         ("seeds=[0,1,2]", "steps=100", "evaluations=2")),
     "fem-mad": Experiment("fem_mad",
-                          "fem.txt Table 1: the MAD ladder softmax -> +C -> +C,L -> +C,L,T -> FEM-SM on the six tasks",
-                          ("steps=100", "test_examples=256")),
+                          "fem.txt Table 1: the MAD ladder softmax -> +C -> +C,L -> +C,L,T -> FEM-SM",
+                          ("seeds=[0,1,2]", "steps=100", "learning_rates=[1e-3]", "test_examples=256"),
+                          ("tasks=[compress,fuzzy_recall,in_context_recall,memorize,noisy_recall,selective_copy]",
+                           "hidden_size=128", "max_length=null", "steps=20000", "batch_size=128",
+                           "learning_rates=[1e-4,5e-4,1e-3]", "weight_decays=[0.0,0.1]", "workers=1",
+                           "device=cuda")),
     "tel-stage1": Experiment("tel_stage1",
                              "tel.txt Stage I: Linear vs MLP vs TEL at matched width on embedded data",
-                             ("seeds=3", "widths=[16,64]")),
+                             ("seeds=3", "widths=[16,64]", "learning_rates=[3e-3]")),
     "hyperset": Experiment("hyperset",
                            "Hyper-SET vs its Transformer baseline: Sudoku at R-2R, digits; MaskGIT; traces",
-                           ("sudoku_arms=[hyperset,transformer]", "sudoku_steps=600", "classification_steps=400",
-                            "maskgit_steps=300", "evaluation_puzzles=300")),
+                           ("seeds=[0,1,2]", "sudoku_steps=600", "classification_steps=400", "maskgit_steps=300",
+                            "evaluation_puzzles=300"),
+                           ("sudoku_side=9", "sudoku_givens=[24,34]", "sudoku_steps=112500",
+                            "evaluation_puzzles=1000")),
     "eqt-parity": Experiment("eqt_parity",
                              "EqT-LLaMA vs Llama on cumulative parity (eqt.txt Table 2)",
-                             ("steps=600", "test_sequences=512")),
+                             ("seeds=[0,1,2]", "steps=300", "test_sequences=512"),
+                             ("lengths=[64,192]", "model_scale=paper", "steps=3200", "test_sequences=4096")),
     "eer-induction": Experiment("eer_induction",
                                 "EER vs cross-entropy on induction heads, trained at L 16-64, evaluated at L 10 / "
-                                "100 / 1000 (eer.txt App. C)", ("steps=200", "eval_every=200",
-                                                                "eval_sequences=128")),
+                                "100 / 1000 (eer.txt App. C)", ("seeds=[0,1,2]", "steps=200", "eval_every=200",
+                                                                "eval_sequences=128"),
+                                ("steps=20000", "eval_every=500", "tf32=true")),
     "eer-block-screen": Experiment("eer_screen",
-                                   "EER's unstated block choices (norms, embedding scale, readout, length curriculum) "
-                                   "screened at T = 4", ("steps=400",)),
+                                   "EER's unstated block choices (norms, embedding scale, readout, length curriculum, "
+                                   "App. C's initial energy) screened at T = 4", ("seeds=[0,1,2]", "steps=300")),
 }

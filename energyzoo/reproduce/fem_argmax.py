@@ -11,7 +11,9 @@ is the mixture ("an output in R^D taken from the last position directly after th
 output projections are fixed identities (value width D, ``value_ratio=1``), since a learned output scale would let
 a uniform mixture recover the max through the column mean (T * mean_j ~ Delta), which is not the task. Metrics on
 held-out samples: MSE and the per-channel index accuracy, â_j = argmin_i (V[i, j] - y_j)^2 against a_j (chance
-1/T). The paper: T = 128, D = 512, 2,000 steps; FEM reaches ~100 %, softmax stays at 1-2 %.
+1/T). The paper: T = 128, D = 512, 2,000 steps; FEM reaches ~100 %, softmax stays at 1-2 % (the claim's regime:
+softmax within 5 points of 1.5 %). The CPU setting is T = 32, D = 128, 1,000 steps (a 32x smaller problem, where
+softmax still sits near chance); ``--paper-scale`` is the paper's.
 """
 
 import time
@@ -32,21 +34,23 @@ ARMS = {"softmax": (), "fem": ("use_lse", "use_temperature_gate")}  # the switch
 def argmax_claim(length: int) -> Claim:
     return Claim("FEM quickly learns the per-channel argmax mapping, while a single softmax attention selection "
                  "does not", "fem.txt App. P, Fig. 3", "fem", "softmax", "per-channel index accuracy",
-                 chance=1 / length, ceiling=1.0, band=0.02)
+                 effect=0.49, effect_source="half Fig. 3's gap, ~100 % vs 1-2 %", chance=1 / length, ceiling=1.0,
+                 paper_baseline=0.015, paper_band=0.05)
 
 
 @dataclass
 class Settings:
-    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
-    length: int = 128  # T
-    channels: int = 512  # D
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2, 3, 4])
+    length: int = 32  # T (the paper's: 128)
+    channels: int = 128  # D (512)
     heads: int = 4
-    steps: int = 2000
+    steps: int = 1000  # (2,000)
     batch_size: int = 64
     learning_rate: float = 1e-2
     validation_samples: int = 2000
     margin: float = 1.0  # Delta
     noise: float = 0.05  # sigma
+    device: str = "cpu"  # where the layers train ("cuda" at the paper's scale); samples are drawn on the CPU
 
 
 def argmax_samples(count: int, settings: Settings, generator: torch.Generator):
@@ -80,25 +84,26 @@ class Mixer(torch.nn.Module):
         self.rotary = LlamaRotaryEmbedding(config=config)
 
     def forward(self, values: torch.Tensor) -> torch.Tensor:
-        positions = torch.arange(values.shape[1]).unsqueeze(0)
+        positions = torch.arange(values.shape[1], device=values.device).unsqueeze(0)
         output, _ = self.attention(values, self.rotary(values, position_ids=positions))
         return output[:, -1]
 
 
 def train_arm(arm: str, seed: int, settings: Settings, validation) -> dict:
     torch.manual_seed(seed)
-    model = Mixer(arm, settings)
+    model = Mixer(arm, settings).to(settings.device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=settings.learning_rate)
     generator = torch.Generator().manual_seed(seed)
     for _ in range(settings.steps):
         values, _, targets = argmax_samples(settings.batch_size, settings, generator)
-        loss = F.mse_loss(model(values), targets)
+        loss = F.mse_loss(model(values.to(settings.device)), targets.to(settings.device))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
     values, winners, targets = validation
     with torch.no_grad():
-        predictions = torch.cat([model(values[start:start + 250]) for start in range(0, len(values), 250)])
+        predictions = torch.cat([model(values[start:start + 250].to(settings.device)).cpu()
+                                 for start in range(0, len(values), 250)])
     return {"arm": arm, "seed": seed, "mse": F.mse_loss(predictions, targets).item(),
             "index_accuracy": index_accuracy(values, winners, predictions)}
 

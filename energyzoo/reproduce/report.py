@@ -2,14 +2,21 @@
 every experiment's verdicts (`energyzoo reproduce all`)."""
 
 import json
+import os
+import platform
+import subprocess
 from collections import Counter
 from dataclasses import asdict
+from datetime import datetime, timezone
+from importlib import metadata
 from pathlib import Path
 
 from ..extras import needs_extra
 from ..training.recipe import typed_settings
 from .experiments import EXPERIMENTS
-from .verdict import LEDGER_HEADER, VERDICTS
+from .verdict import ALPHA, LEDGER_HEADER, MIN_SEEDS, VERDICTS, decide
+
+PROVENANCE_PACKAGES = ("energyzoo", "torch", "transformers", "accelerate", "scipy", "statsmodels", "scikit-learn")
 
 
 def _is_json(value) -> bool:
@@ -36,46 +43,109 @@ def write_report(name: str, report: dict, output_dir: str | Path) -> dict[str, P
     return paths
 
 
-def run_experiment(name: str, overrides: list[str], output_dir: str | Path, quick: bool = False,
+def run_experiment(name: str, overrides: list[str], output_dir: str | Path, setting: str = "full",
                    progress=print, reuse: bool = False) -> dict:
-    """Run experiment ``name`` (its quick overrides first when ``quick``, then ``overrides``) and write its report
-    in ``output_dir``; returns the report. With ``reuse``, a report already in ``output_dir`` from the same settings
-    is read back instead (its JSON values: what the ledger needs), so an interrupted `reproduce all` loses no
-    finished experiment."""
+    """Run experiment ``name`` at ``setting`` (its default settings, or its ``quick`` or ``paper-scale`` overrides
+    first, then ``overrides``) and write its report in ``output_dir``; returns the report. With ``reuse``, a report
+    already in ``output_dir`` from the same settings is read back instead (its JSON values: what the ledger needs),
+    so an interrupted `reproduce all` loses no finished experiment."""
     experiment = EXPERIMENTS[name]
     code = experiment.code()
-    settings = typed_settings(code.Settings, [*(experiment.quick if quick else ()), *overrides],
-                              owner=f"{name} settings")
+    settings = typed_settings(code.Settings, [*experiment.overrides(setting), *overrides], owner=f"{name} settings")
     saved = Path(output_dir) / f"{experiment.module}.json"
     if reuse and saved.is_file():
         report = json.loads(saved.read_text())
-        if report.get("settings") == json.loads(json.dumps(asdict(settings))):
+        if report.get("settings") == json.loads(json.dumps(asdict(settings))) and report.get("setting") == setting:
             progress(f"{name}: reusing the report in {saved} (same settings)")
             return report
     report = code.run(settings, output_dir, progress) if experiment.trains_models else code.run(settings, progress)
+    # a report's own verdicts: Holm over its claims (the ledger adjusts over all of them); a quick run's are smoke
+    report.update(verdicts=decide(report["verdicts"], smoke=setting == "quick"), setting=setting, machine=machine(),
+                  commit=_commit())
     write_report(name, report, output_dir)
     return report
 
 
-def ledger_markdown(reports: dict[str, dict], quick: bool) -> str:
-    """Every experiment's verdicts in one table per experiment, with its wall time, and the count of each verdict."""
-    counts = Counter(record["verdict"] for report in reports.values() for record in report["verdicts"])
-    seconds = sum(report["seconds"] for report in reports.values())
-    lines = [f"Reproduction ledger ({'quick' if quick else 'full'} settings, {seconds / 60:.0f} min): "
-             + ", ".join(f"{counts[verdict]} {verdict}" for verdict in VERDICTS) + "."]
-    for name, report in reports.items():
-        lines += ["", f"**{name}**: {EXPERIMENTS[name].description} ({report['seconds'] / 60:.1f} min)", "",
+def _counts(records) -> Counter:
+    return Counter(record["verdict"] for record in records)
+
+
+def headline(ledger: dict) -> str:
+    """The ledger's one line: its setting, wall time and the count of each verdict (smoke rows are not verdicts)."""
+    records = [record for report in ledger["experiments"].values() for record in report["verdicts"]]
+    counts, seconds = _counts(records), ledger["provenance"]["seconds"]
+    verdicts = ", ".join(f"{counts[verdict]} {verdict}" for verdict in VERDICTS if counts[verdict])
+    smoke = f"{counts['smoke']} smoke rows (quick settings: no verdicts)" if counts["smoke"] else ""
+    settings = Counter(report["setting"] for report in ledger["experiments"].values())
+    return (f"Reproduction ledger ({', '.join(f'{count} {setting}' for setting, count in settings.items())} "
+            f"setting{'s' if len(ledger['experiments']) > 1 else ''}, {seconds / 60:.0f} min): "
+            + "; ".join(part for part in (verdicts, smoke) if part) + f". Verdicts need >= {MIN_SEEDS} seeds and "
+            f"Holm-adjusted p <= {ALPHA:g} over the ledger's {ledger['tested']} tested claims.")
+
+
+def ledger_markdown(ledger: dict) -> str:
+    """Every experiment's verdicts in one table per experiment, with its wall time, under the `headline`."""
+    lines = [headline(ledger)]
+    for name, report in ledger["experiments"].items():
+        lines += ["", f"**{name}** ({report['setting']} setting, {report['seconds'] / 60:.1f} min): "
+                      f"{EXPERIMENTS[name].description}", "",
                   LEDGER_HEADER, *(record["row"] for record in report["verdicts"])]
     return "\n".join(lines)
 
 
-def write_ledger(reports: dict[str, dict], output_dir: str | Path, quick: bool) -> dict[str, Path]:
-    """``ledger.md`` (`ledger_markdown`) and ``ledger.json`` (each experiment's verdict records) in ``output_dir``."""
+def _commit() -> str | None:
+    """The checkout's commit, "-dirty" when its files differ from it; None outside a git checkout (an install)."""
+    try:
+        return subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=40"], capture_output=True,
+                              text=True, check=True, cwd=Path(__file__).parent).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def machine() -> str:
+    """The processor, its threads and the GPU a report ran on."""
+    import torch
+
+    gpu = f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
+    threads = os.environ.get("OMP_NUM_THREADS", "unset")
+    return f"{platform.machine()}, {os.cpu_count()} CPUs, OMP_NUM_THREADS={threads}{gpu}"
+
+
+def provenance(reports: dict[str, dict]) -> dict:
+    """What made a ledger: the commit, package versions, machine, date and summed wall time of its reports (each
+    report keeps the machine and commit it ran on)."""
+    versions = {}
+    for package in PROVENANCE_PACKAGES:
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            versions[package] = None
+    return {"commit": _commit(), "packages": versions, "python": platform.python_version(),
+            "machine": machine(),
+            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+            "seconds": sum(report["seconds"] for report in reports.values())}
+
+
+def build_ledger(reports: dict[str, dict], command: str) -> dict:
+    """The ledger of ``reports`` (name: report, each run at its own setting), made by ``command``: every verdict
+    decided again with Holm over the whole ledger (a quick report's rows stay smoke), each experiment's setting,
+    settings and wall time, and the `provenance`."""
+    flat = [(name, {**record, "smoke": record["smoke"] or report["setting"] == "quick"})
+            for name, report in reports.items() for record in report["verdicts"]]
+    decided = decide([record for _, record in flat])
+    experiments = {name: {"setting": report["setting"], "seconds": report["seconds"], "settings": report["settings"],
+                          "machine": report["machine"], "commit": report["commit"],
+                          "verdicts": [record for (owner, _), record in zip(flat, decided) if owner == name]}
+                   for name, report in reports.items()}
+    tested = sum(record["p_adjusted"] is not None for record in decided)
+    return {"command": command, "tested": tested, "provenance": provenance(reports), "experiments": experiments}
+
+
+def write_ledger(ledger: dict, output_dir: str | Path) -> dict[str, Path]:
+    """``ledger.md`` (`ledger_markdown`) and ``ledger.json`` (`build_ledger`'s) in ``output_dir``."""
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     paths = {"markdown": output_dir / "ledger.md", "json": output_dir / "ledger.json"}
-    paths["markdown"].write_text(ledger_markdown(reports, quick) + "\n")
-    paths["json"].write_text(json.dumps({"quick": quick, "experiments": {
-        name: {"seconds": report["seconds"], "verdicts": report["verdicts"]} for name, report in reports.items()}},
-        indent=2))
+    paths["markdown"].write_text(ledger_markdown(ledger) + "\n")
+    paths["json"].write_text(json.dumps(ledger, indent=2))
     return paths

@@ -4,11 +4,17 @@ One hidden layer at matched width: Linear (W2 W1 x), MLP (W2 ReLU(W1 x)) and TEL
 default TEL: K = 5, silu, global adaptive temperature, Gaussian estimator). Reconstruction tasks are
 autoencoders with a 2-D bottleneck whose encoder and decoder hidden blocks are the compared block (G.4.1).
 Training follows G.1 scaled down: AdamW (wd 1e-2), gradient clipping at 1.0, linear warmup then cosine decay,
-the reported test value is the one at the best validation epoch. Features (and regression targets) are
-standardised on the training split; regression RMSE and reconstruction MSE are in standardised units.
+the reported test value is the one at the best validation epoch, and each model's learning rate is the point of
+G.1's grid (eq. 26: 1e-4, 3e-4, 1e-3, 3e-3) with the best mean validation metric over seeds, chosen per (dataset,
+width, model). Features (and regression targets) are standardised on the training split; regression RMSE and
+reconstruction MSE are in standardised units. ``noisy_classes`` (scikit-learn's `make_classification` with 10 %
+of labels flipped) is the classification set off the ceiling: digits and wine sit within a point of 100 %.
 
-Differences from the paper, by necessity of a CPU run: small embedded datasets instead of MNIST/CIFAR/UCI,
-fewer epochs (no 1000-epoch budget), one learning rate (3e-3) instead of the G.1 grid, batch 128.
+The claim's smallest effect of interest is our choice (the paper's per-cell gaps in App. H.1 are not given with
+their spread): half a point of accuracy, or 1 % of a standardised RMSE (0.01) or MSE (0.001), and a verdict needs
+the MLP a point from chance and from the ceiling. Differences from the paper, by necessity of a CPU run: small
+embedded datasets instead of MNIST/CIFAR/UCI, 60 epochs instead of up to 1000 with patience 15, batch 128, no
+dropout grid.
 """
 
 import math
@@ -28,6 +34,7 @@ from ..modeling.tel_layer import TELSettings, ThermodynamicEquilibriumLayer
 from .verdict import VERDICTS, Claim, judged, ledger_lines
 
 MODELS = ("linear", "mlp", "tel")
+EFFECTS = {"classification": 0.005, "regression": 0.01, "reconstruction": 0.001}  # the claim's smallest effect
 BOTTLENECK = 2
 CLAIM = ("TEL outperforms all baselines at the same width in 35/40 classification, 31/40 regression, 32/40 "
          "reconstruction comparisons")
@@ -50,12 +57,12 @@ class Task:
 
     def claim(self, width: int) -> Claim:
         """tel.txt §3.1's matched-width claim for one (dataset, width) cell, against its own MLP (Linear+ReLU)
-        block; accuracy is bounded by the majority class (chance) and 1."""
-        chance = ceiling = None
-        if self.kind == "classification":
-            chance, ceiling = float(np.bincount(self.targets).max() / len(self.targets)), 1.0
+        block; accuracy is bounded by the majority class (chance) and 1, an error by 0."""
+        chance, ceiling = (float(np.bincount(self.targets).max() / len(self.targets)), 1.0) \
+            if self.kind == "classification" else (None, 0.0)
         return Claim(f"{CLAIM}: {self.name}, width {width}", "tel.txt §3.1", "tel", "mlp", self.metric,
-                     self.higher_is_better, chance=chance, ceiling=ceiling)
+                     effect=EFFECTS[self.kind], effect_source="H.1 gives no spread: our choice (module docstring)",
+                     higher_is_better=self.higher_is_better, chance=chance, ceiling=ceiling)
 
 
 def load_task(name: str) -> Task:
@@ -66,24 +73,28 @@ def load_task(name: str) -> Task:
     if name in ("digits", "wine", "breast_cancer"):
         loaded = getattr(datasets, f"load_{name}")()
         return Task(name, "classification", loaded.data, loaded.target)
+    if name == "noisy_classes":
+        features, targets = datasets.make_classification(n_samples=1500, n_features=20, n_informative=8, n_classes=4,
+                                                         flip_y=0.1, class_sep=0.8, random_state=0)
+        return Task(name, "classification", features, targets)
     if name == "diabetes":
         loaded = datasets.load_diabetes()
         return Task(name, "regression", loaded.data, loaded.target)
     if name in ("swiss_roll", "s_curve"):
         points, _ = getattr(datasets, f"make_{name}")(n_samples=1500, noise=0.05, random_state=0)
         return Task(name, "reconstruction", points)
-    raise UserError(f"unknown Stage I dataset {name!r}; known: digits, wine, breast_cancer, diabetes, swiss_roll, "
-                     "s_curve")
+    raise UserError(f"unknown Stage I dataset {name!r}; known: digits, wine, breast_cancer, noisy_classes, diabetes, "
+                     "swiss_roll, s_curve")
 
 
 @dataclass
 class Settings:
-    datasets: tuple[str, ...] = ("digits", "wine", "diabetes", "swiss_roll", "s_curve")
+    datasets: tuple[str, ...] = ("digits", "wine", "noisy_classes", "diabetes", "swiss_roll", "s_curve")
     widths: tuple[int, ...] = (16, 64, 256)
     seeds: int = 5
     epochs: int = 60
     batch_size: int = 128
-    learning_rate: float = 3e-3
+    learning_rates: tuple[float, ...] = (1e-4, 3e-4, 1e-3, 3e-3)  # G.1 eq. 26
     weight_decay: float = 1e-2
     warmup_epochs: int = 5
     tel: TELSettings = field(default_factory=TELSettings)
@@ -155,13 +166,14 @@ def _cosine_with_warmup(step: int, warmup: int, total: int) -> float:
     return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup)))
 
 
-def train_one(task: Task, kind: str, width: int, seed: int, settings: Settings) -> tuple[float, nn.Module]:
-    """Train one model; return its test metric at the best validation epoch, and the trained model."""
+def train_one(task: Task, kind: str, width: int, seed: int, settings: Settings,
+              learning_rate: float) -> tuple[float, float, nn.Module]:
+    """Train one model; return its best validation metric, its test metric at that epoch, and the trained model."""
     data = _splits(task, seed)
     torch.manual_seed(seed)
     outputs = int(task.targets.max()) + 1 if task.kind == "classification" else 1
     model = build_model(kind, task, width, outputs, settings.tel)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=settings.learning_rate, weight_decay=settings.weight_decay)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=settings.weight_decay)
     x_train, y_train = data["train"]
     batches = math.ceil(len(x_train) / settings.batch_size)
     total = settings.epochs * batches
@@ -187,7 +199,7 @@ def train_one(task: Task, kind: str, width: int, seed: int, settings: Settings) 
             if better:
                 best_validation = validation
                 test_at_best = _metric(task, model(data["test"][0]), data["test"][1])
-    return test_at_best, model
+    return best_validation, test_at_best, model
 
 
 def tel_trace(model: nn.Module, task: Task, seed: int) -> dict[str, list[float]]:
@@ -214,10 +226,14 @@ def run(settings: Settings, progress=print) -> dict:
         task = load_task(name)
         for width in settings.widths:
             for kind in MODELS:
-                for seed in range(settings.seeds):
-                    value, model = train_one(task, kind, width, seed, settings)
+                grid = {}
+                for rate in settings.learning_rates:
+                    grid[rate] = [train_one(task, kind, width, seed, settings, rate) for seed in range(settings.seeds)]
+                pick = max if task.higher_is_better else min
+                rate = pick(grid, key=lambda rate: statistics.fmean(run[0] for run in grid[rate]))
+                for seed, (validation, value, model) in enumerate(grid[rate]):
                     records.append(dict(dataset=name, task=task.kind, metric=task.metric, width=width, model=kind,
-                                        seed=seed, value=value))
+                                        seed=seed, learning_rate=rate, validation=validation, value=value))
                     if kind == "tel" and width == trace_width and seed == 0:
                         traces[name] = tel_trace(model, task, seed)
             verdicts.append(judged(task.claim(width), _values(records, name, width, "tel"),
@@ -258,7 +274,8 @@ def format_markdown(report: dict) -> str:
     settings = report["settings"]
     lines = [
         f"TEL Stage I at CPU scale: {settings['seeds']} seeds, {settings['epochs']} epochs, test metric at the best "
-        "validation epoch, mean ± std (best mean in bold).",
+        f"validation epoch of the learning rate of {list(settings['learning_rates'])} best on validation per model, "
+        "mean ± std (best mean in bold).",
         "",
         "| dataset | metric | width | Linear | MLP | TEL |",
         "|---|---|---|---|---|---|",

@@ -17,7 +17,9 @@ def evaluate(model, data: TrainingData, task: TrainingTask, accelerator: Acceler
     totals: dict[str, torch.Tensor] = {}
 
     def add(name: str, numerator, denominator) -> None:
-        pair = torch.stack([torch.as_tensor(numerator), torch.as_tensor(denominator)]).float().to(accelerator.device)
+        # a metric's numerator lives where the model ran, a count may be a Python int: both onto the device
+        pair = torch.stack([torch.as_tensor(value, dtype=torch.float32, device=accelerator.device)
+                            for value in (numerator, denominator)])
         totals[name] = totals.get(name, torch.zeros(2, device=accelerator.device)) + pair
 
     examples, processes = len(data.validation_inputs), accelerator.num_processes
