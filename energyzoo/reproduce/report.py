@@ -103,12 +103,12 @@ def _commit() -> str | None:
 
 
 def machine() -> str:
-    """The processor, its threads and the GPU a report ran on."""
+    """The processor, its threads, the GPU and the torch a report ran on."""
     import torch
 
     gpu = f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
     threads = os.environ.get("OMP_NUM_THREADS", "unset")
-    return f"{platform.machine()}, {os.cpu_count()} CPUs, OMP_NUM_THREADS={threads}{gpu}"
+    return f"{platform.machine()}, {os.cpu_count()} CPUs, OMP_NUM_THREADS={threads}{gpu}, torch {torch.__version__}"
 
 
 def provenance(reports: dict[str, dict]) -> dict:
