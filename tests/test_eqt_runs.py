@@ -59,9 +59,11 @@ def test_parity_reproduction_writes_its_table_and_diagnostics(tmp_path):
     assert summary["length"] == 8 and summary["llama"] == {"mean": row["llama"], "std": 0.0}
     assert "| 8 |" in paths["markdown"].read_text() and paths["plot"].stat().st_size > 0
     claims = [(record["arm"][0], record["baseline"][0]) for record in report["verdicts"]]
-    assert claims == [(row["eqt_K2"], row["llama"]), (row["eqt_K2"], row["eqt_K0"]),
-                      (row["eqt_no_refine_K0"], row["llama"])]
-    assert {record["reason"] for record in report["verdicts"]} == {"1 seed; a verdict needs >= 3"}
+    assert claims == [(row["eqt_K2"], row["llama"]), (row["eqt_K2"], row["eqt_K0"]),  # no K = 8: no convergence
+                      (row["eqt_K2"], row["eqt_no_refine_K0"]), (row["eqt_no_refine_K0"], row["llama"])]
+    assert all(record["verdict"] in ("inconclusive", "regime differs") for record in report["verdicts"])
+    assert {record["reason"] for record in report["verdicts"] if record["verdict"] == "inconclusive"} <= {
+        "1 seed; a verdict needs >= 5"}
     assert "L = 8, K = 2 (eqt.txt Table 2, Fig. 1a)" in paths["markdown"].read_text()
 
 

@@ -198,7 +198,7 @@ def test_a_mad_run_in_two_processes_gives_the_rows_of_one(tmp_path):
     for first, second in zip(one["rows"], two["rows"]):
         assert first["accuracy"] == pytest.approx(second["accuracy"], abs=1 / 64)
         assert first["train_loss"] == pytest.approx(second["train_loss"], rel=1e-4)
-    assert one["verdicts"][0]["reason"] == "1 seed; a verdict needs >= 5"
+    assert one["verdicts"][0]["verdict"] in ("inconclusive", "regime differs")  # 1 seed, 3 steps: no verdict
     assert {row["learning_rate"] for row in one["grid"]} == set(MadSettings().learning_rates)
 
 

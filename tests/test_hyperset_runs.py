@@ -28,6 +28,7 @@ def test_recipes_train_and_report_their_task_metrics(recipe, metric, tmp_path):
 @pytest.mark.slow
 def test_reproduce_hyperset_writes_scaling_baselines_verdicts_and_traces(tmp_path):
     code = main(["reproduce", "hyperset", "seeds=[0]", "sudoku_steps=20", "classification_steps=20",
+                 "sudoku_arms=[hyperset,transformer,hyperset_low_lr]",
                  "maskgit_steps=20", "evaluation_puzzles=100", "--output-dir", str(tmp_path)])
     assert code == 0
     report = json.loads((tmp_path / "hyperset.json").read_text())
@@ -48,7 +49,9 @@ def test_reproduce_hyperset_writes_scaling_baselines_verdicts_and_traces(tmp_pat
     curves = report["curves"]
     assert len(curves["transformer"]["residual"]) == 2 * trained and "attention_energy" not in curves["transformer"]
     assert len(curves["hyperset"]["attention_energy"]) == 2 * trained
-    assert [record["verdict"] for record in report["verdicts"]] == ["inconclusive"] * 3  # one seed
+    # one seed and 20 steps: no verdict (the Transformer, far from §5.1's 49.3 %, is out of the paper's regime)
+    assert {record["verdict"] for record in report["verdicts"]} <= {"inconclusive", "regime differs"}
+    assert report["verdicts"][0]["claim"]["paper_baseline"] == 0.493
     markdown = (tmp_path / "hyperset.md").read_text()
     assert "(54.70% vs. 49.30%) (hyperset.txt §5.1)" in markdown and "| transformer | 39,200 |" in markdown
     ceiling, decoded, floor = report["maskgit"]

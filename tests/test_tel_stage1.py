@@ -28,7 +28,7 @@ def test_reproduce_tel_stage1_writes_a_consistent_report(tmp_path):
         assert (verdict["dataset"], verdict["width"]) == (row["dataset"], row["width"])
         assert verdict["arm"][0] == pytest.approx(row["tel"]["mean"])
         assert verdict["baseline"][0] == pytest.approx(row["mlp"]["mean"])
-        assert verdict["verdict"] == "inconclusive" and verdict["reason"] == "2 seeds; a verdict needs >= 3"
+        assert verdict["verdict"] == "inconclusive" and verdict["reason"] == "2 seeds; a verdict needs >= 5"
     assert report["verdicts"][0]["claim"]["chance"] == pytest.approx(71 / 178)  # wine's majority class
     wine, roll = report["summary"]
     assert wine["metric"] == "accuracy" and wine["mlp"]["mean"] > 0.7  # 3 classes: chance is ~0.4
