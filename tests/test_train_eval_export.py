@@ -221,10 +221,16 @@ def test_local_tasks_are_well_formed():
 
 def lm_eval_rows(text: str) -> list[list[str]]:
     """The cells of each row of lm-eval's markdown table in ``text`` (task, version, filter, n-shot, metric, arrow,
-    value, ±, stderr); the task is named on its first row only."""
-    lines = [line for line in text.splitlines() if line.startswith("|")]
+    value, ±, stderr); the task is named on its first row only. The table ends at its first line that is not a row
+    (a card's other tables follow it)."""
+    lines = text.splitlines()
     start = next(index for index, line in enumerate(lines) if line.replace(" ", "").startswith("|Tasks|Version|"))
-    return [[cell.strip() for cell in line.split("|")[1:-1]] for line in lines[start + 2:]]
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.split("|")[1:-1]])
+    return rows
 
 
 @pytest.mark.slow
