@@ -197,6 +197,7 @@ def _bench(args) -> int:
     overrides.update(_config_fields(args.set))
     settings = BenchSettings(batch_size=args.batch_size, seq_len=args.seq_len, repeats=args.repeats,
                              device=args.device, dtype=args.dtype, compile=args.compile,
+                             threads=args.threads or None,
                              attn_implementation=args.attn_implementation, overrides=overrides,
                              workloads=tuple(args.workloads) if args.workloads else None)
     if args.profile:
@@ -344,6 +345,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--seq-len", type=int, default=None, help="default: the bench entry's (language models)")
     bench.add_argument("--repeats", type=int, default=9)
     bench.add_argument("--device", default="cpu")
+    bench.add_argument("--threads", type=int, default=1,
+                       help="cores the run is pinned to, with as many torch threads (default 1: two back-to-back "
+                            "runs then agree; 0 leaves the process's cores and threads as they are)")
     bench.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     bench.add_argument("--output", default="bench.json", help="JSON file for the results ('' to skip)")
     bench.add_argument("--prior", default=None, metavar="PRIOR", choices=ReadWhenUsed(_fem_priors),

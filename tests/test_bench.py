@@ -2,6 +2,7 @@
 workloads and shapes of every benched architecture, contrasts and sweeps, and the command's JSON."""
 
 import json
+import os
 import statistics
 from dataclasses import asdict, replace
 from types import SimpleNamespace
@@ -18,6 +19,7 @@ from energyzoo.eval.speed import (
     _paired_times,
     format_table,
     measure_peak_memory,
+    pinned_threads,
     run_bench,
     timed_row,
 )
@@ -25,25 +27,59 @@ from energyzoo.registry import ARCHITECTURES
 
 
 def test_paired_times_measure_each_function_in_rotating_order(monkeypatch):
-    """On a scripted clock: each call advances it by its function's seconds, so the samples are exact."""
+    """On a scripted clock (torch.utils.benchmark's Timer reads the bench's clock): each call advances it by its
+    function's seconds, so the samples are exact. Each function is warmed up once; a sample is blocked_autorange's:
+    one call to size the block, then blocks until ``min_seconds`` have passed, whose median is the sample."""
     calls, now = [], [0.0]
     monkeypatch.setattr(speed, "time", SimpleNamespace(perf_counter=lambda: now[0]))
 
     def taking(name, seconds):
+        durations = iter(seconds) if isinstance(seconds, list) else None
+
         def run():
             calls.append(name)
-            now[0] += seconds
+            now[0] += next(durations) if durations else seconds
         return run
 
     times = _paired_times({"slow": taking("slow", 3.0), "fast": taking("fast", 1.0)}, repeats=3, device="cpu",
                           min_seconds=0.0)
-    assert calls == ["slow", "fast", "slow", "fast", "fast", "slow", "slow", "fast"]  # warm-up, then rotated
+    # warm-up, then per repeat (rotated: slow first, fast first, slow first) two calls of each
+    assert calls == ["slow", "fast", *["slow"] * 2, *["fast"] * 2, *["fast"] * 2, *["slow"] * 2, *["slow"] * 2,
+                     *["fast"] * 2]
     assert times == {"slow": [3.0, 3.0, 3.0], "fast": [1.0, 1.0, 1.0]}
-    calls.clear()  # a call shorter than min_seconds is repeated within each sample: 5 s of 2 s calls is 3
-    times = _paired_times({"slow": taking("slow", 6.0), "fast": taking("fast", 2.0)}, repeats=2, device="cpu",
+    calls.clear()  # warm-up, sizing call, then blocks until 5 s have passed (2, 2, 9 s): their median, not mean
+    times = _paired_times({"jittery": taking("jittery", [2.0, 2.0, 2.0, 2.0, 9.0])}, repeats=1, device="cpu",
                           min_seconds=5.0)
-    assert calls == ["slow", "fast", "slow", *["fast"] * 3, *["fast"] * 3, "slow"]
-    assert times == {"slow": [6.0, 6.0], "fast": [2.0, 2.0]}
+    assert calls == ["jittery"] * 5 and times == {"jittery": [2.0]}
+
+
+def test_pinned_threads_run_on_the_last_cores_and_restore_the_process(monkeypatch):
+    allowed, threads = os.sched_getaffinity(0), torch.get_num_threads()
+    with pinned_threads(1):
+        assert os.sched_getaffinity(0) == {max(allowed)} and torch.get_num_threads() == 1
+        tasks = [int(task) for task in os.listdir("/proc/self/task")]
+        assert all(os.sched_getaffinity(task) == {max(allowed)} for task in tasks)  # every thread, not the caller's
+    assert os.sched_getaffinity(0) == allowed and torch.get_num_threads() == threads
+    with pytest.raises(ValueError, match=f"--threads {len(allowed) + 1}: this process may use {len(allowed)} cores"):
+        with pinned_threads(len(allowed) + 1):
+            pass
+    with pinned_threads(None):
+        assert os.sched_getaffinity(0) == allowed and torch.get_num_threads() == threads
+
+
+@pytest.mark.parametrize(("ratios", "iqr", "decision", "busy"), [
+    ([1.00, 1.01, 1.02, 1.03, 1.04], (1.01, 1.03), "yes", False),  # the whole IQR under 1.05
+    ([1.03, 1.04, 1.06, 1.07, 1.08], (1.04, 1.07), "undecided", False),  # the IQR contains 1.05
+    ([1.06, 1.07, 1.08, 1.09, 1.10], (1.07, 1.09), "NO", False),
+    ([0.90, 1.00, 1.02, 1.20, 1.40], (1.00, 1.20), "undecided", True),  # an IQR of 0.2 at a ratio of 1.02: load
+])
+def test_a_target_is_decided_only_when_the_iqr_of_the_ratios_is_on_one_side(ratios, iqr, decision, busy):
+    row = timed_row("a", "forward", seconds=ratios, baseline=[1.0] * len(ratios), target=1.05)
+    assert row.iqr == pytest.approx(iqr) and row.ratio == ratios[2]
+    assert (row.decision, row.busy) == (decision, busy)
+    rate = timed_row("a", "decode", seconds=[1 / ratio for ratio in ratios], baseline=[1.0] * len(ratios),
+                     target=1.05)  # tokens/s: bounded from below, so the decisions swap
+    assert rate.decision == {"yes": "NO", "NO": "yes"}.get(decision, decision)
 
 
 def test_bench_reports_medians_of_paired_ratios_against_the_targets(monkeypatch):
@@ -62,23 +98,23 @@ def test_bench_reports_medians_of_paired_ratios_against_the_targets(monkeypatch)
     result = run_bench("fem-lm-tiny", settings)
     rows = {row["workload"]: row for row in result["rows"]}
     assert (rows["forward"]["value"], rows["forward"]["baseline"], rows["forward"]["ratio"]) == (3.0, 1.0, 3.0)
-    assert rows["forward"]["spread"] == (2.0, 5.0) and rows["forward"]["busy"]
-    assert rows["train_step"]["ratio"] == 1.0 and rows["train_step"]["spread"] == (0.5, 2.0)  # median of 1, 2, 0.5
+    assert rows["forward"]["iqr"] == (2.5, 4.0) and rows["forward"]["busy"]  # quartiles of 3, 5, 2
+    assert rows["train_step"]["ratio"] == 1.0 and rows["train_step"]["iqr"] == (0.75, 1.5)  # of 1, 2, 0.5
     assert (rows["peak_memory"]["value"], rows["peak_memory"]["ratio"]) == (3.0, 1.5)
     assert (rows["decode"]["value"], rows["decode"]["ratio"]) == (2.0, 0.5)  # 8 tokens in 4 s; tokens/s FEM / Llama
-    assert rows["decode"]["spread"] == (0.5, 0.5) and not rows["decode"]["busy"]
+    assert rows["decode"]["iqr"] == (0.5, 0.5) and not rows["decode"]["busy"]
     assert (rows["decode_static"]["value"], rows["decode_static"]["ratio"]) == (8.0, 2.0)  # median 1 s; 2 / 1
-    assert rows["decode_static"]["target"] is None  # reported beside the dynamic cache's, without a target
-    assert [rows[name]["meets_target"] for name in ("forward", "train_step", "peak_memory", "decode")] \
-        == [False, True, False, False]
+    assert (rows["decode_static"]["target"], rows["decode_static"]["decision"]) == (0.95, "yes")  # IQR 1.5-2
+    assert [rows[name]["decision"] for name in ("forward", "train_step", "peak_memory", "decode")] \
+        == ["NO", "undecided", "NO", "NO"]  # forward's IQR 2.5-4 > 1.05; train step's 0.75-1.5 contains 1.10
     table = format_table(result)
-    assert "| fem-lm-tiny | forward (s) | 3 | 1 | 3.000 | 2.000-5.000 | <= 1.10 | NO |" in table
+    assert "| fem-lm-tiny | forward (s) | 3 | 1 | 3.000 | 2.500-4.000 | <= 1.05 | NO |" in table
     assert "WARNING" in table and "fem-lm-tiny forward" in table.splitlines()[-1]
 
 
 def test_a_quiet_run_carries_no_warning_and_a_target_bounds_tokens_per_second_from_below():
     quiet = timed_row("a", "decode", seconds=[1.0, 1.0, 1.0], baseline=[0.9, 0.9, 0.9], target=0.85, per_call=10)
-    assert (quiet.value, quiet.baseline, quiet.ratio, quiet.meets_target, quiet.busy) == (10.0, 10 / 0.9, 0.9, True,
+    assert (quiet.value, quiet.baseline, quiet.ratio, quiet.decision, quiet.busy) == (10.0, 10 / 0.9, 0.9, "yes",
                                                                                           False)
     result = {"title": "t", "rows": [asdict(quiet)], "notes": []}
     assert "WARNING" not in format_table(result) and "| >= 0.85 | yes |" in format_table(result)
@@ -210,34 +246,31 @@ def test_bench_builds_fem_with_the_requested_prior_and_kernel_and_leaves_the_bas
 
 
 @pytest.mark.parametrize(("prior", "growth", "target", "meets"),
-                         [("gla", 4.0, 4.5, True), ("softmax", 16.0, None, None)])
+                         [("gla", 4.0, 4.5, "yes"), ("softmax", 16.0, None, None)])
 def test_a_length_sweep_pairs_each_length_with_the_baseline_and_bounds_an_o_t_priors_growth(monkeypatch, prior,
                                                                                            growth, target, meets):
     """On a scripted clock where a forward takes as many seconds as it reads tokens (their square for softmax
     attention, the Llama baseline's included): FEM's ratio to Llama at each length, and its growth from the shortest
     to the longest, bounded by 1.125x the length ratio for an O(T) prior only."""
-    seen = []
+    seen, now = [], [0.0]
     forward_fn = speed._forward_fn
+    monkeypatch.setattr(speed, "time", SimpleNamespace(perf_counter=lambda: now[0]))
 
     def recording_forward_fn(model, inputs, call):
         def forward():
-            seen.append((inputs["input_ids"].shape[1], getattr(model.config, "prior", "softmax")))
-            return forward_fn(model, inputs, call)()
+            length, attention = inputs["input_ids"].shape[1], getattr(model.config, "prior", "softmax")
+            seen.append((length, attention))
+            forward_fn(model, inputs, call)()
+            now[0] += float(length ** (2 if attention == "softmax" else 1))
         return forward
 
-    def timed(fn, device):
-        fn()
-        length, attention = seen[-1]
-        return float(length ** (2 if attention == "softmax" else 1))
-
-    monkeypatch.setattr(speed, "_timed", timed)
     monkeypatch.setattr(speed, "_forward_fn", recording_forward_fn)
     settings = BenchSettings(batch_size=1, repeats=1, workloads=("forward",), overrides={"prior": prior})
     result = run_bench("fem-lm-tiny", settings, sweep=(32, 128))
     own = {32: 32.0 ** (2 if prior == "softmax" else 1), 128: 128.0 ** (2 if prior == "softmax" else 1)}
-    assert [(row["arm"], row["ratio"], row["target"], row["meets_target"]) for row in result["rows"]] == [
-        ("fem-lm-tiny seq_len=32", own[32] / 32**2, 1.10, own[32] / 32**2 <= 1.10),
-        ("fem-lm-tiny seq_len=128", own[128] / 128**2, 1.10, own[128] / 128**2 <= 1.10),
+    assert [(row["arm"], row["ratio"], row["target"], row["decision"]) for row in result["rows"]] == [
+        ("fem-lm-tiny seq_len=32", own[32] / 32**2, 1.05, "yes"),  # softmax: Llama's time; GLA: less
+        ("fem-lm-tiny seq_len=128", own[128] / 128**2, 1.05, "yes"),
         ("fem-lm-tiny seq_len=128 vs fem-lm-tiny seq_len=32", growth, target, meets)]
     assert {length for length, _ in seen} == {32, 128}
     assert "| fem-lm-tiny seq_len=128 vs fem-lm-tiny seq_len=32 | forward (s) |" in format_table(result)
@@ -285,7 +318,7 @@ def test_eqt_bench_gives_the_median_paired_ratio_at_every_k_and_its_linear_fit(m
 def test_eqt_trains_at_its_own_settings_in_the_bench_against_the_papers_bound(monkeypatch):
     """The K sweep is the forward workload's; a train step runs the config's K_train = 2 with every energy, bounded
     by 1.3x its Llama; a config without one of the energies is reported without that bound."""
-    scripted = {"llama-tiny (baseline)": [2.0, 2.0, 2.0], "eqt-llama-tiny": [2.0, 3.0, 2.2]}
+    scripted = {"llama-tiny (baseline)": [2.0, 2.0, 2.0], "eqt-llama-tiny": [2.0, 2.4, 2.2]}
     calls = []
     train_step_fn = speed._train_step_fn
 
@@ -297,7 +330,7 @@ def test_eqt_trains_at_its_own_settings_in_the_bench_against_the_papers_bound(mo
     monkeypatch.setattr(speed, "_paired_times", lambda fns, repeats, device: {key: scripted[key] for key in fns})
     settings = BenchSettings(batch_size=1, seq_len=8, repeats=3, workloads=("train_step",))
     (row,) = run_bench("eqt-llama-tiny", settings)["rows"]
-    assert (row["arm"], row["ratio"], row["target"], row["meets_target"]) == ("eqt-llama-tiny", 1.1, 1.3, True)
+    assert (row["arm"], row["ratio"], row["target"], row["decision"]) == ("eqt-llama-tiny", 1.1, 1.3, "yes")
     assert calls == [("llama", {}), ("eqt-llama", {})]
     settings.overrides = {"lambda_mem": 0.0}
     assert run_bench("eqt-llama-tiny", settings)["rows"][0]["target"] is None

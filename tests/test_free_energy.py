@@ -120,3 +120,30 @@ def test_modulation_is_equation_34():
     expected = [x * (1 + c[..., :4]), y * (1 + c[..., 4:])]
     for ours, theirs in zip(conditioner.modulate([x, y], features), expected):
         torch.testing.assert_close(ours, theirs)
+    with torch.no_grad():  # inference: each block computed on its own and applied in place to its tensor
+        fresh = [x.clone(), y.clone()]
+        in_place = conditioner.modulate(fresh, features)
+    for ours, given, theirs in zip(in_place, fresh, expected, strict=True):
+        assert ours.data_ptr() == given.data_ptr()
+        torch.testing.assert_close(ours, theirs)
+
+
+def test_the_restored_free_energy_without_autograd_is_the_closed_form_and_mu_where_no_key_is_seen():
+    """f_max = (M + log Z) / beta, and mu on rows whose partition Z is 0 (they see no key), in float64: the
+    inference path (in place on one buffer) and the autograd one give the closed form."""
+    from energyzoo.modeling.fem_free_energy import restore_free_energy
+
+    g = torch.Generator().manual_seed(1)
+    mu = torch.randn(2, 5, 3, 4, dtype=torch.float64, generator=g)
+    partition = torch.rand(2, 5, 3, 4, dtype=torch.float64, generator=g) + 1e-3
+    partition[0, :2] = 0.0  # two rows of padding
+    shift = torch.randn(2, 1, 3, 4, dtype=torch.float64, generator=g)
+    beta = torch.rand(3, 4, dtype=torch.float64, generator=g) + 0.5
+    expected = (shift + torch.log(partition.clamp_min(1e-300))) / beta
+    expected[0, :2] = mu[0, :2]
+    with torch.no_grad():
+        torch.testing.assert_close(restore_free_energy(mu, partition, shift, beta), expected, rtol=1e-14, atol=0)
+    graded = restore_free_energy(mu.requires_grad_(), partition.requires_grad_(), shift, beta.requires_grad_())
+    torch.testing.assert_close(graded, expected, rtol=1e-14, atol=0)
+    graded.sum().backward()
+    assert torch.isfinite(partition.grad).all() and (partition.grad[0, :2] == 0).all()

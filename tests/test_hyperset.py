@@ -16,7 +16,13 @@ from energyzoo import (
     preset_card,
     preset_names,
 )
-from energyzoo.modeling.hyperset_layer import HyperSETLayer, bisoftmax, linear_attention, sigmoid_attention
+from energyzoo.modeling.hyperset_layer import (
+    ColumnSoftmaxRead,
+    HyperSETLayer,
+    bisoftmax,
+    linear_attention,
+    sigmoid_attention,
+)
 
 HEADS, WIDTH = 4, 32
 
@@ -27,6 +33,77 @@ def test_bisoftmax_is_the_gradient_of_the_attention_energy_in_float64():
     torch.testing.assert_close(bisoftmax(z, z, z), gradient, rtol=1e-12, atol=1e-12)
     one_sided = (z @ z.transpose(-1, -2) / math.sqrt(z.shape[-1])).softmax(-1) @ z
     assert not torch.allclose(one_sided, gradient, atol=1e-3)  # the column half matters
+
+
+def _materialised_bisoftmax(query, key, value):
+    """eq. 9 as written: both softmaxes of the one N x N score matrix, summed, times v."""
+    scores = query @ key.transpose(-1, -2) / math.sqrt(query.shape[-1])
+    return (scores.softmax(dim=-1) + scores.softmax(dim=-2)) @ value
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["symmetric", "three-norms"])
+def test_bisoftmax_and_its_gradients_equal_the_materialised_form_in_float64(shared):
+    """The fused row half (SDPA) plus the recomputing column half against eq. 9 materialised, under autograd: the
+    outputs and the gradients of q, k and v, for q = k = v (a shared norm: A symmetric) and for three different ones
+    (`qkv_norm="separate"`: A is not symmetric, so the column softmax is no transpose of the row one)."""
+    generator = torch.Generator().manual_seed(3)
+    tensors = [torch.randn(2, HEADS, 11, WIDTH // HEADS, dtype=torch.float64, generator=generator) * 2
+               for _ in range(1 if shared else 3)]
+    leaves = [tensor.requires_grad_() for tensor in tensors]
+    query, key, value = leaves * 3 if shared else leaves
+    out, reference = bisoftmax(query, key, value), _materialised_bisoftmax(query, key, value)
+    torch.testing.assert_close(out, reference, rtol=1e-12, atol=1e-12)
+    upstream = torch.randn(out.shape, dtype=torch.float64, generator=generator)
+    for ours, theirs in zip(torch.autograd.grad(out, leaves, upstream),
+                            torch.autograd.grad(reference, leaves, upstream), strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=1e-10, atol=1e-12)
+    assert torch.autograd.gradcheck(ColumnSoftmaxRead.apply, (*(query, key, value), 0.7))
+
+
+def test_bisoftmax_keeps_no_n_by_n_tensor_for_backward():
+    """What autograd saves for backward, read off its saved-tensor hooks: the materialised form keeps three N x N
+    tensors per head (two softmaxes and their sum); bisoftmax keeps q, k, v, SDPA's output and its log-sum-exp."""
+    tokens, head_dim = 40, WIDTH // HEADS
+    query, key, value = (torch.randn(2, HEADS, tokens, head_dim, requires_grad=True) for _ in range(3))
+
+    def saved_shapes(attention):
+        shapes = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: shapes.append(tuple(t.shape)) or t, lambda t: t):
+            attention(query, key, value).sum().backward()
+        return [shape for shape in shapes if shape[-2:] == (tokens, tokens)]
+
+    assert len(saved_shapes(_materialised_bisoftmax)) >= 3
+    assert saved_shapes(bisoftmax) == []
+
+
+def test_the_step_size_network_recomputed_in_backward_gives_the_gradients_of_the_plain_one(monkeypatch):
+    """Training recomputes the step-size network in backward (`HyperSETModel.step_size`): the loss and every
+    parameter's gradient equal those of the network run plainly, with its output layer perturbed off zero so it
+    acts."""
+    import energyzoo.modeling.modeling_hyperset as modeling
+
+    torch.manual_seed(0)
+    model = model_from_preset("hyperset-digits-tiny").double().train()
+    with torch.no_grad():
+        model.model.step_sizes.out_proj.weight.normal_(std=0.1)
+    pixels = torch.randn(3, model.config.num_channels, model.config.image_size, model.config.image_size,
+                         dtype=torch.float64)
+    labels = torch.tensor([0, 1, 2])
+
+    def loss_and_gradients():
+        model.zero_grad()
+        loss = model(pixel_values=pixels, labels=labels).loss
+        loss.backward()
+        return loss.detach(), {name: parameter.grad.clone() for name, parameter in model.named_parameters()
+                               if parameter.grad is not None}
+
+    recomputed = loss_and_gradients()
+    monkeypatch.setattr(modeling, "checkpoint", lambda fn, *args, **kwargs: fn(*args))
+    plain = loss_and_gradients()
+    torch.testing.assert_close(recomputed[0], plain[0], rtol=0, atol=0)
+    assert recomputed[1].keys() == plain[1].keys() and any("step_sizes" in name for name in plain[1])
+    for name, gradient in plain[1].items():
+        torch.testing.assert_close(recomputed[1][name], gradient, rtol=1e-12, atol=1e-14, msg=name)
 
 
 @pytest.mark.parametrize("intermediate", [WIDTH, 4 * WIDTH])

@@ -62,8 +62,10 @@ def test_every_bench_preset_is_the_architecture_and_names_a_baseline(model_type)
     entry = ARCHITECTURES[model_type].bench
     if entry is None:
         return
-    baselines = {preset_card(preset)["baseline"] for preset in entry.presets}
+    baselines = {entry.baseline or preset_card(preset)["baseline"] for preset in entry.presets}
     assert len(baselines) == 1 and baselines <= set(preset_names())  # one paired run against one baseline
+    if entry.baseline is not None:  # the entry's baseline is that of the presets whose cards name one
+        assert {preset_card(preset).get("baseline", entry.baseline) for preset in entry.presets} == baselines
     for preset in entry.presets:
         assert type(config_from_preset(preset)) is ARCHITECTURES[model_type].config_class
     assert set(entry.workloads) <= {"forward", "train_step", "peak_memory", "decode", "decode_static"}

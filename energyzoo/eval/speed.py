@@ -7,13 +7,20 @@ decoding with the dynamic cache, tokens/s) and ``decode_static`` (the same with 
 compiled decoding step, `CompileConfig(fullgraph=True)`; compiled on any device, while `generate()` compiles by itself
 only on accelerators). Every arm (a preset, or in the forward workload one value of the entry's swept keyword) and
 the baseline run back to back in one process, in an order that rotates every repeat, ``repeats`` times after a
-warm-up; a row gives the medians and the median of the per-repeat ratios arm / baseline (baseline / arm for
-tokens/s), which cancels the slow drifts of a shared machine, with the spread (min-max) of those ratios. An entry's
-contrasts (one of its presets against another) are rows of their own from the same repeats. A call shorter than
-`MIN_SAMPLE_SECONDS` is repeated within each sample. A spread wider than `BUSY_SPREAD` of the ratio says the machine
-was busy: such a run is no measurement. On CPU, peak memory is the peak resident set of a
-fresh process that builds the model and runs train steps, minus that process's footprint before the model exists;
-on CUDA it is the allocator's peak. (Linux: the resident high-water mark is reset after imports.)
+warm-up. Each sample is `torch.utils.benchmark.Timer.blocked_autorange` (blocks of calls lasting at least
+`MIN_SAMPLE_SECONDS` in all, garbage collection off, CUDA synchronised; the sample is the median block's time per
+call). A row gives the medians and the median of the per-repeat ratios arm / baseline (baseline / arm for tokens/s),
+which cancels the slow drifts of a shared machine, with the interquartile range (IQR) of those ratios; a target is
+met or missed only when the whole IQR is on one side of it, and is "undecided" otherwise. An IQR wider than
+`BUSY_IQR` of the ratio says the machine was busy: such a run is no measurement. An entry's contrasts (one of its
+presets against another) are rows of their own from the same repeats. On CPU the process runs on ``threads`` cores
+(default 1: its threads pinned to one core, `pinned_threads`), which is what makes two back-to-back runs agree: on
+two unpinned threads the per-repeat ratios of a quiet 2-core machine spread 10-30 %. On CPU, peak memory is the
+peak resident set of a fresh process that builds the model and runs train steps, minus that process's footprint
+before the model exists, with glibc's mmap threshold fixed (`PROBE_ENVIRONMENT`) so that every tensor buffer goes back
+to the system when freed: the peak is then that of live memory, not of the heap the allocator kept, which varied by
+7 % between two runs of one model. On CUDA it is the allocator's peak. (Linux: the resident high-water mark is reset
+after imports.)
 
 FEM options: ``overrides`` such as ``prior`` or ``kernel`` (`FEMConfig.kernel`: "auto" runs fla / mamba-ssm on
 CUDA when installed) apply to the measured presets, never to the baseline; ``attn_implementation`` ("sdpa" or
@@ -35,25 +42,28 @@ at most 4.5x from 1024 to 4096 tokens; ``--prior`` picks the prior).
 """
 
 import json
-import math
+import os
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
-from functools import partial
 
 import torch
 from torch.profiler import ProfilerActivity, profile
+from torch.utils.benchmark import Timer
 from transformers import CompileConfig
 
 from ..modeling.errors import UserError
 from ..presets import config_from_preset, model_from_preset, preset_card
 from ..registry import ARCHITECTURES, Bench
 
-MIN_SAMPLE_SECONDS = 0.25  # a timed sample repeats a faster call until it lasts about this long
-BUSY_SPREAD = 0.15  # (max - min) / median of the per-repeat ratios above which a run is flagged
+MIN_SAMPLE_SECONDS = 0.25  # a timed sample's blocks of calls last at least this long in all
+# glibc: buffers of 64 KiB and more are mapped and unmapped one by one (no dynamic threshold, no retained heap)
+PROBE_ENVIRONMENT = {"MALLOC_MMAP_THRESHOLD_": "65536"}
+BUSY_IQR = 0.10  # IQR / median of the per-repeat ratios above which a run is flagged (quiet pinned runs: <= 7 %)
 DECODE_PROMPT = 32  # tokens of the one prompt the decode workloads continue (batch 1: the latency case)
 
 
@@ -67,6 +77,7 @@ class BenchSettings:
     device: str = "cpu"
     dtype: str = "float32"
     seed: int = 0
+    threads: int | None = 1  # CPU cores (and torch threads) the run is pinned to; None: as the process found them
     compile: bool = False
     attn_implementation: str = "sdpa"
     overrides: dict = field(default_factory=dict)  # config fields of the measured presets (FEM: prior, kernel)
@@ -106,6 +117,13 @@ def card_baseline(presets: tuple[str, ...]) -> str:
     if None in baselines.values() or len(set(baselines.values())) != 1:
         raise UserError(f"the presets' cards must name one baseline (got {baselines}); pass baseline=")
     return next(iter(baselines.values()))
+
+
+def default_baseline(entry: Bench, presets: tuple[str, ...]) -> str:
+    """The entry's baseline for its own presets where it names one, else the one baseline the presets' cards name."""
+    if entry.baseline is not None and set(presets) <= set(entry.presets):
+        return entry.baseline
+    return card_baseline(presets)
 
 
 def bench_arms(entry: Bench, presets: tuple[str, ...], baseline: str, workload: str) -> list[Arm]:
@@ -188,12 +206,47 @@ def _synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _timed(fn, device: str) -> float:
-    _synchronize(device)
-    start = time.perf_counter()
-    fn()
-    _synchronize(device)
-    return time.perf_counter() - start
+def _clock(device: str) -> Callable[[], float]:
+    """The clock a sample is read on: perf_counter, after the device's queued work where it has a queue."""
+    def clock() -> float:
+        _synchronize(device)
+        return time.perf_counter()
+
+    return clock
+
+
+@contextmanager
+def pinned_threads(threads: int | None) -> Iterator[None]:
+    """Run on ``threads`` cores (the last ones this process may use, away from core 0, where the system's interrupts
+    mostly land), with as many torch threads, every thread of the process pinned; restored afterwards. None leaves
+    the process as it is."""
+    if threads is None:
+        yield
+        return
+    allowed = sorted(os.sched_getaffinity(0))
+    if not 1 <= threads <= len(allowed):
+        raise UserError(f"--threads {threads}: this process may use {len(allowed)} cores (1 to {len(allowed)})")
+    torch_threads = torch.get_num_threads()
+    _set_affinity(allowed[-threads:])
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(torch_threads)
+        _set_affinity(allowed)
+
+
+def pinned_description(threads: int | None) -> str:
+    """How a bench title says the run was pinned."""
+    return "" if threads is None else f", {threads} pinned thread{'s' * (threads > 1)}"
+
+
+def _set_affinity(cores: list[int]) -> None:
+    for thread in os.listdir("/proc/self/task"):  # sched_setaffinity(0) would pin the calling thread only
+        try:
+            os.sched_setaffinity(int(thread), cores)
+        except (ProcessLookupError, PermissionError):  # a thread that ended meanwhile, or a foreign one
+            pass
 
 
 def _forward_fn(model, inputs: dict, call: dict):
@@ -290,13 +343,15 @@ def measure_peak_memory(arm: Arm, settings: BenchSettings) -> int:
         return peak
     probe = json.dumps({"arm": asdict(arm), "settings": asdict(settings)})
     result = subprocess.run([sys.executable, "-m", "energyzoo.eval.speed", probe], capture_output=True, text=True,
-                            check=True)
+                            check=True, env={**os.environ, **PROBE_ENVIRONMENT})
     return int(result.stdout.strip().splitlines()[-1])
 
 
 def _memory_probe(payload: str) -> None:
     request = json.loads(payload)
     arm, settings = Arm(**request["arm"]), BenchSettings(**request["settings"])
+    if settings.threads is not None:  # the parent's pinned cores are inherited
+        torch.set_num_threads(settings.threads)
     with torch.device("meta"):  # import every module the model needs before taking the baseline
         _train_step_fn(model_from_preset(arm.preset), {}, {})
     before = _status_bytes("VmRSS")
@@ -310,28 +365,36 @@ def _memory_probe(payload: str) -> None:
 
 def _paired_times(fns: dict, repeats: int, device: str, min_seconds: float = MIN_SAMPLE_SECONDS
                   ) -> dict[str, list[float]]:
-    """Seconds per call of each function, run back to back `repeats` times after a warm-up, in an order that
-    rotates every repeat so no model always runs first. A function faster than ``min_seconds`` at the warm-up is
-    called that many times more within each sample, whose time is divided by the count: a single call of a few
-    milliseconds is dominated by timer and scheduler jitter."""
-    calls = {key: max(1, math.ceil(min_seconds / max(_timed(fn, device), 1e-9))) for key, fn in fns.items()}
+    """Seconds per call of each function: one warm-up call each, then ``repeats`` samples of each, back to back in
+    an order that rotates every repeat so no model always runs first. A sample is `Timer.blocked_autorange`'s median
+    over blocks of calls lasting ``min_seconds`` in all (a single call of a few milliseconds would be dominated by
+    timer and scheduler jitter), with torch's thread count as it is."""
+    timers = {key: Timer("fn()", globals={"fn": fn}, timer=_clock(device), num_threads=torch.get_num_threads())
+              for key, fn in fns.items()}
+    for fn in fns.values():
+        fn()
     keys = list(fns)
     times = {key: [] for key in keys}
     for repeat in range(repeats):
         shift = repeat % len(keys)
         for key in keys[shift:] + keys[:shift]:
-            times[key].append(_timed(partial(_call_repeatedly, fns[key], calls[key]), device) / calls[key])
+            times[key].append(timers[key].blocked_autorange(min_run_time=min_seconds).median)
     return times
 
 
-def _call_repeatedly(fn, count: int) -> None:
-    for _ in range(count):
-        fn()
+def ratio_interval(ratios: list[float]) -> tuple[float, float]:
+    """The interquartile range of the per-repeat ratios (one ratio: that ratio twice)."""
+    if len(ratios) == 1:
+        return ratios[0], ratios[0]
+    low, _, high = statistics.quantiles(ratios, n=4, method="inclusive")
+    return low, high
 
 
 @dataclass
 class BenchRow:
-    """One line of the bench table: ``arm``'s ``workload`` against its baseline's."""
+    """One line of the bench table: ``arm``'s ``workload`` against its baseline's. ``decision`` on the ``target``
+    (None without one): "yes" or "NO" when the whole IQR of the per-repeat ratios is on one side of it, "undecided"
+    when the IQR contains it."""
 
     arm: str
     workload: str
@@ -339,16 +402,17 @@ class BenchRow:
     value: float
     baseline: float
     ratio: float  # the median per-repeat ratio (arm / baseline; baseline / arm for tokens/s)
-    spread: tuple[float, float]  # min and max of the per-repeat ratios
+    iqr: tuple[float, float]  # the interquartile range of the per-repeat ratios
     target: float | None  # an upper bound on the ratio, a lower one for decode
-    meets_target: bool | None = None
+    decision: str | None = None
     busy: bool = False
 
     def __post_init__(self):
         if self.target is not None:
-            self.meets_target = (self.ratio >= self.target if WORKLOADS[self.workload].rate
-                                 else self.ratio <= self.target)
-        self.busy = (self.spread[1] - self.spread[0]) > BUSY_SPREAD * self.ratio
+            better = [bound >= self.target if WORKLOADS[self.workload].rate else bound <= self.target
+                      for bound in self.iqr]
+            self.decision = "yes" if all(better) else "NO" if not any(better) else "undecided"
+        self.busy = (self.iqr[1] - self.iqr[0]) > BUSY_IQR * self.ratio
 
 
 def timed_row(arm: str, workload: str, seconds: list[float], baseline: list[float], target: float | None,
@@ -361,7 +425,7 @@ def timed_row(arm: str, workload: str, seconds: list[float], baseline: list[floa
         ratios = [own / base for own, base in zip(seconds, baseline)]
         value, reference = statistics.median(seconds), statistics.median(baseline)
     return BenchRow(arm, workload, WORKLOADS[workload].unit, value, reference, statistics.median(ratios),
-                    (min(ratios), max(ratios)), target)
+                    ratio_interval(ratios), target)
 
 
 def sweep_fit(entry: Bench, rows: list[BenchRow], workload: str = "forward") -> str | None:
@@ -395,32 +459,41 @@ def profile_tables(name: str, workload: str, settings: BenchSettings | None = No
         timed = [item for item in entry.workloads if item in TIMED]
         raise UserError(f"--profile {workload}: {name} times {', '.join(timed)}")
     settings = _with_entry_shape(entry, settings)
-    baseline = baseline or card_baseline(presets)
+    baseline = baseline or default_baseline(entry, presets)
     on_cuda = settings.device.startswith("cuda")
     activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if on_cuda else [])]
     sections = []
     torch.set_grad_enabled(True)
-    for arm in bench_arms(replace(entry, sweep=None), presets, baseline, workload):  # each preset at its own settings
-        model = _build(arm, settings)
-        call = WORKLOADS[workload].build(model, _inputs(model, settings), arm.call, settings)
-        call()
-        with profile(activities=activities) as profiler:
+    with pinned_threads(settings.threads):
+        # each preset at its own settings
+        for arm in bench_arms(replace(entry, sweep=None), presets, baseline, workload):
+            model = _build(arm, settings)
+            call = WORKLOADS[workload].build(model, _inputs(model, settings), arm.call, settings)
             call()
-        _synchronize(settings.device)
-        averages = profiler.key_averages()
-        total = sum(event.self_cpu_time_total for event in averages) / 1e6
-        sections.append(f"== {arm.label}, {workload}: {total:.3f} s self CPU time\n" + averages.table(
-            sort_by="self_device_time_total" if on_cuda else "self_cpu_time_total", row_limit=row_limit,
-            max_name_column_width=48))
-        del model, call
+            with profile(activities=activities) as profiler:
+                call()
+            _synchronize(settings.device)
+            averages = profiler.key_averages()
+            total = sum(event.self_cpu_time_total for event in averages) / 1e6
+            sections.append(f"== {arm.label}, {workload}: {total:.3f} s self CPU time\n" + averages.table(
+                sort_by="self_device_time_total" if on_cuda else "self_cpu_time_total", row_limit=row_limit,
+                max_name_column_width=48))
+            del model, call
     return "\n".join(sections)
 
 
 def run_bench(name: str, settings: BenchSettings | None = None, baseline: str | None = None,
               sweep: tuple[int, ...] | None = None) -> dict:
-    """Measure an architecture (its entry's presets) or one preset against the baseline; a JSON-ready dict with
-    the rows (`BenchRow`), notes and the raw seconds. ``sweep`` replaces the values of the entry's swept keyword or
-    lengths; a ``settings.seq_len`` without ``sweep`` measures that one length instead of a length sweep."""
+    """Measure an architecture (its entry's presets) or one preset against the baseline, on ``settings.threads``
+    pinned cores; a JSON-ready dict with the rows (`BenchRow`), notes and the raw seconds. ``sweep`` replaces the
+    values of the entry's swept keyword or lengths; a ``settings.seq_len`` without ``sweep`` measures that one length
+    instead of a length sweep."""
+    with pinned_threads((settings or BenchSettings()).threads):
+        return _measured(name, settings, baseline, sweep)
+
+
+def _measured(name: str, settings: BenchSettings | None, baseline: str | None, sweep: tuple[int, ...] | None
+              ) -> dict:
     entry, presets = bench_entry(name)
     if sweep is not None:
         if entry.sweep is None:
@@ -437,7 +510,7 @@ def run_bench(name: str, settings: BenchSettings | None = None, baseline: str | 
     for preset in presets:  # refuse a field the measured presets do not have before building anything
         config_from_preset(preset, **settings.overrides)
     torch.set_grad_enabled(True)
-    baseline = baseline or card_baseline(presets)
+    baseline = baseline or default_baseline(entry, presets)
     arms = {workload: bench_arms(entry, presets, baseline, workload) for workload in entry.workloads}
     lengths = {arm.seq_len or settings.seq_len for workload_arms in arms.values() for arm in workload_arms}
     longest = replace(settings, seq_len=max(lengths))  # the models' positions cover every length measured
@@ -468,7 +541,8 @@ def run_bench(name: str, settings: BenchSettings | None = None, baseline: str | 
     decodes = any(WORKLOADS[workload].rate for workload in entry.workloads)
     shape = (f"batch {settings.batch_size}" + (f", seq {settings.seq_len}" if "input_ids" in next(iter(inputs.values()))
                                                   else "")
-             + f", {settings.dtype} on {settings.device}" + (", torch.compile" if settings.compile else "")
+             + f", {settings.dtype} on {settings.device}" + pinned_description(settings.threads)
+             + (", torch.compile" if settings.compile else "")
              + (f"; decoding: batch 1, a {DECODE_PROMPT}-token prompt + {settings.decode_tokens} tokens"
                 if decodes else ""))
     title = f"{', '.join(presets)} vs {baseline} ({shape}, median of {settings.repeats} paired repeats)"
@@ -481,19 +555,19 @@ def run_bench(name: str, settings: BenchSettings | None = None, baseline: str | 
 def format_table(result: dict) -> str:
     """The one bench table: a row per arm and workload, then the notes and a warning for a busy machine."""
     lines = [result["title"],
-             "| model | metric | value | baseline | ratio | spread (min-max) | target | ok |",
+             "| model | metric | value | baseline | ratio | IQR of the ratios | target | ok |",
              "|---|---|---|---|---|---|---|---|"]
     for row in result["rows"]:
         rate = WORKLOADS[row["workload"]].rate
         bound = "" if row["target"] is None else f"{'>=' if rate else '<='} {row['target']:.2f}"
-        ok = {None: "", True: "yes", False: "NO"}[row["meets_target"]]
-        low, high = row["spread"]
+        ok = row["decision"] or ""
+        low, high = row["iqr"]
         lines.append(f"| {row['arm']} | {row['workload']} ({row['unit']}) | {row['value']:.4g} | {row['baseline']:.4g} "
                      f"| {row['ratio']:.3f} | {low:.3f}-{high:.3f} | {bound} | {ok} |")
     lines += result["notes"]
     busy = sorted({f"{row['arm']} {row['workload']}" for row in result["rows"] if row["busy"]})
     if busy:
-        lines.append(f"WARNING: the per-repeat ratios spread over more than {BUSY_SPREAD:.0%} of the ratio ("
+        lines.append(f"WARNING: the IQR of the per-repeat ratios is wider than {BUSY_IQR:.0%} of the ratio ("
                      f"{', '.join(busy)}): the machine was busy; rerun on a quiet machine before quoting the ratios")
     return "\n".join(lines)
 

@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from .errors import UserError
-from .numerics import widened, work_dtype
+from .numerics import cast, widened, work_dtype
 
 EXP_ARGUMENT_CAP = 40.0
 
@@ -121,7 +121,7 @@ def read_dtype(dtype: torch.dtype) -> torch.dtype:
 
 def clip_values_for_exp(value: torch.Tensor, beta: torch.Tensor, cap: float = EXP_ARGUMENT_CAP) -> torch.Tensor:
     """Clip values to |beta * v| <= cap, so that exp(beta v - M) stays within floating-point range."""
-    limit = (cap / beta).to(value.dtype)
+    limit = cast(cap / beta, value.dtype)
     return torch.clamp(value, -limit, limit)
 
 
@@ -163,10 +163,11 @@ def exp_shift(scaled: torch.Tensor, dim: int) -> torch.Tensor:
 def _restored(mu, shifted_partition, shift, beta):
     """f_max = where(Z > 0, (M + log Z) / beta, mu), in fp32 or wider, cast back to mu's dtype."""
     work = work_dtype(mu.dtype)
-    partition = shifted_partition.to(work)
+    partition = cast(shifted_partition, work)
     positive = partition > 0
-    f_max = (shift.to(work) + torch.log(torch.where(positive, partition, 1.0))) / beta.to(work)
-    return torch.where(positive, f_max, mu.to(work)).to(mu.dtype)
+    # in place on the one new buffer: nothing here is watched by autograd (see `_RestoredFreeEnergy`)
+    f_max = torch.where(positive, partition, 1.0).log_().add_(cast(shift, work)).div_(cast(beta, work))
+    return cast(torch.where(positive, f_max, cast(mu, work)), mu.dtype)
 
 
 class _RestoredFreeEnergy(torch.autograd.Function):
@@ -274,4 +275,4 @@ def outer_gate_activation(logits: torch.Tensor, eps: float = 1e-6) -> torch.Tens
     """g = RMSNorm(softplus(logits)) over the last (per-head channel) dimension, without gain (FEM §2.3.2):
     strictly positive and of unit RMS per head, so it rescales channels without distorting the norm of o."""
     gate = F.softplus(widened(logits))
-    return F.rms_norm(gate, gate.shape[-1:], eps=eps).to(logits.dtype)
+    return cast(F.rms_norm(gate, gate.shape[-1:], eps=eps), logits.dtype)

@@ -25,7 +25,7 @@ from .fem_free_energy import (
     restore_free_energy,
     rotated_query_key,
 )
-from .numerics import work_dtype
+from .numerics import cast, work_dtype
 
 
 class SoftmaxPriorCache(CacheStatesMixin):
@@ -164,22 +164,22 @@ def softmax_free_energy_read(
     """
     out_dtype = value.dtype
     dtype = read_dtype(value.dtype)
-    query, key, value = query.to(dtype), key.to(dtype), value.to(dtype)
+    query, key, value = cast(query, dtype), cast(key, dtype), cast(value, dtype)
     shift = None
     if beta is not None:
-        beta = beta.to(work_dtype(dtype))
+        beta = cast(beta, work_dtype(dtype))
         value = clip_values_for_exp(value, beta)
-        scaled = beta * value.to(beta.dtype)
+        scaled = beta * cast(value, beta.dtype)
         shift = exp_shift(scaled, dim=1) if state is None or state.exp_shift is None else state.exp_shift
         # In place is safe: the shift is detached and exp keeps its own output for backward.
-        value = torch.cat([value, scaled.sub_(shift).exp_().to(dtype)], dim=-1)
+        value = torch.cat([value, cast(scaled.sub_(shift).exp_(), dtype)], dim=-1)
     # (batch, seq, heads, dim) memory, the layout q and k have: SDPA is much slower on mixed layouts.
     value = value.transpose(1, 2)
     if state is not None:
         key, value = state.extend(key, value, shift)
     read, weights = attention(query, key, value, attention_mask, scale)
     if beta is None:
-        return FreeEnergyRead(read.to(out_dtype), None, state, weights)
+        return FreeEnergyRead(cast(read, out_dtype), None, state, weights)
     mu, shifted_partition = read.split(read.shape[-1] // 2, dim=-1)
     f_max = restore_free_energy(mu, shifted_partition, shift, beta)
-    return FreeEnergyRead(mu.to(out_dtype), f_max.to(out_dtype), state, weights)
+    return FreeEnergyRead(cast(mu, out_dtype), cast(f_max, out_dtype), state, weights)

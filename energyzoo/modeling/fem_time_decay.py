@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .numerics import widened, work_dtype
+from .numerics import cast, widened, work_dtype
 
 
 def decayed_cumsum(
@@ -39,9 +39,9 @@ def decayed_cumsum(
     """
     batch, length, channels = inputs.shape
     work = work_dtype(inputs.dtype)
-    log_decay, inputs = log_decay.to(work), inputs.to(work)
+    log_decay, inputs = cast(log_decay, work), cast(inputs, work)
     if length == 1 and initial_state is not None:  # one decoding step: the recurrence itself
-        state = torch.addcmul(inputs[:, 0], torch.exp(log_decay[:, 0]), initial_state.to(work))
+        state = torch.addcmul(inputs[:, 0], torch.exp(log_decay[:, 0]), cast(initial_state, work))
         return state[:, None], state
     chunk = max(2, min(chunk_size, length))  # chunks of one would carry their ends up forever
     num_chunks = -(-length // chunk)
@@ -60,7 +60,7 @@ def decayed_cumsum(
 
     if initial_state is None:
         initial_state = inputs.new_zeros(batch, channels)
-    initial_state = initial_state.to(work)
+    initial_state = cast(initial_state, work)
     if num_chunks == 1:
         carried = initial_state[:, None]
     else:
@@ -114,20 +114,38 @@ class TimeDecayConditioner(nn.Module):
             inputs = inputs * keep
         states, final_state = decayed_cumsum(log_decay, inputs, initial_state, self.chunk_size)
         shortcut = F.rms_norm(F.softplus(widened(shortcut_logits)), (self.rank,), eps=self.eps)
-        features = F.silu(shortcut).to(hidden_states.dtype) * self.state_norm(states.to(hidden_states.dtype))
+        features = cast(F.silu(shortcut), hidden_states.dtype) * self.state_norm(cast(states, hidden_states.dtype))
         return features, final_state
 
     def modulate(
         self, tensors: list[torch.Tensor], features: torch.Tensor, projections: list[nn.Linear] | None = None
     ) -> list[torch.Tensor]:
-        """x_i * (1 + c_i) for consecutive column blocks c_i of c = h W_c, one per tensor (FEM eq. 34a-d), from
-        one matmul. ``projections``, the Linear maps that gave the tensors, say which columns of each a tensor
-        holds when the tensors are shards (tensor parallelism: W_c stays whole on every process, being low-rank);
-        None when they are whole. (FEMAttention recomputes this and the projections in backward.)"""
+        """x_i * (1 + c_i) for consecutive column blocks c_i of c = h W_c, one per tensor (FEM eq. 34a-d).
+        ``projections``, the Linear maps that gave the tensors, say which columns of each a tensor holds when the
+        tensors are shards (tensor parallelism: W_c stays whole on every process, being low-rank); None when they
+        are whole. (FEMAttention recomputes this and the projections in backward.)
+
+        Under autograd c comes from one matmul and each x_i * (1 + c_i) is a new tensor. Without it (inference) each
+        block c_i is computed on its own and applied to x_i in place: a full forward then allocates neither the
+        (tokens x all projections) matrix c nor a second copy of each projection: fresh buffers, whose first touch
+        (page faults, on CPU) costs more than this arithmetic."""
         if projections is None:
             columns = [(tensor.shape[-1], slice(None)) for tensor in tensors]
         else:
             columns = [held_output_columns(linear) for linear in projections]
-        modulators = (features @ self.out_proj.to(features.dtype)).split([width for width, _ in columns], dim=-1)
-        return [torch.addcmul(x, x, modulator[..., held].to(x.dtype))
+        weight = cast(self.out_proj, features.dtype)
+        widths = [width for width, _ in columns]
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (weight, features, *tensors)):
+            modulators = (features @ weight).split(widths, dim=-1)
+        else:
+            modulators = (features @ block for block in weight.split(widths, dim=-1))  # one at a time
+        return [_modulated(x, modulator if held == slice(None) else modulator[..., held])
                 for x, modulator, (_, held) in zip(tensors, modulators, columns, strict=True)]
+
+
+def _modulated(x: torch.Tensor, modulator: torch.Tensor) -> torch.Tensor:
+    """x (1 + c) = x + x c; in place where autograd is not watching (x is then a projection nobody else holds)."""
+    modulator = cast(modulator, x.dtype)
+    if torch.is_grad_enabled() and (x.requires_grad or modulator.requires_grad):
+        return torch.addcmul(x, x, modulator)
+    return x.addcmul_(x, modulator)

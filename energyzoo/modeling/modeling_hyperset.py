@@ -16,6 +16,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 from transformers import initialization as init
 from transformers.modeling_utils import PreTrainedModel
 from transformers.utils import can_return_tuple
@@ -219,11 +220,17 @@ class HyperSETModel(HyperSETPreTrainedModel):
     def step_size(
         self, times, index: int, x0: torch.Tensor, current: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(alpha, gamma) of iteration ``index``: the step-size network's (eq. 12) or the fixed ones (Table 4)."""
+        """(alpha, gamma) of iteration ``index``: the step-size network's (eq. 12) or the fixed ones (Table 4).
+        Training recomputes the network in backward: its inputs are kept anyway, and its activations (norms, GELU,
+        the 2d-wide output layer's input) were a third of Hyper-SET's training memory, for a few linear maps of
+        time."""
         if self.step_sizes is None:
             fixed = torch.tensor(self.config.fixed_step_size, dtype=current.dtype, device=current.device)
             return fixed, fixed
-        return self.step_sizes(times[index], x0 if self.config.step_condition == "input" else current)
+        arguments = (times[index], x0 if self.config.step_condition == "input" else current)
+        if self.training and torch.is_grad_enabled():
+            return checkpoint(self.step_sizes, *arguments, use_reentrant=False)
+        return self.step_sizes(*arguments)
 
 class HyperSETHead(HyperSETPreTrainedModel):
     """A head on `HyperSETModel`: ``model`` runs the encoder, passing on ``output_energies`` and

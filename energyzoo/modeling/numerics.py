@@ -4,15 +4,23 @@ weight matrix a (possibly wrapped) linear map applies. Pure torch: this file imp
 import torch
 from torch import nn
 
+WIDE = (torch.float32, torch.float64)
+
 
 def work_dtype(dtype: torch.dtype) -> torch.dtype:
     """float32 for half precision, else the dtype itself (float64 stays float64)."""
-    return torch.promote_types(dtype, torch.float32)
+    return dtype if dtype in WIDE else torch.promote_types(dtype, torch.float32)
+
+
+def cast(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``tensor`` in ``dtype``. A tensor already of that dtype is returned as it is, without the call into torch that
+    `Tensor.to` makes even then: a cached decoding step runs dozens of these per layer."""
+    return tensor if tensor.dtype == dtype else tensor.to(dtype)
 
 
 def widened(tensor: torch.Tensor) -> torch.Tensor:
     """``tensor`` in `work_dtype`: half precision goes to float32, wider floats stay as they are."""
-    return tensor.to(work_dtype(tensor.dtype))
+    return cast(tensor, work_dtype(tensor.dtype))
 
 
 def applied_weight(linear: nn.Module, like: torch.Tensor | None = None) -> torch.Tensor:
