@@ -52,7 +52,19 @@ def bisoftmax(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> to
     three N x N tensors per head and iteration alive until backward: 2.6x the looped Transformer's training memory.)"""
     scale = query.shape[-1] ** -0.5
     row = F.scaled_dot_product_attention(query, key, value, scale=scale)
-    return row + ColumnSoftmaxRead.apply(query, key, value, scale)
+    return row + ColumnSoftmaxRead.apply(*_distinct(query, key, value), scale)
+
+
+def _distinct(*tensors: torch.Tensor) -> list[torch.Tensor]:
+    """The tensors, a repeated one (the shared norm's q = k = v) as a view of itself: dynamo cannot trace an
+    autograd.Function given one tensor twice (torch.compile(fullgraph=True) refuses it); a view is another input,
+    and its gradient flows to the same tensor."""
+    seen = set()
+    distinct = []
+    for tensor in tensors:
+        distinct.append(tensor.view_as(tensor) if id(tensor) in seen else tensor)
+        seen.add(id(tensor))
+    return distinct
 
 
 class ColumnSoftmaxRead(torch.autograd.Function):
