@@ -1,4 +1,5 @@
-"""The `energyzoo` command: `energyzoo quickstart | train | eval | export | recipes | bench | doctor | reproduce`.
+"""The `energyzoo` command: `energyzoo quickstart | train | eval | export | convert | recipes | bench | doctor |
+reproduce`.
 
 Bad input (a recipe or preset name, an override, a folder, a config key) is answered in one line,
 ``energyzoo <command>: error: <message>``, with exit code 2; ``--debug`` shows the traceback instead. Modules load
@@ -136,6 +137,17 @@ def _export(args) -> int:
     else:
         checkpoint = f" --checkpoint {args.checkpoint}" if args.checkpoint else ""
         print(f"push it with: energyzoo export {args.model_dir} {folder}{checkpoint} --push <user>/<name>")
+    return 0
+
+
+def _convert(args) -> int:
+    from .hub_cards.original import convert_hyperset_original, original_options
+
+    options = original_options(args.config, _config_fields(args.set))
+    folder, task, defaults = convert_hyperset_original(args.source, args.output_dir, options)
+    print(f"converted the authors' {task} checkpoint {args.source} to {folder}")
+    if defaults:
+        print(f"not in the checkpoint and not given, the authors' defaults taken: {defaults}")
     return 0
 
 
@@ -328,6 +340,21 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--push", default=None, metavar="REPO_ID", help="upload the folder to this Hub repository")
     export.add_argument("--private", action="store_true")
     export.set_defaults(run=_export)
+
+    convert = commands.add_parser(
+        "convert", help="turn another codebase's checkpoint into a Hub-ready energyzoo folder",
+        description="hyperset-original: an authors' Hyper-SET checkpoint (huyunzhe/hyper-set; .pt / .pth / "
+                    ".safetensors; image classification, Sudoku or MaskGIT, read from its keys). What the state dict "
+                    "cannot say comes from their task config (--config) or --set, in their names: n_recur, "
+                    "input_cond, adaptive_mode, type, dataset or size, lora_alpha, attention, ff, phi_func, img_size; "
+                    "else from the authors' shipped defaults, which the command lists.")
+    convert.add_argument("format", choices=["hyperset-original"])
+    convert.add_argument("source", help="the checkpoint file")
+    convert.add_argument("output_dir")
+    convert.add_argument("--config", default=None, help="the authors' Hydra config of the run (model and data keys)")
+    convert.add_argument("--set", action="append", default=[], metavar="OPTION=VALUE",
+                         help="one of the authors' options, e.g. --set n_recur=12 --set dataset=in1k")
+    convert.set_defaults(run=_convert)
 
     recipes = commands.add_parser("recipes", help="list the shipped recipes and where the accelerate configs are")
     recipes.set_defaults(run=_recipes, loads_models=False)

@@ -117,11 +117,11 @@ def test_each_half_step_lowers_its_energy_and_the_opposite_sign_raises_it(interm
     w, d = layer.weights()
     step = torch.tensor(1e-3, dtype=torch.float64)
     e_attn, _ = unit_gain_energies(x, layer, HEADS)
-    assert (unit_gain_energies(layer.attention_step(x, step, w), layer, HEADS)[0] < e_attn).all()
-    assert (unit_gain_energies(layer.attention_step(x, -step, w), layer, HEADS)[0] > e_attn).all()
+    assert (unit_gain_energies(x - step * layer.attention_direction(x, w), layer, HEADS)[0] < e_attn).all()
+    assert (unit_gain_energies(x + step * layer.attention_direction(x, w), layer, HEADS)[0] > e_attn).all()
     _, e_ff = unit_gain_energies(x, layer, HEADS)
-    assert (unit_gain_energies(layer.feedforward_step(x, step, d), layer, HEADS)[1] < e_ff).all()
-    assert (unit_gain_energies(layer.feedforward_step(x, -step, d), layer, HEADS)[1] > e_ff).all()
+    assert (unit_gain_energies(x + step * layer.feedforward_direction(x, d), layer, HEADS)[1] < e_ff).all()
+    assert (unit_gain_energies(x - step * layer.feedforward_direction(x, d), layer, HEADS)[1] > e_ff).all()
 
 
 def test_feedforward_step_is_the_closed_form_update():
@@ -135,7 +135,7 @@ def test_feedforward_step_is_the_closed_form_update():
     d = layer.ff_proj.weight  # (M, d): rows d_m
     h = x @ d.T
     h = h / torch.sqrt(h.square().mean(-1, keepdim=True) + torch.finfo(torch.float64).eps) * layer.ff_norm.weight
-    torch.testing.assert_close(layer.feedforward_step(x, gamma, d), x + gamma * (torch.relu(h) @ d))
+    torch.testing.assert_close(x + gamma * layer.feedforward_direction(x, d), x + gamma * (torch.relu(h) @ d))
 
 
 @pytest.mark.parametrize("iterations", [1, 3, 12])

@@ -7,7 +7,8 @@ reproduce all --quick`), both shipped here. A document marks each rendered block
     <!-- end rendered -->
 
 Blocks: ``bench MODEL_TYPE...`` (each bench table of those architectures), ``speed-summary`` (a row per bench
-table), ``ledger EXPERIMENT...`` (each experiment's verdicts), ``ledger-summary`` (a row per experiment).
+table), ``ledger EXPERIMENT...`` (each experiment's verdicts), ``ledger-summary`` (a row per experiment),
+``reference-differences FAMILY`` (the family's differences from its authors' public code, as its model card has).
 ``python -m energyzoo.hub_cards.docs FILE...`` rewrites the blocks of each file; a test checks they are current.
 """
 
@@ -20,7 +21,7 @@ from ..eval.speed import format_table
 from ..presets import config_from_preset
 from ..reproduce.report import headline
 from ..reproduce.verdict import VERDICTS
-from .export import measured_speed
+from .export import measured_speed, reference_differences
 from .ledger import ledger_tables, measured_ledger
 
 BLOCK = re.compile(r"(<!-- rendered: (?P<kind>[\w-]+)(?P<names>(?: [\w.-]+)*) -->\n)(?P<body>.*?)"
@@ -76,7 +77,8 @@ def ledger_summary() -> str:
 
 
 RENDERERS = {"bench": bench_tables, "speed-summary": lambda names: speed_summary(),
-             "ledger": ledger_tables, "ledger-summary": lambda names: ledger_summary()}
+             "ledger": ledger_tables, "ledger-summary": lambda names: ledger_summary(),
+             "reference-differences": lambda names: "\n\n".join(map(reference_differences, names))}
 
 
 def render_document(text: str) -> str:

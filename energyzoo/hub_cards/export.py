@@ -200,6 +200,13 @@ def _speed_table(model_dir: Path, model_type: str) -> str:
             f"times the architecture's bench presets against their baseline (energyzoo's docs/speed.md).")
 
 
+def reference_differences(family: str) -> str:
+    """The family's table of differences from its authors' public code (``<family>_reference_differences.md``
+    here), or "" where there is none: one text for the model card and the family's docs page."""
+    table = resources.files("energyzoo") / "hub_cards" / f"{family}_reference_differences.md"
+    return table.read_text().strip() if table.is_file() else ""
+
+
 def runnable_pipeline(task: str, folder: Path) -> str | None:
     """The ``pipeline_tag`` of ``task`` if its transformers pipeline runs on ``folder``: the folder holds the
     tokenizer or image processor that pipeline reads (a model trained on token ids, such as a Sudoku or parity
@@ -234,6 +241,7 @@ def render_card(model, model_dir: Path, task: str, repo_id: str | None = None,
         config_table=_config_table(config), training_data=_training_data(model_dir, task),
         eval_table=_eval_table(model_dir), speed_table=_speed_table(model_dir, model_type),
         reproduction_table=family_ledger(Path(entry.card_template).stem),
+        reference_differences=reference_differences(Path(entry.card_template).stem),
         transformers_range=TESTED_TRANSFORMERS,
         **entry.card_facts(config),
     )

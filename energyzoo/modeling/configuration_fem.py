@@ -115,6 +115,10 @@ class FEMConfig(OwnCacheLayerTypes, PreTrainedConfig):
             with p initialised at 0 (App. K: softplus(x + 1.8), x = 0, i.e. ~1.953).
         time_decay_rank: H_c of the conditioner; None means d / 16 (FEM §2.3.3 default), at least 1.
         time_decay_chunk_size: chunk length of the parallel decayed scan (speed/memory only).
+        time_decay_activation: the conditioner's gate on the shortcut branch: "silu" (App. I eq. 33) or "identity"
+            (the public reference layer's, which has no SiLU), for weights ported from that layer.
+        time_decay_bias: biases on the conditioner's W_f, W_x, W_s (App. I has none; the public reference layer
+            has them), for weights ported from that layer.
         layer_types: set from ``prior``: every layer's cache-layer type, which `DynamicCache(config=...)` reads. Not
             saved; a given list (an older saved config's) must be the prior's.
     Switching modules off removes their parameters; widths stay as the ratios say (re-budget with them).
@@ -152,6 +156,8 @@ class FEMConfig(OwnCacheLayerTypes, PreTrainedConfig):
     beta_max_init: float = math.log1p(math.exp(1.8))
     time_decay_rank: int | None = None
     time_decay_chunk_size: int = 8
+    time_decay_activation: str = "silu"
+    time_decay_bias: bool = False
     gla_decay: str = "head"
     aft_decay: bool = False
     decay_normalizer: float = 16.0
@@ -201,6 +207,8 @@ class FEMConfig(OwnCacheLayerTypes, PreTrainedConfig):
         require(OWNER, self.time_decay_chunk_size >= 2, "time_decay_chunk_size",
                 "an integer >= 2 (the decayed scan carries chunk ends a level up, chunks of 2 or more at a time)",
                 self.time_decay_chunk_size)
+        require(OWNER, self.time_decay_activation in ("silu", "identity"), "time_decay_activation",
+                "one of ['silu', 'identity']", self.time_decay_activation)
         require(OWNER, self.gla_decay in GLA_DECAY_KINDS, "gla_decay", f"one of {GLA_DECAY_KINDS}", self.gla_decay)
         require(OWNER, self.decay_normalizer > 0, "decay_normalizer", "> 0", self.decay_normalizer)
 

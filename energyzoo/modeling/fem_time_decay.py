@@ -8,7 +8,9 @@ temperature-gate logit and the outer-gate logit (eq. 34a-d).
 
 Choices where the paper leaves room: norm(a) rescales to unit RMS (unit l2 norm times sqrt(H_c), as the
 public reference does) so SiLU sees O(1) inputs; the decayed sum is evaluated chunkwise in log space
-(App. I "implementation notes") instead of the f_t^-1 division, which overflows for long sequences.
+(App. I "implementation notes") instead of the f_t^-1 division, which overflows for long sequences. For weights
+ported from the public reference layer, `FEMConfig.time_decay_activation` = "identity" drops the SiLU and
+`time_decay_bias` adds biases to W_f, W_x, W_s, as that layer has them (App. I has neither).
 """
 
 import torch
@@ -85,13 +87,15 @@ def held_output_columns(linear: nn.Linear) -> tuple[int, slice]:
 class TimeDecayConditioner(nn.Module):
     """FEM App. I time-decay conditioner, producing ``out_features`` modulation channels per token."""
 
-    def __init__(self, hidden_size: int, rank: int, out_features: int, chunk_size: int = 8, eps: float = 1e-6):
+    def __init__(self, hidden_size: int, rank: int, out_features: int, chunk_size: int = 8, eps: float = 1e-6,
+                 activation: str = "silu", bias: bool = False):
         super().__init__()
+        self.activation = F.silu if activation == "silu" else None  # None: the public reference's, no SiLU
         self.rank = rank
         self.chunk_size = chunk_size
         self.eps = eps
         self.input_norm = nn.LayerNorm(hidden_size, eps=eps)
-        self.in_proj = nn.Linear(hidden_size, 3 * rank, bias=False)  # [W_f | W_x | W_s] in one matmul
+        self.in_proj = nn.Linear(hidden_size, 3 * rank, bias=bias)  # [W_f | W_x | W_s] in one matmul
         self.state_norm = nn.LayerNorm(rank, eps=eps)
         # W_c as a bare parameter: zero-initialised (FEM App. K), so every modulator starts at exactly 1.
         self.out_proj = nn.Parameter(torch.zeros(rank, out_features))
@@ -114,7 +118,9 @@ class TimeDecayConditioner(nn.Module):
             inputs = inputs * keep
         states, final_state = decayed_cumsum(log_decay, inputs, initial_state, self.chunk_size)
         shortcut = F.rms_norm(F.softplus(widened(shortcut_logits)), (self.rank,), eps=self.eps)
-        features = cast(F.silu(shortcut), hidden_states.dtype) * self.state_norm(cast(states, hidden_states.dtype))
+        if self.activation is not None:
+            shortcut = self.activation(shortcut)
+        features = cast(shortcut, hidden_states.dtype) * self.state_norm(cast(states, hidden_states.dtype))
         return features, final_state
 
     def modulate(

@@ -15,6 +15,7 @@ Each layer has exactly two matrices: W (`qkv_proj`: query = key = value, its tra
 adapter that wraps the module (peft's LoRA) and the depth-wise LoRA of App. G.2 act on both.
 """
 
+import functools
 import math
 
 import torch
@@ -25,13 +26,18 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from .configuration_hyperset import HyperSETConfig
 from .numerics import applied_weight
 
+# Running statistics of one half-step's update rule (`DescentUpdate`): () for plain descent.
+Moments = tuple[torch.Tensor, ...]
+
 
 def sinusoid(positions: torch.Tensor, dim: int) -> torch.Tensor:
     """[sin(t f_k), cos(t f_k)] with f_k = exp(-ln(1e4) k / (dim/2 - 1)), k < dim/2: the step-size network's
-    embedding of the iteration t (App. D.1; the code's frequencies)."""
+    embedding of the iteration t (App. D.1; the code's frequencies), in float64 (cast by the caller), so that a
+    float64 model is float64-accurate."""
     half = dim // 2
-    frequencies = torch.exp(-math.log(1e4) * torch.arange(half, dtype=torch.float32) / max(half - 1, 1))
-    angles = positions.float()[:, None] * frequencies.to(positions.device)[None]
+    frequencies = torch.exp(-math.log(1e4) * torch.arange(half, dtype=torch.float64, device=positions.device)
+                            / max(half - 1, 1))
+    angles = positions.double()[:, None] * frequencies[None]
     return torch.cat([angles.sin(), angles.cos()], dim=-1)
 
 
@@ -103,10 +109,13 @@ def sigmoid_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     return (scores * (1 - scores)) @ value
 
 
-def linear_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
-    """phi'(q) * (phi(v) (phi(q)^T phi(k)) / sqrt(p)) with phi = sigmoid (App. G.1): O(N), a p x p summary."""
+def linear_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     scale: str = "head_dim") -> torch.Tensor:
+    """phi'(q) * (phi(v) (phi(q)^T phi(k)) s) with phi = sigmoid (App. G.1): O(N), a p x p summary. s = 1 / sqrt(p)
+    (``scale="head_dim"``, Table 19) or 1 / sqrt(N) (``"tokens"``, the public MaskGIT code's)."""
     gate = torch.sigmoid(query)
-    summary = gate.transpose(-1, -2) @ torch.sigmoid(key) / math.sqrt(query.shape[-1])
+    width = query.shape[-1] if scale == "head_dim" else query.shape[-2]
+    summary = gate.transpose(-1, -2) @ torch.sigmoid(key) / math.sqrt(width)
     return (torch.sigmoid(value) @ summary) * gate * (1 - gate)
 
 
@@ -156,29 +165,66 @@ def average_angle(z: torch.Tensor) -> torch.Tensor:
     return torch.rad2deg(torch.arccos(cosines[..., upper])).mean(-1)
 
 
+class DescentUpdate:
+    """The update a half-step applies, from its descent direction g at iteration t = 1, 2, ... (`update_mode` of
+    `HyperSETConfig`; the public code's ``adaptive_mode``): g itself (eq. 9, 11), heavy-ball momentum, RMSProp,
+    RMSProp with momentum, or Adam with bias correction. ``moments`` are the rule's running statistics, () before
+    the first iteration (zeros)."""
+
+    def __init__(self, config: HyperSETConfig):
+        self.mode = config.update_mode
+        self.momentum = config.update_momentum
+        self.decay = config.second_moment_decay
+        self.eps = config.update_eps
+
+    def __call__(self, g: torch.Tensor, moments: Moments, t: int) -> tuple[torch.Tensor, Moments]:
+        if self.mode == "gd":
+            return g, ()
+        mu, eta = self.momentum, self.decay
+        if not moments:
+            moments = (torch.zeros_like(g),) * (1 if self.mode == "momentum" else 2)
+        if self.mode == "momentum":
+            velocity = mu * moments[0] + g
+            return velocity, (velocity,)
+        second = eta * moments[-1] + (1 - eta) * g.square()
+        if self.mode == "rmsprop":
+            return g / (second.sqrt() + self.eps), (second,)
+        if self.mode == "rmsprop_momentum":
+            velocity = mu * moments[0] + g / (second.sqrt() + self.eps)
+            return velocity, (velocity, second)
+        first = mu * moments[0] + (1 - mu) * g
+        corrected = first / (1 - mu**t) / ((second / (1 - eta**t)).sqrt() + self.eps)
+        return corrected, (first, second)
+
+
 class IteratedLayer(GradientCheckpointingLayer):
-    """A layer the model iterates: ``forward(x, alpha, gamma, lora, with_diagnostics) -> (x', diagnostics)``; the
-    model records a hidden state after every iteration of every such layer."""
+    """A layer the model iterates: ``forward(x, alpha, gamma, lora, with_diagnostics, moments, t, step_inputs) ->
+    (x', diagnostics, moments')``; the model records a hidden state after every iteration of every such layer."""
 
 
 class HyperSETLayer(IteratedLayer):
-    """One Hyper-SET layer: W, D and their RMSNorm gains; `forward` is one iteration (eq. 9 then eq. 11) and, on
-    request, its traced quantities. W and D are read inside `forward` only, where a sharded (FSDP) layer holds them
-    whole."""
+    """One Hyper-SET layer: W, D and their RMSNorm gains (and, with ``step_head_per_layer``, its own step-size head);
+    `forward` is one iteration (eq. 9 then eq. 11, each half-step through the `DescentUpdate` rule) and, on request,
+    its traced quantities. W and D are read inside `forward` only, where a sharded (FSDP) layer holds them whole."""
 
     def __init__(self, config: HyperSETConfig):
         super().__init__()
         # the energies' RMSNorm eps (None: float32's machine epsilon, as the float32 model's norms use)
         self.energy_eps = config.rms_norm_eps or torch.finfo(torch.float32).eps
         self.heads = config.num_attention_heads
-        self.attention = ATTENTIONS[config.attention_type]
+        attention = ATTENTIONS[config.attention_type]
+        if config.attention_type == "linear":
+            attention = functools.partial(attention, scale=config.linear_attention_scale)
+        self.attention = attention
         self.activation = {"standard": {"relu": F.relu, "gelu": F.gelu}[config.hidden_act],
                            "softmax": lambda h: h.softmax(dim=-1), "gated": gated_activation}[config.ff_type]
+        self.update = DescentUpdate(config)
         self.qkv_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
         self.ff_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         gains = 1 if config.qkv_norm == "shared" else 3  # query, key, value
         self.qkv_norms = nn.ModuleList(nn.RMSNorm(config.head_dim, eps=config.rms_norm_eps) for _ in range(gains))
         self.ff_norm = nn.RMSNorm(config.intermediate_size, eps=config.rms_norm_eps)
+        self.step_head = HyperSETStepSizes(config, time_path=False) if config.step_head_per_layer else None
 
     def weights(self, lora: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(W, D) as (out, in) weights, with an iteration's depth-wise LoRA updates added."""
@@ -187,23 +233,34 @@ class HyperSETLayer(IteratedLayer):
             w, d = w + lora[0], d + lora[1]
         return w, d
 
-    def attention_step(self, x: torch.Tensor, alpha: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        """x - alpha * W [attention of the normalised projections] (eq. 9: bi-softmax; App. G.1 alternatives)."""
+    def attention_direction(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """W [attention of the normalised projections] (eq. 9: bi-softmax; App. G.1 alternatives): the step is
+        x - alpha * this."""
         z = split_heads(F.linear(x, w), self.heads)
         normed = [norm(z) for norm in self.qkv_norms]
         query, key, value = normed if len(normed) == 3 else normed * 3
-        return x - alpha * (merge_heads(self.attention(query, key, value)) @ w)
+        return merge_heads(self.attention(query, key, value)) @ w
 
-    def feedforward_step(self, x: torch.Tensor, gamma: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
-        """x + gamma * D act(RMSNorm(D^T x)) (eq. 11; `ff_type` picks act)."""
-        return x + gamma * (self.activation(self.ff_norm(F.linear(x, d))) @ d)
+    def feedforward_direction(self, x: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+        """D act(RMSNorm(D^T x)) (eq. 11; `ff_type` picks act): the step is x + gamma * this."""
+        return self.activation(self.ff_norm(F.linear(x, d))) @ d
 
     def forward(self, x, alpha, gamma, lora: tuple[torch.Tensor, torch.Tensor] | None = None,
-                with_diagnostics: bool = False) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """(x after one iteration with the iteration's depth-wise LoRA updates, its `diagnostics` or {})."""
+                with_diagnostics: bool = False, moments: tuple[Moments, Moments] = ((), ()), t: int = 1,
+                step_inputs: tuple[torch.Tensor, torch.Tensor] | None = None,
+                ) -> tuple[torch.Tensor, dict[str, torch.Tensor], tuple[Moments, Moments]]:
+        """(x after iteration t (one-based) with the iteration's depth-wise LoRA updates, its `diagnostics` or {},
+        the update rule's moments of both half-steps). With a per-layer step-size head, ``step_inputs`` = (c_t,
+        condition) give alpha and gamma (then None)."""
+        if step_inputs is not None:
+            alpha, gamma = self.step_head(*step_inputs)
         w, d = self.weights(lora)
-        updated = self.feedforward_step(self.attention_step(x, alpha, w), gamma, d)
-        return updated, self.diagnostics(x, updated, alpha, gamma, w, d) if with_diagnostics else {}
+        attention_update, attention_moments = self.update(self.attention_direction(x, w), moments[0], t)
+        attended = x - alpha * attention_update
+        feedforward_update, feedforward_moments = self.update(self.feedforward_direction(attended, d), moments[1], t)
+        updated = attended + gamma * feedforward_update
+        diagnostics = self.diagnostics(x, updated, alpha, gamma, w, d) if with_diagnostics else {}
+        return updated, diagnostics, (attention_moments, feedforward_moments)
 
     @torch.no_grad()
     def diagnostics(self, before, after, alpha, gamma, w, d) -> dict[str, torch.Tensor]:
@@ -247,37 +304,40 @@ class TransformerBaselineLayer(IteratedLayer):
         self.down_proj = nn.Linear(config.intermediate_size, width, bias=False)
         self.activation = {"relu": F.relu, "gelu": F.gelu}[config.hidden_act]
 
-    def forward(self, x, alpha=None, gamma=None, lora=None,
-                with_diagnostics: bool = False) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def forward(self, x, alpha=None, gamma=None, lora=None, with_diagnostics: bool = False, moments=((), ()), t=1,
+                step_inputs=None) -> tuple[torch.Tensor, dict[str, torch.Tensor], tuple[Moments, Moments]]:
         normed = self.attention_norm(x)
         query, key, value = (split_heads(projection(normed), self.heads)
                              for projection in (self.q_proj, self.k_proj, self.v_proj))
         attended = x + self.o_proj(merge_heads(F.scaled_dot_product_attention(query, key, value)))
         updated = attended + self.down_proj(self.activation(self.up_proj(self.mlp_norm(attended))))
         if not with_diagnostics:
-            return updated, {}
-        return updated, {"residual": torch.linalg.vector_norm((updated - x).detach().float(), dim=-1).mean(-1)}
+            return updated, {}, moments
+        return updated, {"residual": torch.linalg.vector_norm((updated - x).detach().float(), dim=-1).mean(-1)}, moments
 
 
 class HyperSETStepSizes(nn.Module):
     """Per-token, per-channel step sizes (alpha_t, gamma_t) = net(t, condition) (eq. 12, App. D.1 Table 6):
     c_t = MLP(sinusoid_te(t)) (or the raw sinusoid of width d when time_embed_dim = 0), then
-    (alpha, gamma) = Linear_{d -> 2d}(GELU([RMSNorm](c_t + condition))), condition = x(0) or RMSNorm(x_t).
+    (alpha, gamma) = Linear_{d -> 2d}(GELU([RMSNorm](c_t + condition))), condition = x(0) or x_t, RMS-normalised
+    with `condition_rmsnorm`. The time path (``time_path``) and the head (``head``) are its two parts: the model's
+    network has both, or (``step_head_per_layer``) the time path only, each layer a head of its own.
     Zero-initialised (`step_zero_init`), so alpha = gamma = 0 at initialisation: the model is the identity."""
 
-    def __init__(self, config: HyperSETConfig):
+    def __init__(self, config: HyperSETConfig, time_path: bool = True, head: bool = True):
         super().__init__()
         width, eps = config.hidden_size, config.rms_norm_eps
         self.time_embed_dim = config.time_embed_dim
         self.time_mlp = None
-        if config.time_embed_dim:
+        if time_path and config.time_embed_dim:
             norm = (lambda: nn.RMSNorm(width, eps=eps)) if config.step_net_rmsnorm else nn.Identity
             self.time_mlp = nn.Sequential(nn.Linear(config.time_embed_dim, width), norm(), nn.GELU(), norm(),
                                           nn.Linear(width, width), norm())
-        self.condition_norm = nn.RMSNorm(width, eps=eps) if config.step_condition == "current" else None
-        self.head_norm = nn.RMSNorm(width, eps=eps) if config.step_head_rmsnorm else nn.Identity()
-        self.out_proj = nn.Linear(width, 2 * width)
-        zeroed = self.modules() if config.step_zero_init == "all" else [self.out_proj]
+        if head:
+            self.condition_norm = nn.RMSNorm(width, eps=eps) if config.condition_rmsnorm else None
+            self.head_norm = nn.RMSNorm(width, eps=eps) if config.step_head_rmsnorm else nn.Identity()
+            self.out_proj = nn.Linear(width, 2 * width)
+        zeroed = self.modules() if config.step_zero_init == "all" else [getattr(self, "out_proj", None)]
         for linear in zeroed:
             if isinstance(linear, nn.Linear):
                 linear.starts_at_zero = True  # read by the model's `_init_weights`

@@ -120,7 +120,8 @@ class FEMAttention(nn.Module):
         if config.use_time_decay:
             modulated = sum(getattr(self, name).out_features for name in self.projection_names)
             self.time_decay = TimeDecayConditioner(hidden, config.time_decay_rank, modulated,
-                                                   config.time_decay_chunk_size, config.rms_norm_eps)
+                                                   config.time_decay_chunk_size, config.rms_norm_eps,
+                                                   config.time_decay_activation, config.time_decay_bias)
         # post_init draws the weights in module order: keep the order of the layers saved before the prior table
         # (the decay projection after the gates), so that a seed gives the same model as it did
         for name in ("decay_proj", "time_decay"):

@@ -19,7 +19,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 from transformers import initialization as init
 from transformers.modeling_utils import PreTrainedModel
-from transformers.utils import can_return_tuple
+from transformers.utils import can_return_tuple, logging
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_hyperset import HyperSETConfig
@@ -31,6 +31,7 @@ from .hyperset_layer import (
     IteratedLayer,
     TransformerBaselineLayer,
 )
+from .hyperset_original import convert_original, read_original_state_dict
 from .inputs import (
     check_classifier_labels,
     check_kind,
@@ -52,17 +53,19 @@ from .outputs import (
 from .positions import sinusoidal_positions
 from .refinement import refine, refinement_steps, takes_refinement_steps
 
+logger = logging.get_logger(__name__)
+
 
 def sincos2d_positions(count: int, width: int, device) -> torch.Tensor:
-    """The fixed 2-D sin-cos table of MAE over a square grid (the MIM code's): half the channels encode the row,
-    half the column, each as [sin, cos] of position * 1e4^(-k / (width / 4))."""
+    """The fixed 2-D sin-cos table of MAE over a square grid (the MIM code's): half the channels encode the column,
+    half the row, each as [sin, cos] of position * 1e4^(-k / (width / 4)); float64 (cast by the caller)."""
     side = math.isqrt(count)
-    frequency = 1e4 ** -(torch.arange(width // 4, dtype=torch.float32, device=device) / (width / 4))
+    frequency = 1e4 ** -(torch.arange(width // 4, dtype=torch.float64, device=device) / (width / 4))
     rows, columns = torch.meshgrid(torch.arange(side, device=device), torch.arange(side, device=device),
                                    indexing="ij")
 
     def encode(coordinate):
-        angles = coordinate.reshape(-1, 1).float() * frequency
+        angles = coordinate.reshape(-1, 1).double() * frequency
         return torch.cat([angles.sin(), angles.cos()], dim=-1)
 
     return torch.cat([encode(columns), encode(rows)], dim=-1)
@@ -127,8 +130,12 @@ class HyperSETEmbeddings(nn.Module):
             positions = self.position_embeddings[:, :length]
         else:
             indices = torch.arange(self.positions, device=inputs_embeds.device)
-            table = (sinusoidal_positions(indices, inputs_embeds.shape[-1]) if kind == "sinusoidal" else
-                     sincos2d_positions(self.positions, inputs_embeds.shape[-1], inputs_embeds.device))
+            if kind == "sinusoidal":
+                table = sinusoidal_positions(indices, inputs_embeds.shape[-1])
+            else:  # the grid of patches or cells; a CLS token in front gets zeros (MAE's convention)
+                cls = int(self.cls_token is not None)
+                table = F.pad(sincos2d_positions(self.positions - cls, inputs_embeds.shape[-1], inputs_embeds.device),
+                              (0, 0, cls, 0))
             positions = table[None, :length]
         return self.dropout(inputs_embeds + positions.to(inputs_embeds.dtype))
 
@@ -173,7 +180,8 @@ class HyperSETModel(HyperSETPreTrainedModel):
         self.embeddings = HyperSETEmbeddings(config)
         layer = HyperSETLayer if config.layer_type == "hyperset" else TransformerBaselineLayer
         self.layers = nn.ModuleList(layer(config) for _ in range(config.num_hidden_layers))
-        self.step_sizes = HyperSETStepSizes(config) if config.step_size_mode == "learned" else None
+        learned = config.step_size_mode == "learned"
+        self.step_sizes = HyperSETStepSizes(config, head=not config.step_head_per_layer) if learned else None
         self.depthwise_lora = DepthwiseLoRA(config) if config.lora_rank else None
         self.post_init()
 
@@ -204,33 +212,39 @@ class HyperSETModel(HyperSETPreTrainedModel):
         for layer in self.layers:
 
             def step(index, state, layer=layer):
-                (current,) = state
-                alpha, gamma = self.step_size(times, index, x0, current)
+                current, moments = state
+                alpha, gamma, step_inputs = self.step_size(times, index, x0, current, layer)
                 lora = self.depthwise_lora(index) if self.depthwise_lora is not None else None
-                updated, diagnostics = layer(current, alpha, gamma, lora, with_diagnostics=records is not None)
-                return (updated,), None, diagnostics
+                updated, diagnostics, moments = layer(current, alpha, gamma, lora, with_diagnostics=records is not None,
+                                                      moments=moments, t=index + 1, step_inputs=step_inputs)
+                return (updated, moments), None, diagnostics
 
-            refined = refine(step, (x,), iterations, records=records)
-            (x,) = refined.state
+            refined = refine(step, (x, ((), ())), iterations, records=records)  # the update rule restarts per layer
+            x = refined.state[0]
             if records:
                 record_energies({**refined.records, "iterations": refined.iterations})
         pooled = x[:, 0] if self.config.use_cls_token else None
         return BaseModelOutputWithPoolingAndEnergies(last_hidden_state=x, pooler_output=pooled)
 
-    def step_size(
-        self, times, index: int, x0: torch.Tensor, current: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(alpha, gamma) of iteration ``index``: the step-size network's (eq. 12) or the fixed ones (Table 4).
-        Training recomputes the network in backward: its inputs are kept anyway, and its activations (norms, GELU,
-        the 2d-wide output layer's input) were a third of Hyper-SET's training memory, for a few linear maps of
-        time."""
+    def step_size(self, times, index: int, x0: torch.Tensor, current: torch.Tensor, layer: nn.Module):
+        """(alpha, gamma, None) of iteration ``index``: the step-size network's (eq. 12) or the fixed ones (Table
+        4); or (None, None, (c_t, condition)) for a layer with its own step-size head, which it runs itself.
+        Training recomputes the shared network in backward: its inputs are kept anyway, and its activations (norms,
+        GELU, the 2d-wide output layer's input) were a third of Hyper-SET's training memory, for a few linear maps
+        of time."""
+        config = self.config
         if self.step_sizes is None:
-            fixed = torch.tensor(self.config.fixed_step_size, dtype=current.dtype, device=current.device)
-            return fixed, fixed
-        arguments = (times[index], x0 if self.config.step_condition == "input" else current)
+            def fixed(value):
+                return torch.tensor(value, dtype=current.dtype, device=current.device)
+
+            return fixed(config.fixed_step_size), fixed(config.feedforward_step_size), None
+        arguments = (times[index], x0 if config.step_condition == "input" else current)
+        if config.step_head_per_layer:
+            return None, None, arguments
         if self.training and torch.is_grad_enabled():
-            return checkpoint(self.step_sizes, *arguments, use_reentrant=False)
-        return self.step_sizes(*arguments)
+            return *checkpoint(self.step_sizes, *arguments, use_reentrant=False), None
+        return *self.step_sizes(*arguments), None
+
 
 class HyperSETHead(HyperSETPreTrainedModel):
     """A head on `HyperSETModel`: ``model`` runs the encoder, passing on ``output_energies`` and
@@ -238,6 +252,27 @@ class HyperSETHead(HyperSETPreTrainedModel):
 
     # a per-batch mean loss: `Trainer` must average the micro-batches of an accumulated step itself
     accepts_loss_kwargs = False
+    # the pipeline task of the authors' model this head loads (`from_original`)
+    original_task: str
+
+    @classmethod
+    def from_original(cls, source, **options):
+        """This head with the weights of an authors' Hyper-SET checkpoint (huyunzhe/hyper-set; `hyperset_original`):
+        ``source`` a ``.safetensors`` / ``.pt`` / ``.pth`` file or a state dict, ``options`` the authors' task options
+        in their names (``n_recur``, ``input_cond``, ``adaptive_mode``, ``type``, ``dataset`` or ``size``,
+        ``lora_alpha``, ``attention``, ``ff``, ``phi_func``, ``img_size``) where the state dict cannot say them; each
+        one not given takes the authors' shipped default, and a warning names it. Loaded strictly, in eval mode."""
+        state = source if isinstance(source, dict) else read_original_state_dict(source)
+        config, weights, defaults = convert_original(state, cls.original_task, options)
+        if defaults:
+            logger.warning(f"{cls.__name__}.from_original: not in the state dict and not given, the authors' defaults "
+                           f"taken: {defaults}")
+        model = cls(config)
+        missing, unexpected = model.load_state_dict(weights, strict=False)
+        if missing or unexpected:
+            raise UserError(f"{cls.__name__}.from_original: the converted weights do not fit the model built from "
+                             f"them (missing {missing}, unexpected {unexpected})")
+        return model.eval()
 
     def encode(self, output_energies, refinement_steps, **inputs):
         return self.model(output_energies=output_energies, refinement_steps=refinement_steps, **inputs)
@@ -260,6 +295,7 @@ class HyperSETForImageClassification(HyperSETHead):
     transformers' for classifiers: cross-entropy, or by `config.problem_type` / the labels' dtype, regression (MSE)
     or multi-label (BCE)."""
 
+    original_task = "image-classification"
     def __init__(self, config: HyperSETConfig):
         super().__init__(config)
         self.model = HyperSETModel(config)
@@ -285,6 +321,7 @@ class HyperSETForTokenClassification(HyperSETHead):
 
     main_input_name = "input_ids"
 
+    original_task = "token-classification"
     def __init__(self, config: HyperSETConfig):
         super().__init__(config)
         self.model = HyperSETModel(config)
@@ -310,6 +347,7 @@ class HyperSETForMaskedImageModeling(HyperSETHead):
 
     main_input_name = "input_ids"
 
+    original_task = "masked-image-modeling"
     def __init__(self, config: HyperSETConfig):
         super().__init__(config)
         if config.input_type != "tokens" or config.mask_token_id is None:

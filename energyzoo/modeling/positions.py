@@ -9,11 +9,12 @@ import torch
 
 def sinusoidal_positions(positions: torch.Tensor, width: int) -> torch.Tensor:
     """PE(pos, 2i) = sin(pos / 1e4^(2i / width)), PE(pos, 2i + 1) = cos(...) for any integer positions (any
-    shape); returns float32 of shape ``(*positions.shape, width)``, computed on the fly so that any length works."""
-    frequency = torch.exp(-math.log(1e4) * torch.arange(0, width, 2, dtype=torch.float32, device=positions.device)
+    shape); returns float64 (callers cast it to their dtype, so a float64 model is float64-accurate) of shape
+    ``(*positions.shape, width)``, computed on the fly so that any length works."""
+    frequency = torch.exp(-math.log(1e4) * torch.arange(0, width, 2, dtype=torch.float64, device=positions.device)
                           / width)
-    angles = positions.float().unsqueeze(-1) * frequency
-    table = torch.zeros(*positions.shape, width, device=positions.device)
+    angles = positions.double().unsqueeze(-1) * frequency
+    table = torch.zeros(*positions.shape, width, dtype=torch.float64, device=positions.device)
     table[..., 0::2] = torch.sin(angles)
     table[..., 1::2] = torch.cos(angles[..., : width // 2])
     return table

@@ -214,3 +214,54 @@ def fem_layer_reference(layer, hidden, valid=None, positions=None):
     if o_proj.bias is not None:
         output = output + o_proj.bias.double()
     return output, mu, f
+
+
+def public_reference_layer(state: dict, x: torch.Tensor, heads: int, prior: str = "softmax", eps: float = 1e-6,
+                           cap: float = 40.0) -> torch.Tensor:
+    """The public reference layer's forward (LJC-FVNR/FreeEnergyMixer `FreeEnergyMixer`, RoPE off), written from its
+    equations in float64 with its key names: the conditioner without SiLU and with biases, the l2-normalised
+    shortcut and gate, beta = softplus(p) + eps, values clipped to |beta v| <= cap, and the causal softmax prior or
+    (zero queries) the AFT prior's per-channel weights exp(k) of the query width repeated over the value width."""
+    import torch.nn.functional as F
+
+    def linear(name, inputs):
+        return inputs @ state[f"{name}.weight"].T + state.get(f"{name}.bias", 0)
+
+    def split(tensor):
+        return tensor.reshape(*tensor.shape[:2], heads, -1)
+
+    batch, length, _ = x.shape
+    v, q, k = (split(linear(name, x)) for name in ("W_v", "W_q", "W_k"))
+    lam, gate = linear("W_lambda", x), linear("W_gate", x) if "W_gate.weight" in state else None
+    if "tdc.fwd.in_f.weight" in state:
+        normed = F.layer_norm(x, x.shape[-1:], state["tdc.fwd.norm.weight"], state["tdc.fwd.norm.bias"], 1e-5)
+        shortcut = F.softplus(linear("tdc.fwd.shortcut", normed)) + 1e-8
+        shortcut = F.normalize(shortcut, dim=-1, eps=1e-8) * math.sqrt(shortcut.shape[-1])
+        decay = torch.exp(torch.cumsum(-F.softplus(linear("tdc.fwd.in_f", normed)), 1))
+        state_ = torch.cumsum(linear("tdc.fwd.x_f", normed) / decay, 1) * decay
+        hidden = shortcut * F.layer_norm(state_, state_.shape[-1:], state["tdc.fwd.ln.weight"],
+                                         state["tdc.fwd.ln.bias"], 1e-5)
+        c = hidden @ state["tdc.fwd.out_proj"]
+        widths = [v.shape[-2] * v.shape[-1], q.shape[-2] * q.shape[-1], k.shape[-2] * k.shape[-1], lam.shape[-1]]
+        c_v, c_q, c_k, c_lam, *c_gate = c.split(widths + ([gate.shape[-1]] if gate is not None else []), -1)
+        v, q, k = v * (1 + split(c_v)), q * (1 + split(c_q)), k * (1 + split(c_k))
+        lam = lam * (1 + c_lam)
+        gate = gate * (1 + c_gate[0]) if gate is not None else None
+    lam = split(torch.sigmoid(lam))
+    beta = (F.softplus(state["_beta_param"]) + eps).view(heads, -1)
+    v = torch.clamp(v, -cap / beta, cap / beta)
+    if prior == "softmax":
+        scores = torch.einsum("bihd,bjhd->bhij", q, k) / math.sqrt(q.shape[-1])
+        causal = torch.ones(length, length, dtype=torch.bool).tril()
+        weights = scores.masked_fill(~causal, float("-inf")).softmax(-1)
+        mu = torch.einsum("bhij,bjhd->bihd", weights, v)
+        f_max = torch.log(torch.einsum("bhij,bjhd->bihd", weights, torch.exp(beta * v))) / beta
+    else:
+        key = torch.exp(k.repeat(1, 1, 1, v.shape[-1] // k.shape[-1]))
+        mu = torch.cumsum(key * v, 1) / torch.cumsum(key, 1)
+        f_max = torch.log(torch.cumsum(key * torch.exp(beta * v), 1) / torch.cumsum(key, 1)) / beta
+    out = (1 - lam) * mu + lam * f_max
+    if gate is not None:
+        gate = F.softplus(split(gate)) + eps
+        out = out * F.normalize(gate, dim=-1, eps=1e-5) * math.sqrt(gate.shape[-1])
+    return linear("W_o", out.reshape(batch, length, -1))

@@ -1,0 +1,50 @@
+"""`energyzoo convert`: other people's checkpoints as Hub-ready energyzoo folders. ``hyperset-original``: the authors'
+Hyper-SET checkpoints (huyunzhe/hyper-set), any of their three tasks (`modeling.hyperset_original`)."""
+
+import tempfile
+from pathlib import Path
+
+import yaml
+
+from ..modeling.hyperset_original import (
+    ORIGINAL_DATASETS,
+    convert_original,
+    original_task,
+    read_original_state_dict,
+)
+from ..registry import architecture
+from .export import export_folder
+
+
+def original_options(config_file: str | Path | None, assignments: dict) -> dict:
+    """The authors' task options: their Hydra config's ``model`` and ``data`` keys (a run's ``.hydra/config.yaml``
+    or a file of ``configs/task``), then ``assignments`` over them."""
+    options = {}
+    if config_file is not None:
+        settings = yaml.safe_load(Path(config_file).read_text()) or {}
+        for section in ("data", "model"):
+            options.update(settings.get(section) or {})
+    return {**options, **assignments}
+
+
+def convert_hyperset_original(source: str | Path, output_dir: str | Path, options: dict) -> tuple[Path, str, dict]:
+    """Write the Hub-ready folder of an authors' Hyper-SET checkpoint (with, for image classification, the image
+    processor of the authors' test transform: resize, their dataset's mean and std). Returns (the folder, the task,
+    the options taken from the authors' defaults)."""
+    output_dir = Path(output_dir)
+    state = read_original_state_dict(source)
+    task = original_task(state)
+    _, _, defaults = convert_original(state, task, options)
+    model = architecture("hyperset").heads[task].from_original(state, **options)
+    with tempfile.TemporaryDirectory() as folder:
+        model.save_pretrained(folder)
+        export_folder(folder, output_dir)
+    if task == "image-classification":
+        from transformers import ViTImageProcessorPil
+
+        _, mean, std = ORIGINAL_DATASETS[options.get("dataset", defaults.get("dataset"))]
+        size = model.config.image_size
+        ViTImageProcessorPil(do_resize=True, size={"height": size, "width": size}, do_rescale=True,
+                             rescale_factor=1 / 255, do_normalize=True, image_mean=mean, image_std=std,
+                             do_convert_rgb=True).save_pretrained(output_dir)
+    return output_dir, task, defaults
