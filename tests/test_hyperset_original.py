@@ -241,6 +241,8 @@ def test_options_of_the_authors_code_with_no_equivalent_are_refused(name, option
 def test_the_defaults_taken_are_reported():
     _, _, taken = convert_original(original_state("sudoku"), None, {})
     assert taken == {"adaptive_mode": "gd_with_learnable_step_size", "input_cond": True, "n_recur": 24}
+    _, info = HyperSETForTokenClassification.from_original(original_state("sudoku"), output_loading_info=True)
+    assert info == {"defaults_taken": taken}
 
 
 @pytest.mark.slow

@@ -6,12 +6,7 @@ from pathlib import Path
 
 import yaml
 
-from ..modeling.hyperset_original import (
-    ORIGINAL_DATASETS,
-    convert_original,
-    original_task,
-    read_original_state_dict,
-)
+from ..modeling.hyperset_original import ORIGINAL_DATASETS, original_task, read_original_state_dict
 from ..registry import architecture
 from .export import export_folder
 
@@ -34,8 +29,8 @@ def convert_hyperset_original(source: str | Path, output_dir: str | Path, option
     output_dir = Path(output_dir)
     state = read_original_state_dict(source)
     task = original_task(state)
-    _, _, defaults = convert_original(state, task, options)
-    model = architecture("hyperset").heads[task].from_original(state, **options)
+    model, info = architecture("hyperset").heads[task].from_original(state, output_loading_info=True, **options)
+    defaults = info["defaults_taken"]
     with tempfile.TemporaryDirectory() as folder:
         model.save_pretrained(folder)
         export_folder(folder, output_dir)

@@ -256,15 +256,17 @@ class HyperSETHead(HyperSETPreTrainedModel):
     original_task: str
 
     @classmethod
-    def from_original(cls, source, **options):
+    def from_original(cls, source, output_loading_info: bool = False, **options):
         """This head with the weights of an authors' Hyper-SET checkpoint (huyunzhe/hyper-set; `hyperset_original`):
         ``source`` a ``.safetensors`` / ``.pt`` / ``.pth`` file or a state dict, ``options`` the authors' task options
         in their names (``n_recur``, ``input_cond``, ``adaptive_mode``, ``type``, ``dataset`` or ``size``,
         ``lora_alpha``, ``attention``, ``ff``, ``phi_func``, ``img_size``) where the state dict cannot say them; each
-        one not given takes the authors' shipped default, and a warning names it. Loaded strictly, in eval mode."""
+        one not given takes the authors' shipped default, and a warning names it (with ``output_loading_info``, as
+        `from_pretrained` has it, ``(model, {"defaults_taken": ...})`` is returned instead). Loaded strictly, in eval
+        mode."""
         state = source if isinstance(source, dict) else read_original_state_dict(source)
         config, weights, defaults = convert_original(state, cls.original_task, options)
-        if defaults:
+        if defaults and not output_loading_info:
             logger.warning(f"{cls.__name__}.from_original: not in the state dict and not given, the authors' defaults "
                            f"taken: {defaults}")
         model = cls(config)
@@ -272,7 +274,7 @@ class HyperSETHead(HyperSETPreTrainedModel):
         if missing or unexpected:
             raise UserError(f"{cls.__name__}.from_original: the converted weights do not fit the model built from "
                              f"them (missing {missing}, unexpected {unexpected})")
-        return model.eval()
+        return (model.eval(), {"defaults_taken": defaults}) if output_loading_info else model.eval()
 
     def encode(self, output_energies, refinement_steps, **inputs):
         return self.model(output_energies=output_energies, refinement_steps=refinement_steps, **inputs)
