@@ -253,6 +253,26 @@ def _reproduce(args) -> int:
     from .reproduce.report import build_ledger, ledger_markdown, run_experiment, write_ledger
 
     setting = _setting(args)
+    if args.experiment == "ledger":
+        from .reproduce.report import read_reports
+
+        output_dir = Path(args.output_dir or "runs/reproduce")
+        if args.overrides:
+            raise UserError(f"reproduce ledger runs nothing, so it takes no settings: got {' '.join(args.overrides)}")
+        reports = read_reports(output_dir)
+        if not reports:
+            raise UserError(f"no report in {output_dir}/<name>/ (`energyzoo reproduce NAME --output-dir "
+                            f"{output_dir}/NAME` writes one)")
+        ledger = build_ledger(reports, "energyzoo reproduce ledger" + " --keep-other-code" * args.keep_other_code,
+                              keep_other_code=args.keep_other_code)
+        paths = write_ledger(ledger, output_dir)
+        missing = [name for name in EXPERIMENTS if name not in reports]
+        print(ledger_markdown(ledger))
+        print("\nwrote " + ", ".join(map(str, paths.values())) + (
+            f"; no report of {', '.join(missing)}" if missing else ""))
+        return 0
+    if args.keep_other_code:
+        raise UserError("--keep-other-code belongs to `energyzoo reproduce ledger`: a run records its own code")
     if args.experiment == "all":
         chosen = dict(override.partition("=")[::2] for override in args.overrides)
         for name, own in chosen.items():
@@ -412,9 +432,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run an experiment of the table in energyzoo/reproduce/experiments.py and write its report "
                     "(markdown, JSON, PNG). Settings are the fields of the experiment's settings class, overridden "
                     "as field=value (typed by the field: seeds=[0,1,2], epochs=30).")
-    reproduce.add_argument("experiment", choices=["all", *sorted(EXPERIMENTS)], help="all: every experiment, then "
-                           "the ledger of their verdicts (an experiment whose report is in <output-dir>/<name> from "
-                           "the same settings is not rerun); " + "; ".join(
+    reproduce.add_argument("experiment", choices=["all", "ledger", *sorted(EXPERIMENTS)], help="all: every "
+                           "experiment, then the ledger of their verdicts (an experiment whose report is in "
+                           "<output-dir>/<name> from the same settings and code is not rerun); ledger: the ledger of "
+                           "the reports in <output-dir>/<name>, running nothing; " + "; ".join(
                                f"{name}: {experiment.description}" for name, experiment in EXPERIMENTS.items()))
     reproduce.add_argument("overrides", nargs="*",
                            help="settings, e.g. seeds=3 epochs=30 (tel-stage1), sudoku_steps=400 (hyperset), "
@@ -425,7 +446,11 @@ def build_parser() -> argparse.ArgumentParser:
                                 "(reproduce/experiments.py)")
     reproduce.add_argument("--paper-scale", action="store_true",
                            help="the paper's own scale (for a GPU; reproduce/experiments.py)")
-    reproduce.add_argument("--output-dir", default=None, help="default: runs/<experiment> (all: runs/reproduce)")
+    reproduce.add_argument("--output-dir", default=None,
+                           help="default: runs/<experiment> (all and ledger: runs/reproduce)")
+    reproduce.add_argument("--keep-other-code", action="store_true",
+                           help="ledger: keep reports whose experiment's code differs from this checkout's, marked "
+                                "with the files that differ (refused otherwise)")
     reproduce.set_defaults(run=_reproduce)
     return parser
 

@@ -96,6 +96,9 @@ def test_bad_paths_are_answered_in_one_line_with_exit_code_2_before_any_network_
     (["reproduce", "all", "fem-lm=huge"], "got fem-lm=huge"),
     (["reproduce", "fem-lm", "--paper-scale"], "fem_lm has no paper-scale setting"),
     (["reproduce", "fem-lm", "--quick", "--paper-scale"], "--quick and --paper-scale are two settings"),
+    (["reproduce", "ledger"], "no report in runs/reproduce/<name>/"),
+    (["reproduce", "ledger", "seeds=3"], "reproduce ledger runs nothing, so it takes no settings: got seeds=3"),
+    (["reproduce", "fem-lm", "--keep-other-code"], "--keep-other-code belongs to `energyzoo reproduce ledger`"),
     (["bench", "tel-gpt2", "--prior", "gla"], "TELGPT2Config has no field 'prior'"),
     (["bench", "--all", "fem"], "--all benches every architecture against its own baseline: drop NAME"),
     (["train", "fem-lm-tiny", "model.overrides.rms_norm_eps=-1e-5"],  # YAML reads -1e-5 as a string; the field a float

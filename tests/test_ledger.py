@@ -7,7 +7,7 @@ import pytest
 
 from energyzoo.modeling.errors import UserError
 from energyzoo.reproduce.experiments import EXPERIMENTS
-from energyzoo.reproduce.report import build_ledger, ledger_markdown, run_experiment, write_ledger
+from energyzoo.reproduce.report import build_ledger, code_state, ledger_markdown, run_experiment, write_ledger
 from energyzoo.reproduce.verdict import MIN_SEEDS, Claim, judged
 from energyzoo.training.recipe import typed_settings
 
@@ -16,33 +16,51 @@ CLAIM = Claim("A beats B", "paper Table 1", "a", "b", "accuracy", effect=0.02, e
 FIVE = [0.0, 0.01, -0.01, 0.005, -0.005]
 
 
-def _report(setting: str, seconds: float, *pairs) -> dict:
-    return {"setting": setting, "seconds": seconds, "settings": {"seeds": 5}, "machine": "here", "commit": None,
-            "verdicts": [judged(CLAIM, arm, baseline) for arm, baseline in pairs]}
+def _report(name: str, setting: str, seconds: float, *pairs) -> dict:
+    """A report of experiment ``name`` as this checkout's code would have written it."""
+    return {"setting": setting, "seconds": seconds, "settings": {"seeds": 5}, "machine": "here", "packages": {},
+            "code": code_state(name), "verdicts": [judged(CLAIM, arm, baseline) for arm, baseline in pairs]}
 
 
 def test_the_ledger_decides_every_verdict_together_and_counts_smoke_apart(tmp_path):
     reports = {
-        "tel-stage1": _report("full", 120.0, ([0.80 + d for d in FIVE], [0.70 + d / 2 for d in FIVE]),
+        "tel-stage1": _report("tel-stage1", "full", 120.0, ([0.80 + d for d in FIVE], [0.70 + d / 2 for d in FIVE]),
                               ([0.70 + d for d in FIVE], [0.70 - d for d in FIVE])),
-        "eqt-parity": _report("quick", 60.0, ([0.5 + d for d in FIVE], [0.7 + d for d in FIVE])),
+        "eqt-parity": _report("eqt-parity", "quick", 60.0, ([0.5 + d for d in FIVE], [0.7 + d for d in FIVE])),
     }
     ledger = build_ledger(reports, command="energyzoo reproduce all eqt-parity=quick")
     verdicts = [record["verdict"] for report in ledger["experiments"].values() for record in report["verdicts"]]
     assert verdicts == ["reproduced", "not reproduced", "smoke"]  # the second: a true zero excludes the effect
-    assert ledger["tested"] == 2  # Holm's family: the two full-setting claims
+    assert ledger["tested"] == 2  # TEL's family: its two full-setting claims
     first = ledger["experiments"]["tel-stage1"]["verdicts"][0]
     raw = [record["p"] for record in ledger["experiments"]["tel-stage1"]["verdicts"]]
     assert first["p_adjusted"] == pytest.approx(min(1.0, 2 * min(raw)))  # Holm's first step over two claims
     assert ledger["provenance"]["seconds"] == 180.0 and ledger["provenance"]["packages"]["torch"]
     markdown = ledger_markdown(ledger)
-    assert markdown.splitlines()[0].startswith("Reproduction ledger (1 full, 1 quick settings, 3 min): 1 reproduced, "
-                                               "1 not reproduced; 1 smoke rows (quick settings: no verdicts).")
-    assert markdown.count("| A beats B (paper Table 1) |") == 3
+    assert markdown.splitlines()[0] == (
+        "Reproduction ledger (1 full, 1 quick settings, 3 min): 1 reproduced, 1 not reproduced; 1 smoke rows (quick "
+        "settings: no verdicts). Verdicts need >= 5 seeds and Holm-adjusted p <= 0.05 within each paper's tested "
+        "claims (2 in all).")
+    assert markdown.count("| A beats B (paper Table 1; secondary) |") == 3
     assert markdown.index("**tel-stage1** (full setting, 2.0 min)") < markdown.index("**eqt-parity** (quick")
     paths = write_ledger(ledger, tmp_path)
     assert json.loads(paths["json"].read_text()) == json.loads(json.dumps(ledger))
     assert paths["markdown"].read_text() == markdown + "\n"
+
+
+def test_a_report_of_other_code_is_refused_by_name_and_its_files():
+    report = _report("fem-argmax", "full", 1.0, ([0.8 + d for d in FIVE], [0.7 + d for d in FIVE]))
+    assert build_ledger({"fem-argmax": report}, "same code")["experiments"]["fem-argmax"]["code"] == report["code"]
+    edited = {**report, "code": {**report["code"], "experiment_diff_sha256": "0" * 64,
+                                 "changed_files": ["energyzoo/reproduce/fem_argmax.py", "README.md"]}}
+    with pytest.raises(UserError, match=r"fem-argmax \(energyzoo/reproduce/fem_argmax.py\)"):
+        build_ledger({"fem-argmax": edited}, "edited at the run")  # README.md is not one of its files
+    unknown = {**report, "code": None}
+    with pytest.raises(UserError, match="not a git checkout"):
+        build_ledger({"fem-argmax": unknown}, "installed")
+    assert {"energyzoo/reproduce/fem_argmax.py", "energyzoo/modeling/fem_free_energy.py",
+            "energyzoo/training"} <= set(EXPERIMENTS["fem-argmax"].code_paths())
+    assert not any("tel_" in path or "hyperset" in path for path in EXPERIMENTS["fem-argmax"].code_paths())
 
 
 @pytest.mark.parametrize("name", sorted(EXPERIMENTS))
@@ -72,7 +90,7 @@ def test_a_finished_report_with_the_same_settings_is_reused_and_other_settings_r
     first = run_experiment("tel-stage1", overrides, tmp_path, progress=lambda message: None)
     messages = []
     again = run_experiment("tel-stage1", overrides, tmp_path, progress=messages.append, reuse=True)
-    assert messages == [f"tel-stage1: reusing the report in {tmp_path / 'tel_stage1.json'} (same settings)"]
+    assert messages == [f"tel-stage1: reusing the report in {tmp_path / 'tel_stage1.json'} (same settings, same code)"]
     assert again["verdicts"] == json.loads(json.dumps(first["verdicts"])) and again["seconds"] == first["seconds"]
     rerun = run_experiment("tel-stage1", [*overrides[:3], "seeds=2", overrides[4]], tmp_path,
                            progress=lambda message: None, reuse=True)
@@ -102,3 +120,30 @@ def test_fem_argmax_data_metric_and_arms_follow_app_p(tmp_path):
     report = run_argmax(settings, progress=lambda message: None)
     assert [row["arm"] for row in report["rows"]] == ["softmax", "fem"]
     assert report["verdicts"][0]["reason"] == f"1 seed; a verdict needs >= {MIN_SEEDS}"
+
+
+def test_the_ledger_verb_assembles_committed_reports_and_refuses_a_damaged_one(tmp_path, capsys):
+    from energyzoo.cli import main
+
+    report = _report("fem-argmax", "full", 1.0, ([0.8 + d for d in FIVE], [0.7 + d for d in FIVE]))
+    (tmp_path / "fem-argmax").mkdir()
+    (tmp_path / "fem-argmax" / "fem_argmax.json").write_text(json.dumps(report))
+    assert main(["reproduce", "ledger", "--output-dir", str(tmp_path)]) == 0
+    assert "no report of fem-lm, fem-mad" in capsys.readouterr().out
+    ledger = json.loads((tmp_path / "ledger.json").read_text())
+    assert list(ledger["experiments"]) == ["fem-argmax"] and ledger["command"] == "energyzoo reproduce ledger"
+    assert ledger["experiments"]["fem-argmax"]["verdicts"][0]["verdict"] == "reproduced"
+    (tmp_path / "fem-argmax" / "fem_argmax.json").write_text(json.dumps(report)[:100])
+    assert main(["reproduce", "ledger", "--output-dir", str(tmp_path)]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and "fem_argmax.json is not a report (invalid JSON" in error[0]
+
+
+def test_a_report_of_other_code_is_kept_marked_when_asked():
+    report = _report("fem-argmax", "full", 1.0, ([0.8 + d for d in FIVE], [0.7 + d for d in FIVE]))
+    edited = {**report, "code": {**report["code"], "experiment_diff_sha256": "0" * 64,
+                                 "changed_files": ["energyzoo/reproduce/fem_argmax.py"]}}
+    ledger = build_ledger({"fem-argmax": edited}, "kept", keep_other_code=True)
+    assert ledger["experiments"]["fem-argmax"]["other_code"] == ["energyzoo/reproduce/fem_argmax.py"]
+    assert "other code than this ledger's, in 1 of its files (energyzoo/reproduce/fem_argmax.py)" in \
+        ledger_markdown(ledger)

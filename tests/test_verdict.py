@@ -183,3 +183,186 @@ def test_the_row_has_one_cell_per_header_column():
     row = judged(ACCURACY, [0.80, 0.82, 0.81, 0.83, 0.79], [0.70, 0.71, 0.69, 0.72, 0.70])["row"]
     assert row.count("|") == LEDGER_HEADER.splitlines()[0].count("|")
     assert "(half Table 2's gap)" in row and "**reproduced**" in row
+
+
+def test_identical_values_are_equivalent_and_a_constant_gap_is_decided_by_its_side():
+    """The audit's case: TOST called identical accuracies (EqT's K = 8 and K = 32) inconclusive, while moving one seed
+    by 1e-4 gave p 8e-10. With no spread the t statistic is infinite and p is its limit."""
+    same = Claim("K = 8 and K = 32 identical", "s", "K32", "K8", "accuracy", effect=0.005, effect_source="e",
+                 kind="equivalent", chance=0.5, ceiling=1.0)
+    values = [0.81, 0.84, 0.79, 0.83, 0.80]
+    identical = judge(same, values, values)
+    assert identical.verdict == "reproduced" and identical.p_support == 0.0 and identical.interval == (0.0, 0.0)
+    perturbed = judge(same, [values[0] + 1e-4, *values[1:]], values)
+    assert perturbed.verdict == "reproduced"  # the two agree
+    gap = judge(same, [value + 0.02 for value in values], values)  # every seed 2 points apart: beyond the margin
+    assert gap.verdict == "not reproduced" and gap.p_refute == 0.0
+    assert judge(ACCURACY, [value + 0.05 for value in values], values).verdict == "reproduced"  # 0.05 > 0.02, exactly
+    assert judge(ACCURACY, [value + 0.01 for value in values], values).verdict == "not reproduced"
+
+
+def test_no_difference_is_refused_where_both_arms_sit_at_chance_or_at_the_ceiling():
+    parity = Claim("FEM matches softmax", "s", "fem", "softmax", "accuracy", effect=0.01, effect_source="1 point",
+                   kind="not_worse", chance=0.25, ceiling=1.0)
+    at_chance = judge(parity, [0.251, 0.249, 0.25, 0.252, 0.248], [0.25, 0.251, 0.249, 0.25, 0.25])
+    assert at_chance.verdict == "regime differs" and "chance 0.25" in at_chance.reason
+    at_ceiling = judge(Claim(**{**parity.__dict__, "kind": "equivalent"}), [1.0, 0.999, 1.0, 1.0, 0.998],
+                       [1.0] * 5)
+    assert at_ceiling.verdict == "regime differs" and "ceiling" in at_ceiling.reason
+    # one arm away from chance: "not worse" can be refuted, so the run answers
+    refuted = judge(parity, [0.251, 0.249, 0.25, 0.252, 0.248], [0.60, 0.61, 0.59, 0.60, 0.62])
+    assert refuted.verdict == "not reproduced"
+
+
+def test_a_gain_needs_room_above_the_floor_for_the_gain_it_claims():
+    """The audit's case: a Transformer at 2-3 % at R had a point of room, and Hyper-SET's larger gain was
+    "reproduced" (p 0.0003). Fig. 3b's gain is ten points: a level under ten points above the floor cannot show it."""
+    gain = Claim("scales better from R to 2R", "Fig. 3b", "h", "t", "gain", effect=0.05, effect_source="e",
+                 chance=0.0, ceiling=1.0, paper_effect=0.10)
+    arm, baseline = [0.03, 0.035, 0.03, 0.04, 0.03], [-0.02, -0.025, -0.02, -0.03, -0.02]
+    starved = judge(gain, arm, baseline, levels={"t at R": [0.03, 0.025, 0.02, 0.03, 0.025],
+                                                 "h at R": [0.02, 0.03, 0.025, 0.02, 0.03]})
+    assert starved.verdict == "regime differs" and "the claimed gain 0.1" in starved.reason
+    room = judge(gain, [value + 0.1 for value in arm], baseline,
+                 levels={"t at R": [0.3, 0.31, 0.29, 0.3, 0.3], "h at R": [0.3, 0.32, 0.3, 0.29, 0.31]})
+    assert room.verdict == "reproduced"
+
+
+def _holm_step_interval(differences: list[float], level: float) -> tuple[float, float]:
+    """The closed form: mean -+ t_{1 - level, n - 1} s / sqrt(n) (scipy's quantile; the interval is not scipy's)."""
+    from scipy import stats
+
+    mean, error = statistics.fmean(differences), statistics.stdev(differences) / math.sqrt(len(differences))
+    quantile = stats.t.ppf(1 - level, len(differences) - 1)
+    return mean - quantile * error, mean + quantile * error
+
+
+def test_the_printed_interval_is_at_the_level_of_the_claims_holm_step():
+    """Three claims: ranks 0, 1, 2 by p are tested at 0.05/3, 0.05/2, 0.05; each interval is the two-sided one whose
+    one-sided ends are those tests, so it clears the effect exactly when its step rejects."""
+    generator = random.Random(5)
+    records, truths = [], (0.12, 0.07, 0.035)
+    for truth in truths:
+        arm, baseline = _simulated(truth, 0.01, 6, generator)
+        records.append(judged(ACCURACY, arm, baseline))
+    decided = decide(records)
+    order = sorted(range(3), key=lambda index: decided[index]["p"])
+    for rank, index in enumerate(order):
+        level = ALPHA / (3 - rank)
+        values = records[index]["values"]
+        differences = [a - b for a, b in zip(values["arm"], values["baseline"])]
+        assert decided[index]["interval"] == pytest.approx(_holm_step_interval(differences, level))
+        assert decided[index]["confidence"] == pytest.approx(1 - 2 * level)
+        clears = decided[index]["interval"][0] > ACCURACY.effect
+        assert clears == (decided[index]["p_support"] <= level)
+    assert f"({100 * (1 - 2 * ALPHA / 3):.3g} %)" in decided[order[0]]["row"]
+
+
+def _differences_with_p(p: float, seeds: int = 5) -> list[float]:
+    """Differences whose one-sided t-test of "mean > 0" has p exactly ``p`` (a fixed zero-mean pattern, shifted)."""
+    from scipy import stats
+
+    pattern = [-2.0, -1.0, 0.0, 1.0, 2.0][:seeds]
+    spread = statistics.stdev(pattern)
+    return [stats.t.ppf(1 - p, seeds - 1) * spread / math.sqrt(seeds) + value for value in pattern]
+
+
+def test_a_step_down_that_stopped_before_a_claim_says_so_beside_its_interval():
+    """p 0.03 and 0.04 in a family of two: the first is tested at 0.025 and kept, so Holm stops; the second's own
+    step (0.05) would reject, and its interval clears zero, yet it is not decided: the row says why."""
+    at_zero = Claim("a", "s", "a", "b", "difference", effect=0.0, effect_source="none")
+    decided = decide([judged(at_zero, _differences_with_p(p), [0.0] * 5) for p in (0.03, 0.04)])
+    assert [record["p"] for record in decided] == pytest.approx([0.03, 0.04])
+    assert [record["p_adjusted"] for record in decided] == pytest.approx([0.06, 0.06])
+    assert [record["verdict"] for record in decided] == ["inconclusive", "inconclusive"]
+    assert decided[0]["interval"][0] < 0 < decided[1]["interval"][0]  # at 0.025 and 0.05 respectively
+    assert "stopped at a claim ranked before this one" in decided[1]["reason"]
+    assert "stopped" not in decided[0]["reason"]
+
+
+def test_holm_is_within_a_paper_so_another_papers_claims_do_not_move_a_verdict():
+    from energyzoo.reproduce.report import build_ledger, code_state
+
+    generator = random.Random(6)
+
+    def report(truth: float, count: int) -> dict:
+        pairs = [_simulated(truth, 0.02, 5, generator) for _ in range(count)]
+        return {"setting": "full", "seconds": 1.0, "settings": {}, "machine": "here", "verdicts": [
+            judged(ACCURACY, arm, baseline) for arm, baseline in pairs]}
+
+    alone = {"fem-argmax": report(0.06, 2) | {"code": code_state("fem-argmax")}}
+    crowded = {**alone, "tel-stage1": report(0.0, 20) | {"code": code_state("tel-stage1")}}
+    first = build_ledger(alone, "alone")["experiments"]["fem-argmax"]["verdicts"]
+    second = build_ledger(crowded, "crowded")["experiments"]["fem-argmax"]["verdicts"]
+    assert [record["p_adjusted"] for record in first] == [record["p_adjusted"] for record in second]
+    assert [record["verdict"] for record in first] == [record["verdict"] for record in second]
+
+
+def test_a_paper_has_one_primary_claim_and_its_rows_say_which():
+    primary = Claim(**{**ACCURACY.__dict__, "primary": True})
+    arm, baseline = [0.80, 0.82, 0.81, 0.83, 0.79], [0.70, 0.71, 0.69, 0.72, 0.70]
+    decided = decide([judged(primary, arm, baseline), judged(ACCURACY, arm, baseline)])
+    assert "(Table 2; primary)" in decided[0]["row"] and "(Table 2; secondary)" in decided[1]["row"]
+    other = Claim(**{**primary.__dict__, "quote": "another headline"})
+    with pytest.raises(UserError, match="one primary claim"):
+        decide([judged(primary, arm, baseline), judged(other, arm, baseline)])
+
+
+def _rejection_rate(claim: Claim, truth: float, spread: float, seeds: int, level: float, trials: int = 4000):
+    """How often the supporting test rejects at ``level``, by simulation with scipy's t-test (independent of
+    `power`'s noncentral t)."""
+    from scipy import stats
+
+    generator = random.Random(7)
+    rejected = 0
+    for _ in range(trials):
+        differences = [truth + generator.gauss(0, spread) for _ in range(seeds)]
+        if claim.kind == "equivalent":
+            p = max(stats.ttest_1samp(differences, -claim.effect, alternative="greater").pvalue,
+                    stats.ttest_1samp(differences, claim.effect, alternative="less").pvalue)
+        else:
+            bound = claim.effect if claim.kind == "better" else -claim.effect
+            p = stats.ttest_1samp(differences, bound, alternative="greater").pvalue
+        rejected += p <= level
+    return rejected / trials
+
+
+@pytest.mark.parametrize("kind, truth", [("better", 0.04), ("not_worse", 0.0), ("equivalent", 0.0)])
+def test_power_is_the_simulated_rejection_rate_at_the_papers_effect(kind, truth):
+    from energyzoo.reproduce.verdict import power
+
+    claim = Claim(**{**ACCURACY.__dict__, "kind": kind, "paper_effect": truth})
+    computed = power(claim, spread=0.015, seeds=6, level=ALPHA / 3)
+    simulated = _rejection_rate(claim, truth, 0.015, 6, ALPHA / 3)
+    if kind == "equivalent":  # the Bonferroni bound of TOST's two tests: a lower bound, close when both are strong
+        assert simulated + 0.02 >= computed >= simulated - 0.2
+    else:
+        assert computed == pytest.approx(simulated, abs=3 * math.sqrt(0.25 / 4000))
+
+
+def test_seeds_for_power_is_the_fewest_that_reach_the_target_and_the_row_says_when_it_falls_short():
+    from energyzoo.reproduce.verdict import MAX_SEEDS, TARGET_POWER, power, seeds_for_power
+
+    claim = Claim(**{**ACCURACY.__dict__, "paper_effect": 0.04})
+    needed = seeds_for_power(claim, 0.03, ALPHA)
+    assert MIN_SEEDS < needed <= MAX_SEEDS
+    assert power(claim, 0.03, needed, ALPHA) >= TARGET_POWER > power(claim, 0.03, needed - 1, ALPHA)
+    assert seeds_for_power(claim, 1.0, ALPHA) == MAX_SEEDS + 1  # a noise 50x the effect: no seed count is enough
+    assert seeds_for_power(ACCURACY, 0.03, ALPHA) is None  # no paper effect, no power
+    generator = random.Random(8)
+    arm, baseline = _simulated(0.04, 0.03, 5, generator)
+    row = judged(claim, arm, baseline)
+    assert row["power"] == pytest.approx(power(claim, statistics.stdev(
+        [a - b for a, b in zip(arm, baseline)]), 5, ALPHA))
+    assert row["power"] < TARGET_POWER and "underpowered: power" in row["reason"]
+    pilot = decide([judged(claim, arm[:3], baseline[:3])], smoke=True)[0]
+    assert pilot["verdict"] == "smoke" and f"a full run needs {pilot['seeds_for_power']} seeds" in pilot["reason"]
+
+
+def test_the_refuting_side_of_tost_keeps_its_error_at_alpha_inside_the_margin():
+    same = Claim("no difference", "s", "a", "b", "accuracy", effect=0.01, effect_source="e", kind="equivalent",
+                 chance=0.0, ceiling=1.0)
+    generator = random.Random(9)
+    refuted = sum(judge(same, *_simulated(0.0, 0.03, 5, generator)).verdict == "not reproduced" for _ in range(1000))
+    # a true zero lies inside the margin: "not equivalent" is a false verdict; one side alone erred up to 2 alpha
+    assert refuted / 1000 < ALPHA + 3 * math.sqrt(ALPHA * (1 - ALPHA) / 1000)

@@ -69,8 +69,9 @@ def ledger_summary() -> str:
         lines.append(f"| {name} | {report['setting']} | " + " | ".join(str(counts[verdict]) for verdict in columns)
                      + f" | {report['machine']} |")
     provenance = ledger["provenance"]
-    commit = provenance["commit"] or "unknown"
-    lines += ["", f"Made by `{ledger['command']}` at commit {commit[:7]}{'-dirty' * commit.endswith('-dirty')} on "
+    code = provenance["code"] or {"commit": "unknown"}
+    commit = f"{code['commit'][:7]}{'-dirty' * bool(code.get('dirty'))}"
+    lines += ["", f"Made by `{ledger['command']}` at commit {commit} on "
                   f"{provenance['date']} ({provenance['machine']}; torch {provenance['packages']['torch']}, "
                   f"transformers {provenance['packages']['transformers']})."]
     return "\n".join(lines)

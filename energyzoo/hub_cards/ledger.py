@@ -5,6 +5,7 @@ import json
 from importlib import resources
 
 from ..reproduce.experiments import EXPERIMENTS
+from ..reproduce.report import experiment_heading
 from ..reproduce.verdict import LEDGER_HEADER
 
 
@@ -18,8 +19,7 @@ def ledger_tables(experiments: list[str]) -> str:
     sections = []
     for name in experiments:
         report = ledger[name]
-        sections.append("\n".join([f"**{name}** ({report['setting']} setting, {report['seconds'] / 60:.1f} min): "
-                                   f"{EXPERIMENTS[name].description}", "", LEDGER_HEADER,
+        sections.append("\n".join([experiment_heading(name, report), "", LEDGER_HEADER,
                                    *(record["row"] for record in report["verdicts"])]))
     return "\n\n".join(sections)
 

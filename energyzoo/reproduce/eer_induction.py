@@ -51,19 +51,27 @@ def evaluation_set(length: int, sequences: int) -> tuple:
     return induction_batch(sequences, length, seed=[10**6, length])
 
 
-def induction_claims(length: int, sequences: int = 256) -> list[Claim]:
-    """eer.txt's claims at one evaluation length: EER trains the single-head looped transformer where plain
-    training stagnates (§1, §7: against cross-entropy alone, better by half App. C's jump from epoch 0 to 500 at
-    that length, L = 100's where App. C has no column; the regime is cross-entropy stagnating, within that effect
-    of `chance`), and at L = 1000 its absolute number (Table 2: "Acc L1000 jumps from 33.5% to 79.2%" around epoch
-    500)."""
+PRIMARY_LENGTH = 1000  # the abstract's headline: the induction task solved at input length 1000
+
+
+def induction_claims(length: int) -> list[Claim]:
+    """eer.txt's claims at one evaluation length. §1 and §7: EER trains the single-head looped transformer where
+    plain training stagnates, against cross-entropy alone. The paper's one cross-entropy comparison (Fig. 2, against
+    FOP-Looped-Adaptive) prints no numbers, so the smallest effect is half App. C's jump from epoch 0 to 500 at that
+    length (L = 100's where App. C has no column), and the paper's effect the jump itself: App. C's epoch 0 is
+    chance, the level a stagnating run keeps. The paper's regime has cross-entropy stagnating, so the baseline has
+    no floor; a cross-entropy run that learns makes the claim harder, not unanswerable, and only the ceiling
+    refuses. At L = 1000 (the primary claim: the abstract's length) also its absolute number (Table 2: "Acc L1000
+    jumps from 33.5% to 79.2%" around epoch 500)."""
     metric = f"accuracy at L = {length}"
     column = length if length in APP_C_EPOCHS_0_500 else 100
     before, after = APP_C_EPOCHS_0_500[column]
-    claims = [Claim(f"EER trains where plain training stagnates: L = {length}", "eer.txt §1, §7", "eer", "ce", metric,
-                    effect=round((after - before) / 200, 4),
-                    effect_source=f"half App. C's jump {before}-{after} % at L = {column}",
-                    paper_baseline=chance(length, sequences), paper_band=round((after - before) / 200, 4))]
+    claims = [Claim(f"EER trains where plain training stagnates: L = {length}", "eer.txt §1, §7, Fig. 2", "eer", "ce",
+                    metric, effect=round((after - before) / 200, 4),
+                    effect_source=f"Fig. 2 prints no numbers: half App. C's jump {before}-{after} % at L = {column}",
+                    paper_effect=round((after - before) / 100, 4), ceiling=1.0,
+                    regime_source="cross-entropy stagnates in the paper's: no floor; the ceiling 1",
+                    primary=length == PRIMARY_LENGTH)]
     if length == 1000:
         claims.append(Claim("Acc L1000 jumps from 33.5% to 79.2%", "eer.txt Table 2", "eer", "ce", metric,
                             effect=0.0, effect_source="the paper's number", kind="reaches", target=0.792))
@@ -72,7 +80,8 @@ def induction_claims(length: int, sequences: int = 256) -> list[Claim]:
 
 @dataclass
 class Settings:
-    seeds: list[int] = field(default_factory=lambda: [0, 1, 2, 3, 4])
+    # the quick pilot's power plan (L = 10's noise: 7 seeds for power 0.8 at App. C's jump, the others 5)
+    seeds: list[int] = field(default_factory=lambda: list(range(7)))
     steps: int = 1000  # past App. C's jump at step 500 (the paper: 20k; --paper-scale)
     eval_every: int = 250
     eval_lengths: list[int] = field(default_factory=lambda: [10, 64, 100, 1000])
@@ -205,7 +214,7 @@ def verdicts(runs: list[dict], settings: Settings) -> list[dict]:
     for length in settings.eval_lengths:
         values = {method: [point[f"L{length}_accuracy"] for point in points] for method, points in final.items()}
         records += [judged(claim, values["eer"], values["ce"], length=length)
-                    for claim in induction_claims(length, settings.eval_sequences)]
+                    for claim in induction_claims(length)]
     return records
 
 

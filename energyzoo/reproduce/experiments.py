@@ -6,6 +6,7 @@ the ledger of `energyzoo reproduce all`; adding one adds a row here and a module
 import importlib
 import inspect
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
 
 from ..modeling.errors import UserError
@@ -43,6 +44,22 @@ class Experiment:
 
     def code(self) -> ModuleType:
         return importlib.import_module(f"{__package__}.{self.module}")
+
+    def code_paths(self) -> list[str]:
+        """The files (relative to the checkout) whose change can change this experiment's numbers: its module, its
+        family's model code and the shared model code, the registry, training, data, presets and recipes. The
+        verdict rule and the report writer are not among them: a ledger applies them again to the per-seed values."""
+        package = Path(__file__).parents[1]
+        families = {experiment.family for experiment in EXPERIMENTS.values()}
+
+        def owner(stem: str) -> str:  # the family prefix of a model file, "" for a shared one
+            stem = stem.removeprefix("configuration_").removeprefix("modeling_")
+            return stem.split("_")[0] if stem.split("_")[0] in families else ""
+
+        modeling = sorted(f"energyzoo/modeling/{path.name}" for path in (package / "modeling").glob("*.py")
+                          if owner(path.stem) in ("", self.family))
+        return [f"energyzoo/reproduce/{self.module}.py", *modeling, "energyzoo/registry.py", "energyzoo/training",
+                "energyzoo/data", "energyzoo/models", "energyzoo/configs"]
 
     @property
     def trains_models(self) -> bool:

@@ -1,6 +1,7 @@
 """The one report writer of `energyzoo reproduce`: markdown, JSON and a figure per experiment, and the ledger of
 every experiment's verdicts (`energyzoo reproduce all`)."""
 
+import hashlib
 import json
 import os
 import platform
@@ -12,6 +13,7 @@ from importlib import metadata
 from pathlib import Path
 
 from ..extras import needs_extra
+from ..modeling.errors import UserError
 from ..training.recipe import typed_settings
 from .experiments import EXPERIMENTS
 from .verdict import ALPHA, LEDGER_HEADER, MIN_SEEDS, VERDICTS, decide
@@ -47,21 +49,23 @@ def run_experiment(name: str, overrides: list[str], output_dir: str | Path, sett
                    progress=print, reuse: bool = False) -> dict:
     """Run experiment ``name`` at ``setting`` (its default settings, or its ``quick`` or ``paper-scale`` overrides
     first, then ``overrides``) and write its report in ``output_dir``; returns the report. With ``reuse``, a report
-    already in ``output_dir`` from the same settings is read back instead (its JSON values: what the ledger needs),
-    so an interrupted `reproduce all` loses no finished experiment."""
+    already in ``output_dir`` from the same settings and the same code is read back instead (its JSON values: what
+    the ledger needs), so an interrupted `reproduce all` loses no finished experiment."""
     experiment = EXPERIMENTS[name]
     code = experiment.code()
     settings = typed_settings(code.Settings, [*experiment.overrides(setting), *overrides], owner=f"{name} settings")
     saved = Path(output_dir) / f"{experiment.module}.json"
     if reuse and saved.is_file():
         report = json.loads(saved.read_text())
-        if report.get("settings") == json.loads(json.dumps(asdict(settings))) and report.get("setting") == setting:
-            progress(f"{name}: reusing the report in {saved} (same settings)")
+        if (report.get("settings") == json.loads(json.dumps(asdict(settings))) and report.get("setting") == setting
+                and not stale_code(name, report)):
+            progress(f"{name}: reusing the report in {saved} (same settings, same code)")
             return report
+    state = code_state(name)  # before the run: the code that made the numbers
     report = code.run(settings, output_dir, progress) if experiment.trains_models else code.run(settings, progress)
-    # a report's own verdicts: Holm over its claims (the ledger adjusts over all of them); a quick run's are smoke
+    # a report's own verdicts: Holm over its claims (the ledger adjusts over its paper's); a quick run's are smoke
     report.update(verdicts=decide(report["verdicts"], smoke=setting == "quick"), setting=setting, machine=machine(),
-                  commit=_commit())
+                  packages=package_versions(), code=state)
     write_report(name, report, output_dir)
     return report
 
@@ -80,65 +84,149 @@ def headline(ledger: dict) -> str:
     return (f"Reproduction ledger ({', '.join(f'{count} {setting}' for setting, count in settings.items())} "
             f"setting{'s' if len(ledger['experiments']) > 1 else ''}, {seconds / 60:.0f} min): "
             + "; ".join(part for part in (verdicts, smoke) if part) + f". Verdicts need >= {MIN_SEEDS} seeds and "
-            f"Holm-adjusted p <= {ALPHA:g} over the ledger's {ledger['tested']} tested claims.")
+            f"Holm-adjusted p <= {ALPHA:g} within each paper's tested claims ({ledger['tested']} in all).")
+
+
+def experiment_heading(name: str, report: dict) -> str:
+    """An experiment's line above its verdicts: setting, wall time, what it compares, and the files whose code
+    differs from the ledger's where it ran other code."""
+    other = report.get("other_code") or []
+    code = report.get("code") or {}
+    ran = f" Ran at {code['commit'][:7]}{'-dirty' * bool(code.get('dirty'))}" if code.get("commit") else ""
+    files = f"{', '.join(other[:3])}{', ...' * (len(other) > 3)}"
+    marked = f"{ran}: other code than this ledger's, in {len(other)} of its files ({files})." if other else ""
+    return (f"**{name}** ({report['setting']} setting, {report['seconds'] / 60:.1f} min): "
+            f"{EXPERIMENTS[name].description}.{marked}")
 
 
 def ledger_markdown(ledger: dict) -> str:
     """Every experiment's verdicts in one table per experiment, with its wall time, under the `headline`."""
     lines = [headline(ledger)]
     for name, report in ledger["experiments"].items():
-        lines += ["", f"**{name}** ({report['setting']} setting, {report['seconds'] / 60:.1f} min): "
-                      f"{EXPERIMENTS[name].description}", "",
-                  LEDGER_HEADER, *(record["row"] for record in report["verdicts"])]
+        lines += ["", experiment_heading(name, report), "", LEDGER_HEADER,
+                  *(record["row"] for record in report["verdicts"])]
     return "\n".join(lines)
 
 
-def _commit() -> str | None:
-    """The checkout's commit, "-dirty" when its files differ from it; None outside a git checkout (an install)."""
+def _git(*arguments: str) -> str | None:
+    """A git command's output at the root of the checkout this package runs from (paths are relative to it); None
+    outside one (an install)."""
     try:
-        return subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=40"], capture_output=True,
-                              text=True, check=True, cwd=Path(__file__).parent).stdout.strip()
+        return subprocess.run(["git", *arguments], capture_output=True, text=True, check=True,
+                              cwd=Path(__file__).parents[2]).stdout
     except (OSError, subprocess.CalledProcessError):
         return None
 
 
+def _diff_sha256(commit: str, paths: list[str]) -> str:
+    """The SHA-256 of the working tree's difference from ``commit`` in ``paths``: tracked changes, and the names and
+    contents of untracked files (git diff leaves them out)."""
+    root = Path(__file__).parents[2]
+    digest = hashlib.sha256(_git("diff", "--binary", commit, "--", *paths).encode())
+    for untracked in sorted(_git("ls-files", "--others", "--exclude-standard", "--", *paths).splitlines()):
+        digest.update(untracked.encode() + b"\0" + (root / untracked).read_bytes())
+    return digest.hexdigest()
+
+
+def code_state(name: str | None = None) -> dict | None:
+    """The code a report (of experiment ``name``) or a ledger ran: the commit, whether the tree differed from it
+    (its changed files and the SHA-256 of the whole difference), and for an experiment the SHA-256 of the
+    difference in its own files (`Experiment.code_paths`), which `stale_code` compares; None outside a checkout."""
+    commit = _git("rev-parse", "HEAD")
+    if commit is None:
+        return None
+    commit = commit.strip()
+    changed = sorted(line[3:] for line in _git("status", "--porcelain", "--untracked-files=all").splitlines())
+    state = {"commit": commit, "dirty": bool(changed), "changed_files": changed,
+             "diff_sha256": _diff_sha256(commit, ["."]) if changed else None}
+    if name is not None:
+        state["experiment_diff_sha256"] = _diff_sha256(commit, EXPERIMENTS[name].code_paths())
+    return state
+
+
+def stale_code(name: str, report: dict) -> list[str] | None:
+    """The files of experiment ``name`` (`Experiment.code_paths`) whose code differs between the report's run and
+    this checkout ("unknown" where either is not a git checkout); None where they are the same."""
+    recorded, paths = report.get("code"), EXPERIMENTS[name].code_paths()
+    if not recorded or _git("rev-parse", "HEAD") is None:
+        return ["unknown: the report or this tree is not a git checkout"]
+    if _git("cat-file", "-e", f"{recorded['commit']}^{{commit}}") is None:
+        return [f"unknown: commit {recorded['commit']} is not in this repository"]
+    if _diff_sha256(recorded["commit"], paths) == recorded["experiment_diff_sha256"]:
+        return None
+    since = set(_git("diff", "--name-only", recorded["commit"], "--", *paths).split())
+    at_run = {path for path in recorded["changed_files"]
+              if any(path == own or path.startswith(own + "/") for own in paths)}
+    return sorted(since | at_run) or ["edits uncommitted when it ran"]
+
+
 def machine() -> str:
-    """The processor, its threads, the GPU and the torch a report ran on."""
+    """The processor, its threads, the GPU and the torch (and CUDA) a report ran on."""
     import torch
 
-    gpu = f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
+    gpu = f", {torch.cuda.get_device_name()}, CUDA {torch.version.cuda}" if torch.cuda.is_available() else ""
     threads = os.environ.get("OMP_NUM_THREADS", "unset")
     return f"{platform.machine()}, {os.cpu_count()} CPUs, OMP_NUM_THREADS={threads}{gpu}, torch {torch.__version__}"
 
 
-def provenance(reports: dict[str, dict]) -> dict:
-    """What made a ledger: the commit, package versions, machine, date and summed wall time of its reports (each
-    report keeps the machine and commit it ran on)."""
-    versions = {}
+def package_versions() -> dict:
+    """The versions of `PROVENANCE_PACKAGES` and Python on this machine."""
+    versions = {"python": platform.python_version()}
     for package in PROVENANCE_PACKAGES:
         try:
             versions[package] = metadata.version(package)
         except metadata.PackageNotFoundError:
             versions[package] = None
-    return {"commit": _commit(), "packages": versions, "python": platform.python_version(),
-            "machine": machine(),
+    return versions
+
+
+def provenance(reports: dict[str, dict]) -> dict:
+    """What assembled a ledger: the code, package versions, machine, date and the summed wall time of its reports
+    (each report keeps the code, packages and machine it ran on)."""
+    return {"code": code_state(), "packages": package_versions(), "machine": machine(),
             "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
             "seconds": sum(report["seconds"] for report in reports.values())}
 
 
-def build_ledger(reports: dict[str, dict], command: str) -> dict:
+def build_ledger(reports: dict[str, dict], command: str, keep_other_code: bool = False) -> dict:
     """The ledger of ``reports`` (name: report, each run at its own setting), made by ``command``: every verdict
-    decided again with Holm over the whole ledger (a quick report's rows stay smoke), each experiment's setting,
-    settings and wall time, and the `provenance`."""
-    flat = [(name, {**record, "smoke": record["smoke"] or report["setting"] == "quick"})
-            for name, report in reports.items() for record in report["verdicts"]]
-    decided = decide([record for _, record in flat])
-    experiments = {name: {"setting": report["setting"], "seconds": report["seconds"], "settings": report["settings"],
-                          "machine": report["machine"], "commit": report["commit"],
-                          "verdicts": [record for (owner, _), record in zip(flat, decided) if owner == name]}
+    decided again with Holm within its paper (the family: one paper's tested claims; a quick report's rows stay
+    smoke), each experiment's setting, settings, wall time, code, packages and machine, and the `provenance`. A
+    report whose experiment's code differs from this checkout's (`stale_code`) is refused, its numbers not being
+    this code's; with ``keep_other_code`` it joins, and its entry's ``other_code`` names the files that differ."""
+    stale = {name: files for name, report in reports.items() if (files := stale_code(name, report))}
+    if stale and not keep_other_code:
+        raise UserError("these reports ran other code than this checkout's, so a ledger of this commit cannot hold "
+                        "them: " + "; ".join(f"{name} ({', '.join(files)})" for name, files in stale.items())
+                        + ": rerun them (`energyzoo reproduce NAME`), assemble the ledger at their commit, or keep "
+                          "them marked (`energyzoo reproduce ledger --keep-other-code`)")
+    decided = {}
+    for family in dict.fromkeys(EXPERIMENTS[name].family for name in reports):
+        members = [(name, {**record, "smoke": record["smoke"] or report["setting"] == "quick"})
+                   for name, report in reports.items() if EXPERIMENTS[name].family == family
+                   for record in report["verdicts"]]
+        for (name, _), record in zip(members, decide([record for _, record in members])):
+            decided.setdefault(name, []).append(record)
+    experiments = {name: {key: report.get(key) for key in ("setting", "seconds", "settings", "machine", "packages",
+                                                            "code")}
+                   | {"other_code": stale.get(name), "verdicts": decided.get(name, [])}
                    for name, report in reports.items()}
-    tested = sum(record["p_adjusted"] is not None for record in decided)
+    tested = sum(record["p_adjusted"] is not None for records in decided.values() for record in records)
     return {"command": command, "tested": tested, "provenance": provenance(reports), "experiments": experiments}
+
+
+def read_reports(output_dir: str | Path) -> dict[str, dict]:
+    """The reports `energyzoo reproduce all` keeps in ``output_dir`` (``<name>/<module>.json``), in the experiments
+    table's order; an experiment without one is left out."""
+    found = {name: Path(output_dir) / name / f"{experiment.module}.json" for name, experiment in EXPERIMENTS.items()}
+    reports = {}
+    for name, path in found.items():
+        if path.is_file():
+            try:
+                reports[name] = json.loads(path.read_text())
+            except json.JSONDecodeError as error:
+                raise UserError(f"{path} is not a report (invalid JSON: {error})") from None
+    return reports
 
 
 def write_ledger(ledger: dict, output_dir: str | Path) -> dict[str, Path]:

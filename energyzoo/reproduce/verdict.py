@@ -4,32 +4,50 @@ baseline, over paired seeds, by at least the smallest effect the paper makes wor
 A claim compares an arm with its baseline on one metric (seed s of each paired: same data order, same initial draw
 where the arms share shapes). Its per-seed differences d_s = arm - baseline (arm - target for ``reaches``) are
 sign-adjusted so that positive favours the arm, and the claim names its **smallest effect of interest** ``effect``
-(in the metric's units, taken from the paper's own numbers: ``effect_source`` says which). By ``kind``:
+(in the metric's units, taken from the paper's own numbers: ``effect_source`` says which) and the difference the
+paper itself reports, ``paper_effect`` (what the power is computed at). By ``kind``:
 
 - ``better``: the arm beats the baseline by at least ``effect``;
 - ``not_worse``: the arm trails the baseline by less than ``effect`` (non-inferiority);
 - ``equivalent``: the arm is within ``effect`` of the baseline either way (a "no difference" claim: TOST);
 - ``reaches``: the arm reaches the paper's absolute ``target`` (the baseline is run and reported beside it).
 
-Each claim is two one-sided paired t-tests (`scipy.stats.ttest_rel`) at ``ALPHA`` against the claim's bound: one
-that supports it (``better``: the lower 95 % confidence bound of the mean difference clears ``effect``;
-``equivalent``: both one-sided tests of TOST reject) and one that refutes it (``better``: the upper bound falls
-short of ``effect``, so an effect of interest is ruled out). The verdict's p is the smaller of the two, and the
-verdicts of a ledger are decided together (`decide`) on Holm-adjusted p (`statsmodels`' ``multipletests``):
+Each claim is two one-sided paired t-tests (`scipy.stats.ttest_1samp` on the differences) at ``ALPHA`` against
+the claim's bound: one that supports it (``better``: the lower confidence bound of the mean difference clears
+``effect``; ``equivalent``: both one-sided tests of TOST reject) and one that refutes it (``better``: the upper
+bound falls short of ``effect``; ``equivalent``: the difference lies beyond the margin on one side, Bonferroni over
+the two sides). Only one of the two nulls can be false, so deciding on the smaller p errs at most at its level.
+Where every seed gives the same difference the t statistic is infinite and the p is its limit: 0 for the side the
+difference lies strictly on, 1 for the other (so identical values are equivalent, as they are).
+
+**Families.** A paper's tested claims are one family (`decide` is given one paper's records): their p are
+Holm-adjusted together (`statsmodels`' ``multipletests``), so a verdict does not depend on how many claims of other
+papers ran. Each paper declares one ``primary`` claim in its experiment before it runs (the ledger's answer for the
+paper); the others are secondary and say so.
 
 - **reproduced** / **not reproduced**: the supporting / refuting test rejects after Holm;
 - **inconclusive**: neither does, or fewer than ``MIN_SEEDS`` seeds ran;
-- **regime differs**: the baseline is not where the paper's experiment put it, so the run cannot answer. With
-  ``paper_baseline`` set, the baseline's mean must lie within ``paper_band`` of it; otherwise it must sit above
-  ``chance`` and below ``ceiling`` by at least ``effect`` (room for the claimed difference either way). A gain claim
-  (a difference of two levels, e.g. accuracy at 2R minus at R) passes the levels behind the gain, and each must
-  clear the same floor and ceiling;
+- **regime differs**: the run cannot answer. With ``paper_baseline`` set, the baseline's mean must lie within
+  ``paper_band`` of it. A ``better`` claim needs its baseline above ``chance`` and below ``ceiling`` by at least
+  ``effect``; a gain claim (a difference of two levels, e.g. accuracy at 2R minus at R) needs each level behind the
+  gain above the floor by at least the gain the paper claims (and below the ceiling by the effect). A
+  ``not_worse`` or ``equivalent`` claim is refused where both arms sit within ``effect`` of chance, or both of the
+  ceiling: there "no difference" holds whatever the models are;
 - **needs a GPU**: the experiment says its setting cannot reach the paper's regime on 2 CPU cores (a named setting
   can, on a GPU);
 - **smoke**: a quick setting ran: the numbers are shown, and no verdict is drawn from them.
 
-The interval printed is the two-sided (1 - 2 ALPHA) paired t interval of the mean difference, the one whose ends
-are the one-sided bounds above.
+**The printed interval matches the decision.** A claim of rank r (by p, from 0) among the m tested claims of its
+family is rejected by Holm's step-down at level ``ALPHA / (m - r)`` (when every claim ranked before it was); its
+interval is the two-sided paired t interval at confidence 1 - 2 ``ALPHA / (m - r)``, whose one-sided ends are the
+bounds that test. Where the step-down stopped at an earlier claim, the row says so beside the interval.
+
+**Power.** ``power`` is the chance that the supporting test rejects at the family's smallest Holm level
+(``ALPHA / m``) with the run's seeds, if the true difference were the paper's (``paper_effect``) and the seeds
+spread as this run's did (noncentral t, `scipy.stats.nct`; TOST's by the Bonferroni bound of its two tests);
+``seeds_for_power`` is the fewest seeds (at least ``MIN_SEEDS``, at most ``MAX_SEEDS``) that give ``TARGET_POWER``.
+An experiment sizes its full setting's seeds from its quick setting's (the pilot's) ``seeds_for_power``; a row
+whose power falls short says it is underpowered.
 """
 
 import math
@@ -41,6 +59,8 @@ from ..modeling.errors import UserError
 
 ALPHA = 0.05
 MIN_SEEDS = 5
+TARGET_POWER = 0.8
+MAX_SEEDS = 40  # the most seeds a power plan asks for: beyond it, the claim needs a less noisy setting, not seeds
 VERDICTS = ("reproduced", "not reproduced", "inconclusive", "regime differs", "needs a GPU")
 KINDS = ("better", "not_worse", "equivalent", "reaches")
 
@@ -48,9 +68,12 @@ KINDS = ("better", "not_worse", "equivalent", "reaches")
 @dataclass(frozen=True)
 class Claim:
     """What a paper claims, quoted with its table or figure: ``arm`` is ``kind`` than ``baseline`` on ``metric`` by
-    the smallest effect of interest ``effect`` (from ``effect_source``), or reaches ``target``. ``chance`` and
-    ``ceiling`` are the metric's trivial and perfect values (None: unbounded); ``paper_baseline`` (with
-    ``paper_band``) the baseline's level in the paper's own experiment, where our run should match it."""
+    the smallest effect of interest ``effect`` (from ``effect_source``), or reaches ``target``. ``paper_effect``:
+    the difference the paper reports (arm minus baseline, positive favouring the arm; for a gain claim the gain),
+    the truth the power is computed at (None: no power). ``chance`` and ``ceiling`` are the metric's trivial and
+    perfect values (None: unbounded); ``paper_baseline`` (with ``paper_band``) the baseline's level in the paper's
+    own experiment, where our run should match it, and ``regime_source`` where that band (or floor) comes from.
+    ``primary``: the paper's one primary claim."""
 
     quote: str
     source: str
@@ -66,6 +89,9 @@ class Claim:
     paper_baseline: float | None = None
     paper_band: float | None = None
     target: float | None = None
+    paper_effect: float | None = None
+    primary: bool = False
+    regime_source: str | None = None
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -79,6 +105,12 @@ class Claim:
         if (self.paper_baseline is None) != (self.paper_band is None) or (self.paper_band or 0) < 0:
             raise UserError(f"Claim.paper_baseline and Claim.paper_band come together, the band >= 0 (got "
                              f"{self.paper_baseline} and {self.paper_band})")
+        if self.paper_effect is not None and not math.isfinite(self.paper_effect):
+            raise UserError(f"Claim.paper_effect must be a finite difference or None, got {self.paper_effect}")
+
+    @property
+    def role(self) -> str:
+        return "primary" if self.primary else "secondary"
 
 
 @dataclass(frozen=True)
@@ -89,67 +121,123 @@ class Verdict:
     arm: tuple[float, float] | None  # mean, std over seeds; None where the claim was not run
     baseline: tuple[float, float] | None
     difference: float | None  # mean of the per-seed differences (to the baseline, or the target), positive: the arm
-    interval: tuple[float, float] | None  # its two-sided (1 - 2 ALPHA) paired t interval; None under 2 seeds
+    interval: tuple[float, float] | None  # its two-sided paired t interval at ``confidence``; None under 2 seeds
+    confidence: float | None  # 1 - 2 x the level that decides the claim (its Holm step's)
     p_support: float | None  # one-sided p of the test that supports the claim; None where nothing is tested
     p_refute: float | None
-    p: float | None  # the smaller of the two: the claim's p in the ledger's Holm family
-    p_adjusted: float | None  # Holm-adjusted over the verdicts decided together (`decide`)
+    p: float | None  # the smaller of the two: the claim's p in its paper's Holm family
+    p_adjusted: float | None  # Holm-adjusted over the paper's tested claims (`decide`)
+    power: float | None  # of the supporting test at the paper's effect (module docstring); None: not computable
+    seeds_for_power: int | None  # the fewest seeds for TARGET_POWER (MAX_SEEDS + 1: more than the cap)
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
 
-def _one_sided(arm: list[float], reference: list[float], bound: float, alternative: str) -> float:
-    """p of the paired t-test that mean(arm - reference) is ``alternative`` ("greater" or "less") than ``bound``;
-    1 where the differences do not vary (no spread, no evidence either way)."""
+def _paired(claim: Claim, arm: list[float], baseline: list[float]) -> tuple[list[float], float]:
+    """The sign-adjusted per-seed differences (to the baseline, or the target), and the size below which their
+    spread is rounding (1e-12 of the largest value compared)."""
+    sign = 1.0 if claim.higher_is_better else -1.0
+    references = [claim.target] * len(arm) if claim.kind == "reaches" else baseline
+    differences = [sign * (own - reference) for own, reference in zip(arm, references)]
+    return differences, 1e-12 * max([1.0, *(abs(value) for value in (*arm, *references))])
+
+
+def _one_sided(differences: list[float], bound: float, alternative: str, scale: float) -> float:
+    """p of the paired t-test that the mean difference is ``alternative`` ("greater" or "less") than ``bound``."""
+    sign = 1.0 if alternative == "greater" else -1.0
+    if statistics.pstdev(differences) <= scale:  # no spread: the limit of the test (module docstring)
+        return 0.0 if sign * (statistics.fmean(differences) - bound) > scale else 1.0
     with needs_extra("reproduce"):
         from scipy import stats
-    if statistics.pstdev([own - other for own, other in zip(arm, reference)]) <= 1e-12 * max(map(abs, arm)):
-        return 1.0
-    p = float(stats.ttest_rel([value - bound for value in arm], reference, alternative=alternative).pvalue)
-    return p if math.isfinite(p) else 1.0
+    return float(stats.ttest_1samp(differences, bound, alternative=alternative).pvalue)
 
 
-def _tests(claim: Claim, arm: list[float], reference: list[float]) -> tuple[float, float]:
-    """(p supporting, p refuting) the claim from the sign-adjusted arm and reference values."""
+def _bounds(claim: Claim) -> list[float]:
+    """The bounds the supporting test(s) must clear from below (a second one, TOST's, from above)."""
+    if claim.kind == "equivalent":
+        return [-claim.effect, claim.effect]
+    return [{"better": claim.effect, "not_worse": -claim.effect, "reaches": 0.0}[claim.kind]]
+
+
+def _tests(claim: Claim, differences: list[float], scale: float) -> tuple[float, float]:
+    """(p supporting, p refuting) the claim from the sign-adjusted differences."""
     if claim.kind == "equivalent":  # TOST: the difference is above -effect and below +effect
-        support = max(_one_sided(arm, reference, -claim.effect, "greater"),
-                      _one_sided(arm, reference, claim.effect, "less"))
-        refute = min(_one_sided(arm, reference, claim.effect, "greater"),
-                     _one_sided(arm, reference, -claim.effect, "less"))
+        support = max(_one_sided(differences, -claim.effect, "greater", scale),
+                      _one_sided(differences, claim.effect, "less", scale))
+        refute = min(1.0, 2 * min(_one_sided(differences, claim.effect, "greater", scale),
+                                  _one_sided(differences, -claim.effect, "less", scale)))
         return support, refute
-    bound = {"better": claim.effect, "not_worse": -claim.effect, "reaches": 0.0}[claim.kind]
-    return _one_sided(arm, reference, bound, "greater"), _one_sided(arm, reference, bound, "less")
+    bound = _bounds(claim)[0]
+    return _one_sided(differences, bound, "greater", scale), _one_sided(differences, bound, "less", scale)
 
 
-def _interval(differences: list[float]) -> tuple[float, float] | None:
+def _interval(differences: list[float], confidence: float, scale: float) -> tuple[float, float] | None:
     if len(differences) < 2:
         return None
+    if statistics.pstdev(differences) <= scale:
+        return statistics.fmean(differences), statistics.fmean(differences)
     with needs_extra("reproduce"):
         from scipy import stats
-    if statistics.pstdev(differences) <= 1e-12 * max(map(abs, differences), default=0.0):
-        return statistics.fmean(differences), statistics.fmean(differences)
-    interval = stats.ttest_1samp(differences, 0.0).confidence_interval(confidence_level=1 - 2 * ALPHA)
+    interval = stats.ttest_1samp(differences, 0.0).confidence_interval(confidence_level=confidence)
     return float(interval.low), float(interval.high)
 
 
-def _regime(claim: Claim, baseline_mean: float, levels: dict[str, list[float]]) -> str | None:
-    """Why the run cannot answer the claim (the baseline, or a level behind a gain, out of the paper's regime);
-    None where it can."""
+def power(claim: Claim, spread: float, seeds: int, level: float) -> float | None:
+    """The chance that the supporting test rejects at ``level`` with ``seeds`` paired seeds whose differences
+    spread by ``spread`` (their standard deviation), if the true difference is the paper's (``paper_effect``); None
+    where the claim has no paper effect, is a ``reaches`` claim (its truth is its target) or under 2 seeds."""
+    if claim.paper_effect is None or claim.kind == "reaches" or seeds < 2:
+        return None
+    with needs_extra("reproduce"):
+        from scipy import stats
+    degrees, truth = seeds - 1, claim.paper_effect
+    critical = stats.t.ppf(1 - level, degrees)
+
+    def rejects(bound: float, sign: float) -> float:  # P(the test of "sign * (d - bound) > 0" rejects)
+        if spread <= 0:
+            return 1.0 if sign * (truth - bound) > 0 else 0.0
+        return float(stats.nct.sf(critical, degrees, sign * (truth - bound) * math.sqrt(seeds) / spread))
+
+    if claim.kind == "equivalent":  # both of TOST's tests: at least the Bonferroni bound
+        return max(0.0, rejects(-claim.effect, 1.0) + rejects(claim.effect, -1.0) - 1.0)
+    return rejects(_bounds(claim)[0], 1.0)
+
+
+def seeds_for_power(claim: Claim, spread: float, level: float) -> int | None:
+    """The fewest seeds (``MIN_SEEDS`` to ``MAX_SEEDS``) whose `power` reaches ``TARGET_POWER``; MAX_SEEDS + 1
+    where none does, None where no power is computable."""
+    if power(claim, spread, MIN_SEEDS, level) is None:
+        return None
+    return next((seeds for seeds in range(MIN_SEEDS, MAX_SEEDS + 1)
+                 if power(claim, spread, seeds, level) >= TARGET_POWER), MAX_SEEDS + 1)
+
+
+def _regime(claim: Claim, arm_mean: float, baseline_mean: float, levels: dict[str, list[float]]) -> str | None:
+    """Why the run cannot answer the claim (module docstring); None where it can."""
     if claim.kind == "reaches":
         return None
-    if claim.paper_baseline is not None:
-        if abs(baseline_mean - claim.paper_baseline) > claim.paper_band:
-            return (f"{claim.baseline} at {baseline_mean:.4g}, the paper's at {claim.paper_baseline:.4g} (band "
-                    f"{claim.paper_band:g})")
-        return None
+    if claim.paper_baseline is not None and abs(baseline_mean - claim.paper_baseline) > claim.paper_band:
+        return (f"{claim.baseline} at {baseline_mean:.4g}, the paper's at {claim.paper_baseline:.4g} (band "
+                f"{claim.paper_band:g})")
     sign = 1.0 if claim.higher_is_better else -1.0
-    # a gain's own baseline is a difference: the floor and ceiling apply to the levels behind it
+    if claim.kind in ("equivalent", "not_worse"):
+        for name, bound in (("chance", claim.chance), ("the ceiling", claim.ceiling)):
+            if bound is not None and all(abs(mean - bound) < claim.effect for mean in (arm_mean, baseline_mean)):
+                return (f"{claim.arm} at {arm_mean:.4g} and {claim.baseline} at {baseline_mean:.4g}, both within "
+                        f"the margin {claim.effect:g} of {name} {bound:.4g}: no difference is possible")
+        return None
+    if claim.paper_baseline is not None:
+        return None
+    # a gain's own baseline is a difference: the floor and ceiling apply to the levels behind it, and a level
+    # needs room above the floor for the gain the paper claims
+    floor_room = max(claim.effect, abs(claim.paper_effect or 0.0)) if levels else claim.effect
     checked = {name: statistics.fmean(values) for name, values in levels.items()} or {claim.baseline: baseline_mean}
     for name, mean in checked.items():
-        if claim.chance is not None and sign * (mean - claim.chance) < claim.effect:
-            return f"{name} at {mean:.4g}, within the effect {claim.effect:g} of chance {claim.chance:.4g}"
+        if claim.chance is not None and sign * (mean - claim.chance) < floor_room:
+            room = f"the claimed gain {floor_room:g}" if levels else f"the effect {floor_room:g}"
+            return f"{name} at {mean:.4g}, within {room} of chance {claim.chance:.4g}"
         if claim.ceiling is not None and sign * (claim.ceiling - mean) < claim.effect:
             return f"{name} at {mean:.4g}, within the effect {claim.effect:g} of the ceiling {claim.ceiling:.4g}"
     return None
@@ -165,14 +253,20 @@ def _wanted(claim: Claim) -> str:
 
 def judge(claim: Claim, arm: list[float], baseline: list[float], levels: dict[str, list[float]] | None = None,
           needs_gpu: str | None = None, smoke: bool = False) -> Verdict:
-    """The verdict on ``claim`` from the per-seed values of the arm and the baseline (paired by index), on its own
-    p (`decide` adjusts it with the rest of a ledger). ``levels``: for a gain claim, the per-seed levels behind each
-    arm's gain; ``needs_gpu``: the setting that would reach the paper's regime, where this run cannot; ``smoke``:
-    a quick setting (no verdict drawn). Non-finite values are refused: a diverged run is a finding to report, not a
-    number to average."""
-    levels = levels or {}
+    """The verdict on ``claim`` from the per-seed values of the arm and the baseline (paired by index), as a family
+    of one (`decide` adjusts it with the rest of its paper's). ``levels``: for a gain claim, the per-seed levels
+    behind each arm's gain; ``needs_gpu``: the setting that would reach the paper's regime, where this run cannot;
+    ``smoke``: a quick setting (no verdict drawn). Non-finite values are refused: a diverged run is a finding to
+    report, not a number to average."""
+    return _judged_in_family(claim, arm, baseline, levels or {}, needs_gpu, smoke, family_size=1)
+
+
+def _judged_in_family(claim: Claim, arm: list[float], baseline: list[float], levels: dict[str, list[float]],
+                      needs_gpu: str | None, smoke: bool, family_size: int) -> Verdict:
+    """`judge`, with the power at the smallest Holm level of a family of ``family_size`` tested claims; a tested
+    claim's verdict is decided on its own p at ``ALPHA`` (`decide` decides it again on Holm's)."""
     if needs_gpu and not arm:  # not run: the row says which setting would answer
-        return Verdict("needs a GPU", f"not run here: {needs_gpu}", 0, None, None, None, None, None, None, None, None)
+        return Verdict("needs a GPU", f"not run here: {needs_gpu}", 0, *[None] * 11)
     for name, values in {claim.baseline: baseline, **levels}.items():
         if len(values) != len(arm):
             raise UserError(f"{claim.arm} has {len(arm)} seeds and {name} {len(values)}: pair them by seed")
@@ -180,18 +274,20 @@ def judge(claim: Claim, arm: list[float], baseline: list[float], levels: dict[st
         raise UserError(f"non-finite {claim.metric} in {claim.arm} {arm}, {claim.baseline} {baseline} or {levels}")
     if not arm:
         raise UserError(f"no seeds of {claim.arm} and {claim.baseline} to judge {claim.quote!r} on")
-    sign = 1.0 if claim.higher_is_better else -1.0
-    references = [claim.target] * len(arm) if claim.kind == "reaches" else baseline
-    signed_arm, signed_reference = [sign * value for value in arm], [sign * value for value in references]
-    differences = [own - reference for own, reference in zip(signed_arm, signed_reference)]
-    support, refute = _tests(claim, signed_arm, signed_reference) if len(arm) > 1 else (None, None)
-    tested = dict(p_support=support, p_refute=refute, p=None if support is None else min(support, refute))
+    differences, scale = _paired(claim, arm, baseline)
+    support, refute = _tests(claim, differences, scale) if len(arm) > 1 else (None, None)
+    spread = statistics.stdev(differences) if len(arm) > 1 else 0.0
+    level = ALPHA / family_size
     result = Verdict("inconclusive", "", len(arm), mean_std(arm), mean_std(baseline), statistics.fmean(differences),
-                     _interval(differences), **tested, p_adjusted=None)
-    regime = _regime(claim, result.baseline[0], levels)
+                     _interval(differences, 1 - 2 * ALPHA, scale), 1 - 2 * ALPHA if len(arm) > 1 else None,
+                     support, refute, None if support is None else min(support, refute), None,
+                     power(claim, spread, len(arm), level), seeds_for_power(claim, spread, level) if len(arm) > 1
+                     else None)
+    regime = _regime(claim, result.arm[0], result.baseline[0], levels)
     if smoke:
+        plan = "" if result.seeds_for_power is None else f"; a full run needs {_seeds_text(result)} seeds"
         return replace(result, verdict="smoke", reason="quick setting: " + (
-            f"regime differs ({regime}); " if regime else "") + _evidence(claim, result))
+            f"regime differs ({regime}); " if regime else "") + _evidence(claim, result) + plan)
     if needs_gpu:
         return replace(result, verdict="needs a GPU", reason=f"this setting cannot reach the paper's regime: "
                                                              f"{needs_gpu}")
@@ -200,61 +296,94 @@ def judge(claim: Claim, arm: list[float], baseline: list[float], levels: dict[st
     if len(arm) < MIN_SEEDS:
         return replace(result, reason=f"{len(arm)} seed{'' if len(arm) == 1 else 's'}; a verdict needs >= "
                                       f"{MIN_SEEDS}")
-    return _decided(claim, result, result.p)
+    return _decided(claim, result, result.p, ALPHA, (differences, scale))
+
+
+def _seeds_text(result: Verdict) -> str:
+    return f"> {MAX_SEEDS}" if result.seeds_for_power > MAX_SEEDS else str(result.seeds_for_power)
 
 
 def _evidence(claim: Claim, result: Verdict) -> str:
-    interval = "" if result.interval is None else (f", {1 - 2 * ALPHA:.0%} CI [{result.interval[0]:+.3g}, "
+    interval = "" if result.interval is None else (f", {100 * result.confidence:.3g} % CI [{result.interval[0]:+.3g}, "
                                                    f"{result.interval[1]:+.3g}]")
     return f"{claim.arm} {_wanted(claim)}? difference {result.difference:+.4g}{interval}"
 
 
-def _decided(claim: Claim, result: Verdict, p_adjusted: float) -> Verdict:
-    """``result`` decided on ``p_adjusted`` (its own p, or Holm's)."""
+def _decided(claim: Claim, result: Verdict, p_adjusted: float, step_level: float,
+             paired: tuple[list[float], float], stopped_before: bool = False) -> Verdict:
+    """``result`` decided on ``p_adjusted`` (its own p, or Holm's), its interval at the level of its Holm step."""
+    confidence = 1 - 2 * step_level
+    result = replace(result, confidence=confidence, p_adjusted=p_adjusted,
+                     interval=_interval(paired[0], confidence, paired[1]))
     evidence = f"{_evidence(claim, result)}, p {result.p:.2g} (Holm {p_adjusted:.2g})"
+    if stopped_before:
+        evidence += "; Holm's step-down stopped at a claim ranked before this one, so its interval decides nothing"
     if p_adjusted <= ALPHA:
         verdict = "reproduced" if result.p_support <= result.p_refute else "not reproduced"
     else:
         verdict = "inconclusive"
-    return replace(result, verdict=verdict, reason=evidence, p_adjusted=p_adjusted)
+    if result.power is not None and result.power < TARGET_POWER:
+        evidence += (f"; underpowered: power {result.power:.2f} at the paper's {claim.paper_effect:+.3g} with "
+                     f"{result.seeds} seeds ({_seeds_text(result)} would give {TARGET_POWER:g})")
+    return replace(result, verdict=verdict, reason=evidence)
 
 
 def decide(records: list[dict], smoke: bool = False) -> list[dict]:
-    """The records (`judged`) judged again together: the tested ones (>= ``MIN_SEEDS`` seeds, in the paper's regime)
-    decided on Holm's step-down adjustment of their p over the family, so that the chance of any false verdict among
-    them stays at ``ALPHA``. ``smoke`` marks them all as a quick setting's (they stay so in any later family)."""
+    """The records (`judged`) of one paper judged again together, as one family: the tested ones (>= ``MIN_SEEDS``
+    seeds, in the paper's regime) decided on Holm's step-down adjustment of their p, so that the chance of any
+    false verdict among them stays at ``ALPHA``, each interval at its Holm step's level. At most one of them may be
+    the paper's primary claim. ``smoke`` marks them all as a quick setting's (they stay so in any later family)."""
     with needs_extra("reproduce"):
         from statsmodels.stats.multitest import multipletests
     claims = [Claim(**record["claim"]) for record in records]
-    verdicts = [judge(claim, record["values"]["arm"], record["values"]["baseline"], record["values"]["levels"],
-                      record["needs_gpu"], smoke or record["smoke"]) for claim, record in zip(claims, records)]
+    primaries = sorted({claim.quote for claim in claims if claim.primary})
+    if len(primaries) > 1:
+        raise UserError(f"a paper has one primary claim; these records declare {len(primaries)}: {primaries}")
+
+    def judged_all(family_size: int) -> list[Verdict]:
+        return [_judged_in_family(claim, record["values"]["arm"], record["values"]["baseline"],
+                                  record["values"]["levels"], record["needs_gpu"], smoke or record["smoke"],
+                                  family_size) for claim, record in zip(claims, records)]
+
+    verdicts = judged_all(1)
     family = [index for index, verdict in enumerate(verdicts) if verdict.p_adjusted is not None]
     if family:
+        verdicts = judged_all(len(family))  # the power at the family's smallest Holm level
         adjusted = multipletests([verdicts[index].p for index in family], alpha=ALPHA, method="holm")[1]
-        for index, p_adjusted in zip(family, adjusted):
-            verdicts[index] = _decided(claims[index], verdicts[index], float(p_adjusted))
+        order = sorted(family, key=lambda index: verdicts[index].p)
+        for rank, index in enumerate(order):
+            step_level = ALPHA / (len(family) - rank)
+            p_adjusted = float(adjusted[family.index(index)])
+            verdicts[index] = _decided(claims[index], verdicts[index], p_adjusted, step_level,
+                                       _paired(claims[index], records[index]["values"]["arm"],
+                                               records[index]["values"]["baseline"]),
+                                       stopped_before=verdicts[index].p <= step_level and p_adjusted > ALPHA)
     return [_with_verdict({**record, "smoke": smoke or record["smoke"]}, claim, verdict)
             for record, claim, verdict in zip(records, claims, verdicts)]
 
 
 def verdict_markdown(claim: Claim, result: Verdict) -> str:
-    """One ledger row: claim (source), smallest effect of interest, arms as mean ± std, the difference with its
-    interval, raw and adjusted p, verdict and reason."""
+    """One ledger row: claim (source, role), smallest effect of interest, arms as mean ± std, the difference with
+    its interval at the deciding level, raw and adjusted p, power, verdict and reason."""
     def level(name: str, values: tuple[float, float] | None) -> str:
         return f"{name}: not run" if values is None else f"{name} {values[0]:.4g} ± {values[1]:.2g}"
 
-    interval = "" if result.interval is None else f" [{result.interval[0]:+.3g}, {result.interval[1]:+.3g}]"
+    interval = "" if result.interval is None else (f" [{result.interval[0]:+.3g}, {result.interval[1]:+.3g}] "
+                                                   f"({100 * result.confidence:.3g} %)")
     difference = "–" if result.difference is None else f"{result.difference:+.3g}{interval}"
     p = "–" if result.p is None else f"{result.p:.2g}"
     adjusted = "–" if result.p_adjusted is None else f"{result.p_adjusted:.2g}"
+    power_cell = "–" if result.power is None else f"{result.power:.2f}"
     effect = f"≥ {claim.target:g}" if claim.kind == "reaches" else f"{claim.kind} by {claim.effect:g}"
-    return (f"| {claim.quote} ({claim.source}) | {effect} ({claim.effect_source}) | {level(claim.arm, result.arm)} | "
-            f"{level(claim.baseline, result.baseline)} | {difference} | {p} | {adjusted} | **{result.verdict}** | "
-            f"{result.reason} |")
+    regime = f"; regime: {claim.regime_source}" if claim.regime_source else ""
+    return (f"| {claim.quote} ({claim.source}; {claim.role}) | {effect} ({claim.effect_source}{regime}) | "
+            f"{level(claim.arm, result.arm)} | {level(claim.baseline, result.baseline)} | {difference} | {p} | "
+            f"{adjusted} | {power_cell} | **{result.verdict}** | {result.reason} |")
 
 
 LEDGER_HEADER = ("| claim | smallest effect of interest | arm (mean ± std) | baseline (mean ± std) | difference "
-                 f"({1 - 2 * ALPHA:.0%} CI) | p | p (Holm) | verdict | why |\n|---|---|---|---|---|---|---|---|---|")
+                 "[CI] (its confidence: Holm's step) | p | p (Holm, per paper) | power | verdict | why |\n"
+                 "|---|---|---|---|---|---|---|---|---|---|")
 
 
 def _with_verdict(record: dict, claim: Claim, verdict: Verdict) -> dict:
@@ -264,8 +393,7 @@ def _with_verdict(record: dict, claim: Claim, verdict: Verdict) -> dict:
 def judged(claim: Claim, arm: list[float], baseline: list[float], levels: dict[str, list[float]] | None = None,
            needs_gpu: str | None = None, **where) -> dict:
     """A report's record of one claim: ``where`` (e.g. length=64), the claim, the per-seed ``values`` it is judged
-    on, the verdict's fields on its own p (`decide` judges a report's or a ledger's records together) and its
-    ledger row."""
+    on, the verdict's fields on its own p (`decide` judges a paper's records together) and its ledger row."""
     levels = {name: list(values) for name, values in (levels or {}).items()}
     record = dict(where, claim=asdict(claim), values=dict(arm=list(arm), baseline=list(baseline), levels=levels),
                   needs_gpu=needs_gpu, smoke=False)
