@@ -215,16 +215,16 @@ def test_no_difference_is_refused_where_both_arms_sit_at_chance_or_at_the_ceilin
 
 
 def test_a_gain_needs_room_above_the_floor_for_the_gain_it_claims():
-    """The audit's case: a Transformer at 2-3 % at R had a point of room, and Hyper-SET's larger gain was
-    "reproduced" (p 0.0003). Fig. 3b's gain is ten points: a level under ten points above the floor cannot show it."""
-    gain = Claim("scales better from R to 2R", "Fig. 3b", "h", "t", "gain", effect=0.05, effect_source="e",
-                 chance=0.0, ceiling=1.0, paper_effect=0.10)
-    arm, baseline = [0.03, 0.035, 0.03, 0.04, 0.03], [-0.02, -0.025, -0.02, -0.03, -0.02]
-    starved = judge(gain, arm, baseline, levels={"t at R": [0.03, 0.025, 0.02, 0.03, 0.025],
-                                                 "h at R": [0.02, 0.03, 0.025, 0.02, 0.03]})
-    assert starved.verdict == "regime differs" and "the claimed gain 0.1" in starved.reason
-    room = judge(gain, [value + 0.1 for value in arm], baseline,
-                 levels={"t at R": [0.3, 0.31, 0.29, 0.3, 0.3], "h at R": [0.3, 0.32, 0.3, 0.29, 0.31]})
+    """The audit's case: a model at 2-3 % at R had a point of room, and Hyper-SET's larger gain was "reproduced"
+    (p 0.0003). A level behind a gain needs room above the floor for the larger gain the run claims."""
+    gain = Claim("scales better from R to 2R", "Fig. 3b", "h", "t", "gain", effect=0.01, effect_source="e",
+                 chance=0.0, ceiling=1.0)
+    arm, baseline = [0.06, 0.065, 0.06, 0.07, 0.06], [-0.02, -0.025, -0.02, -0.03, -0.02]
+    starved = judge(gain, arm, baseline, levels={"h at R": [0.027, 0.02, 0.03, 0.025, 0.03],
+                                                 "t at R": [0.5, 0.52, 0.49, 0.5, 0.51]})
+    assert starved.verdict == "regime differs" and "h at R at 0.0264, within the larger gain 0.063" in starved.reason
+    room = judge(gain, arm, baseline, levels={"h at R": [0.3, 0.32, 0.3, 0.29, 0.31],
+                                              "t at R": [0.5, 0.52, 0.49, 0.5, 0.51]})
     assert room.verdict == "reproduced"
 
 

@@ -5,20 +5,35 @@ import torch
 
 from ..extras import needs_extra
 
+DIGITS_TEST_EVERY = 5  # every fifth digit by scikit-learn's index is the test set: no training run sees it
 
-def digits_split(validation_fraction: float, seed: int):
-    """scikit-learn's 8x8 digits as (N, 1, 8, 8) images scaled to [-1, 1], split by a seeded permutation:
-    (train images, train labels, validation images, validation labels)."""
+
+def _digit_images_and_labels(test: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """scikit-learn's 8x8 digits as (N, 1, 8, 8) images scaled to [-1, 1] and their labels: the test part (every
+    ``DIGITS_TEST_EVERY``-th), or the rest."""
     with needs_extra("vision"):
         from sklearn.datasets import load_digits
 
     digits = load_digits()
     images = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 8.0 - 1.0
     labels = torch.tensor(digits.target, dtype=torch.long)
+    chosen = (torch.arange(len(labels)) % DIGITS_TEST_EVERY == 0) == test
+    return images[chosen], labels[chosen]
+
+
+def digits_split(validation_fraction: float, seed: int):
+    """The digits outside the test part (`digits_test_set`), split by a seeded permutation: (train images, train
+    labels, validation images, validation labels)."""
+    images, labels = _digit_images_and_labels(test=False)
     order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed))
     cut = int(len(labels) * (1 - validation_fraction))
     return images[order[:cut]], labels[order[:cut]], images[order[cut:]], labels[order[cut:]]
 
+
+def digits_test_set() -> tuple[torch.Tensor, torch.Tensor]:
+    """The held-out test digits (every ``DIGITS_TEST_EVERY``-th of scikit-learn's, 360), as `digits_split`'s
+    images: what a model picked on validation is scored on."""
+    return _digit_images_and_labels(test=True)
 
 
 DIGIT_CODES = 17  # the 8x8 digits' pixels are integers 0..16: a ready-made 17-code grid of 64 tokens

@@ -6,10 +6,11 @@ pattern grid (box (r mod box) + r // box + c) mod n under random validity-preser
 cells of it in random order while the solution stays unique, down to the requested number of givens (the
 difficulty knob) or as far as uniqueness allows.
 
-Solution grids are split once and for all into a training part and a held-out part (`held_out_grid`: a quarter of
-them, by a checksum of the grid): training and validation puzzles (`sudoku_split`) come from the training part, and
-an evaluation asks for held-out grids, so that no test solution was ever seen in training. This matters for 4x4
-boards, whose generator reaches 192 grids: a test set drawn from all of them repeats training grids many times.
+Solution grids are split once and for all into three parts by a checksum of the grid (`grid_part`): a quarter held
+out for tests, an eighth for validation, the rest for training. Training and validation puzzles (`sudoku_split`)
+come from their own parts and an evaluation asks for held-out grids, so that no validation or test solution was
+ever seen in training. This matters for 4x4 boards, whose generator reaches 192 grids: drawn from one pool, a
+validation set repeats training puzzles (13-17 of 400 did), and the best checkpoint is picked on memorisable data.
 """
 
 import zlib
@@ -103,48 +104,52 @@ def unique_puzzle(solution: list[int], givens: int, box: int, generator: torch.G
     return board
 
 
-HELD_OUT_EVERY = 4  # one grid in four is held out for evaluation
+GRID_PARTS = ("train", "validation", "test")
 
 
-def held_out_grid(solution: torch.Tensor) -> bool:
-    """Whether a solution grid belongs to the held-out part: a checksum of its digits, one in ``HELD_OUT_EVERY``."""
-    return zlib.crc32(bytes(solution.to(torch.uint8).tolist())) % HELD_OUT_EVERY == 0
+def grid_part(solution: torch.Tensor) -> str:
+    """The part a solution grid belongs to: by a checksum of its digits modulo 8, 0 and 4 (a quarter) "test", 1 (an
+    eighth) "validation", the rest "train"."""
+    remainder = zlib.crc32(bytes(solution.to(torch.uint8).tolist())) % 8
+    return "test" if remainder % 4 == 0 else "validation" if remainder == 1 else "train"
 
 
-def _solutions_of_part(count: int, generator: torch.Generator, box: int, held_out: bool) -> torch.Tensor:
-    """``count`` solutions drawn until that many fall in the requested part of the grid split."""
+def _solutions_of_part(count: int, generator: torch.Generator, box: int, part: str) -> torch.Tensor:
+    """``count`` solutions drawn until that many fall in ``part`` of the grid split."""
     kept = []
     while len(kept) < count:
-        kept += [grid for grid in sudoku_solutions(2 * count, generator, box) if held_out_grid(grid) == held_out]
+        kept += [grid for grid in sudoku_solutions(2 * count, generator, box) if grid_part(grid) == part]
     return torch.stack(kept[:count])
 
 
 def sudoku_puzzles(count: int, givens: tuple[int, int], box: int, seed: int,
-                   held_out: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                   part: str = "train") -> tuple[torch.Tensor, torch.Tensor]:
     """(puzzles, solutions), (count, n^2) each: unique-solution puzzles with a uniform number of givens in
     ``givens`` (fewer givens: harder; a puzzle stops above the target when no cell can go without losing
-    uniqueness), on solution grids of the training part, or of the ``held_out`` part."""
+    uniqueness), on solution grids of ``part`` ("train", "validation" or "test": `grid_part`)."""
+    if part not in GRID_PARTS:
+        raise ValueError(f"part must be one of {GRID_PARTS}, got {part!r}")
     generator = torch.Generator().manual_seed(seed)
-    solutions = _solutions_of_part(count, generator, box, held_out)
+    solutions = _solutions_of_part(count, generator, box, part)
     targets = torch.randint(givens[0], givens[1] + 1, (count,), generator=generator).tolist()
     puzzles = [unique_puzzle(solution.tolist(), target, box, generator) for solution, target in zip(solutions, targets)]
     return torch.tensor(puzzles), solutions
 
 
 def sudoku_examples(count: int, givens: tuple[int, int], box: int, seed: int,
-                    held_out: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                    part: str = "train") -> tuple[torch.Tensor, torch.Tensor]:
     """Token-classification examples (hyperset.txt §5.1 format): ``input_ids`` digits with 0 a blank, labels
-    digit - 1 on blanks and -100 on givens; on held-out solution grids with ``held_out``."""
-    puzzles, solutions = sudoku_puzzles(count, givens, box, seed, held_out)
+    digit - 1 on blanks and -100 on givens; on solution grids of ``part``."""
+    puzzles, solutions = sudoku_puzzles(count, givens, box, seed, part)
     return puzzles, (solutions - 1).masked_fill(puzzles != 0, -100)
 
 
 def sudoku_split(examples: int, givens: tuple[int, int], validation_fraction: float, seed: int, box: int = 3):
-    """`sudoku_examples` (training grids) split into (train inputs, train labels, validation inputs, validation
-    labels)."""
-    inputs, labels = sudoku_examples(examples, givens, box, seed)
-    cut = int(examples * (1 - validation_fraction))
-    return inputs[:cut], labels[:cut], inputs[cut:], labels[cut:]
+    """``examples`` puzzles, ``validation_fraction`` of them on validation grids and the rest on training grids:
+    (train inputs, train labels, validation inputs, validation labels)."""
+    validation = int(examples * validation_fraction)
+    return (*sudoku_examples(examples - validation, givens, box, seed),
+            *sudoku_examples(validation, givens, box, seed + 1, part="validation"))
 
 
 def hub_sudoku_split(data, seed: int):

@@ -89,7 +89,7 @@ EXPERIMENTS = {
                            "Hyper-SET vs its Transformer baseline: Sudoku at R-2R, digits; MaskGIT; traces",
                            ("seeds=[0,1,2]", "sudoku_steps=600", "classification_steps=400", "maskgit_steps=300",
                             "evaluation_puzzles=300"),
-                           ("sudoku_side=9", "sudoku_givens=[24,34]", "sudoku_steps=112500",
+                           ("sudoku_side=9", "sudoku_givens=[17,34]", "sudoku_steps=112500",
                             "evaluation_puzzles=1000")),
     "eqt-parity": Experiment("eqt_parity",
                              "EqT-LLaMA vs Llama on cumulative parity (eqt.txt Table 2)",

@@ -26,7 +26,10 @@ Parameter counts include Hyper-SET's step-size network, whose t-path is zero at 
 gradient under the default `step_zero_init="all"` (it stays exactly zero: `HyperSETConfig`'s docstring), as the
 paper's counts include it. Differences from the paper, by necessity of a CPU run: 4x4 instead of 9x9 Sudoku, 8x8
 digits instead of CIFAR/ImageNet, tiny models and minutes of training; ``--paper-scale`` trains 9x9 Sudoku with
-hyperset.txt's 17-34 givens (from the generator; the paper's Palm et al. set loads through `data.source=hf-sudoku`).
+hyperset.txt's 17-34 givens (asked of the generator, which stops where uniqueness allows, about 22 on 9x9: the
+report prints the givens reached; the paper's Palm et al. set loads through `data.source=hf-sudoku`). Selection and
+scoring are apart: Sudoku's validation puzzles come from solution grids of their own (`energyzoo.data.sudoku`), and
+the digits verdict is scored on the held-out test digits, not on the validation accuracy that picked the checkpoint.
 """
 
 import json
@@ -41,7 +44,7 @@ from transformers import (
     AutoModelForTokenClassification,
 )
 
-from ..data.digits import shuffled_digit_images
+from ..data.digits import digits_test_set, shuffled_digit_images
 from ..data.image_tokenizer import DIGIT_PATCH_CODES, digit_patch_tokenizer, reconstruction_metrics
 from ..data.sudoku import sudoku_examples
 from ..modeling.errors import UserError
@@ -67,19 +70,27 @@ BOARDS = {4: ("hyperset-sudoku-4x4", 2, SUDOKU_ARMS), 9: ("hyperset-sudoku-9x9",
 DIGITS_ARMS = {"hyperset": "hyperset-digits-tiny", "transformer": "hyperset-digits-transformer"}
 IN_DISTRIBUTION = Claim("It also outperforms Transformer for in-distribution evaluation (54.70% vs. 49.30%)",
                         "hyperset.txt §5.1", "hyperset", "transformer", "Sudoku board accuracy at R", effect=0.027,
-                        effect_source="half §5.1's 5.4-point gap", paper_baseline=0.493, paper_band=0.2)
+                        effect_source="half §5.1's 5.4-point gap", paper_effect=0.054, paper_baseline=0.493,
+                        paper_band=0.2, regime_source="§5.1's Transformer at 49.30 %; the 20-point band is our "
+                                                      "choice: a 4x4 board is not the paper's 9x9 hard set")
 EXTRAPOLATION = Claim("our model scales more effectively than Transformer, with larger accuracy gains (R to 2R)",
                       "hyperset.txt §5.1, Fig. 3b", "hyperset", "transformer",
                       "Sudoku board accuracy gain from R to 2R", effect=0.01,
-                      effect_source="Fig. 3b prints no numbers: one point, our choice", chance=0.0, ceiling=1.0)
+                      effect_source="Fig. 3b prints no numbers: one point, our choice", chance=0.0, ceiling=1.0,
+                      regime_source="each level at R above 0 by the larger gain, below 1 by the effect")
 CLASSIFICATION = Claim("competitive with the Transformer of the same parameter count (90.11 vs 89.90 on CIFAR-10)",
-                       "hyperset.txt Table 1", "hyperset", "transformer", "digits accuracy", kind="not_worse",
-                       effect=0.01, effect_source="1 point: Table 1's rows within 0.21", chance=0.1, ceiling=1.0)
+                       "hyperset.txt Table 1", "hyperset", "transformer", "digits test accuracy", kind="not_worse",
+                       effect=0.01, effect_source="Table 1 calls leads of 0.21-1.52 points superior (CIFAR-10/100, "
+                                                  "ImageNet-100): a 1-point deficit, inside that range, is our margin",
+                       paper_effect=0.0021, chance=0.1, ceiling=1.0, primary=True,
+                       regime_source="chance 0.1 (ten digits); both arms within the margin of 1 say nothing")
 
 
 @dataclass
 class Settings:
-    seeds: list[int] = field(default_factory=lambda: [0, 1, 2, 3, 4])
+    # the quick pilot's digits seeds split 0.31 / 0.64 (400 steps): its power plan asks for more than the cap; 8 is
+    # the budget's (about 75 minutes on 2 CPU cores), and the rows say what power that leaves
+    seeds: list[int] = field(default_factory=lambda: list(range(8)))
     sudoku_arms: list[str] = field(default_factory=lambda: ["hyperset", "transformer"])
     sudoku_steps: int = 2000  # Hyper-SET's recipe needs about 2,000 to leave the identity
     sudoku_givens: list[int] = field(default_factory=lambda: [4, 5])  # clues per 4x4 board: the fewest that stay unique
@@ -112,12 +123,21 @@ def _train(recipe: str, output_dir: Path, steps: int, *overrides: str, keep_best
     return run_training(recipe, overwrite=True, progress=False)
 
 
-def sudoku_scaling(model, settings: Settings) -> tuple[list[dict], object]:
-    """Board and cell accuracy at each multiple of R on held-out puzzles (a seed no training run uses), and the
-    trace at 2R."""
-    inputs, labels = sudoku_examples(settings.evaluation_puzzles, tuple(settings.sudoku_givens),
-                                     box=BOARDS[settings.sudoku_side][1], seed=settings.evaluation_seed + 1,
-                                     held_out=True)
+def sudoku_test_set(settings: Settings) -> tuple[torch.Tensor, torch.Tensor]:
+    """The held-out test puzzles (grids of the test part, a seed no training run uses)."""
+    return sudoku_examples(settings.evaluation_puzzles, tuple(settings.sudoku_givens),
+                           box=BOARDS[settings.sudoku_side][1], seed=settings.evaluation_seed + 1, part="test")
+
+
+def givens_reached(inputs: torch.Tensor, requested: list[int]) -> dict:
+    """The givens the generator reached per test puzzle (it stops above a target where no cell can go without a
+    second solution: on 9x9 boards, targets under about 22)."""
+    counts = sorted((inputs != 0).sum(dim=1).tolist())
+    return {"requested": list(requested), "min": counts[0], "median": counts[len(counts) // 2], "max": counts[-1]}
+
+
+def sudoku_scaling(model, inputs: torch.Tensor, labels: torch.Tensor) -> tuple[list[dict], object]:
+    """Board and cell accuracy at each multiple of R on the test puzzles, and the trace at 2R."""
     metrics = training_task("token-classification").metrics
     trained = model.config.num_iterations
     rows = []
@@ -150,10 +170,21 @@ def maskgit_reconstruction(model, recipe, settings: Settings) -> list[dict]:
     return rows
 
 
-def _sudoku_runs(settings: Settings, output_dir: Path, progress) -> tuple[list[dict], dict, dict]:
-    """Per arm and seed: the best checkpoint's accuracies at R, 1.5R, 2R; per arm, seed 0's traces up to 2R."""
+def test_accuracy(model) -> float:
+    """The accuracy on the held-out test digits (`digits_test_set`: no training or validation run sees them), the
+    best-validation checkpoint's score: the selection metric would flatter it."""
+    images, labels = digits_test_set()
+    with torch.no_grad():
+        predicted = model(pixel_values=images).logits.argmax(-1)
+    return (predicted == labels).sum().item() / len(labels)
+
+
+def _sudoku_runs(settings: Settings, output_dir: Path, progress) -> tuple[list[dict], dict, dict, dict]:
+    """Per arm and seed: the best checkpoint's accuracies at R, 1.5R, 2R; per arm, seed 0's traces up to 2R; the
+    parameter counts; the givens of the test puzzles."""
     rows, traces, parameters = [], {}, {}
     recipe, _, arms = BOARDS[settings.sudoku_side]
+    inputs, labels = sudoku_test_set(settings)
     for arm in settings.sudoku_arms:
         overrides = arms[arm]
         rate = (f"training.learning_rate={settings.low_learning_rate}",) if arm == "hyperset_low_lr" else ()
@@ -164,11 +195,11 @@ def _sudoku_runs(settings: Settings, output_dir: Path, progress) -> tuple[list[d
                             f"training.seed={seed}", keep_best="validation_board_accuracy")
             model = AutoModelForTokenClassification.from_pretrained(result.best_model_dir).eval()
             parameters[arm] = sum(p.numel() for p in model.parameters())
-            scaling, trace = sudoku_scaling(model, settings)
+            scaling, trace = sudoku_scaling(model, inputs, labels)
             rows.append({"arm": arm, "seed": seed, "scaling": scaling})
             if seed == settings.seeds[0]:
                 traces[arm] = trace
-    return rows, traces, parameters
+    return rows, traces, parameters, givens_reached(inputs, settings.sudoku_givens)
 
 
 def _sudoku_verdicts(rows: list[dict]) -> list[dict]:
@@ -186,17 +217,18 @@ def _sudoku_verdicts(rows: list[dict]) -> list[dict]:
 def run(settings: Settings, output_dir: str | Path, progress=print) -> dict:
     started = time.perf_counter()
     output_dir = Path(output_dir)
-    sudoku, traces, parameters = _sudoku_runs(settings, output_dir, progress)
+    sudoku, traces, parameters, givens = _sudoku_runs(settings, output_dir, progress)
     classification = []
     for arm, preset in DIGITS_ARMS.items():
         for seed in settings.seeds:
             progress(f"digits: training {arm}, seed {seed}")
             result = _train("hyperset-digits", output_dir / f"digits-{arm}-s{seed}", settings.classification_steps,
                             f"model.preset={preset}", f"training.seed={seed}", keep_best="validation_accuracy")
-            trained = AutoModelForImageClassification.from_pretrained(result.best_model_dir)
+            trained = AutoModelForImageClassification.from_pretrained(result.best_model_dir).eval()
             best = json.loads((result.best_model_dir / "training_metrics.json").read_text())
             classification.append({"arm": arm, "seed": seed, "parameters": sum(p.numel() for p in trained.parameters()),
-                                   "accuracy": best["validation_accuracy"], "best_step": best["steps"]})
+                                   "accuracy": test_accuracy(trained),
+                                   "validation_accuracy": best["validation_accuracy"], "best_step": best["steps"]})
     progress("training Hyper-SET MaskGIT on digit patch codes")
     maskgit = _train("hyperset-maskgit-digits", output_dir / "maskgit", settings.maskgit_steps)
     mim = AutoModelForMaskedImageModeling.from_pretrained(maskgit.model_dir).eval()
@@ -207,7 +239,7 @@ def run(settings: Settings, output_dir: str | Path, progress=print) -> dict:
     curves = {arm: {name: trace.stack(name).mean(-1)[0].tolist() for name in
                     ("residual", "attention_energy", "feedforward_energy") if name in trace.names()}
               for arm, trace in traces.items()}
-    return {"settings": asdict(settings), "sudoku": sudoku, "sudoku_parameters": parameters,
+    return {"settings": asdict(settings), "sudoku": sudoku, "sudoku_parameters": parameters, "test_givens": givens,
             "trained_iterations": sudoku[0]["scaling"][0]["iterations"],
             "classification": classification, "maskgit": reconstruction, "curves": curves, "traces": traces,
             "verdicts": verdicts, "seconds": time.perf_counter() - started}
@@ -222,8 +254,10 @@ def format_markdown(report: dict) -> str:
     lines = [f"Hyper-SET at CPU scale ({report['seconds']:.0f} s), seeds {settings['seeds']}, best-validation "
              f"checkpoints.", "",
              f"Sudoku {settings['sudoku_side']}x{settings['sudoku_side']} (trained at R = "
-             f"{report['trained_iterations']}, {settings['sudoku_steps']} steps, {settings['sudoku_givens']} givens), "
-             "board accuracy on puzzles of held-out solution grids, mean +- std over seeds:", "",
+             f"{report['trained_iterations']}, {settings['sudoku_steps']} steps, {settings['sudoku_givens']} givens "
+             f"asked, {report['test_givens']['min']}-{report['test_givens']['max']} reached (median "
+             f"{report['test_givens']['median']})), board accuracy on puzzles of held-out solution grids, mean +- std "
+             "over seeds:", "",
              "| arm | parameters | " + " | ".join(scales) + " | cell accuracy at R |", "|---|---|" + "---|" * 4]
     for arm, count in report["sudoku_parameters"].items():
         runs = [row["scaling"] for row in report["sudoku"] if row["arm"] == arm]
@@ -238,11 +272,14 @@ def format_markdown(report: dict) -> str:
             f"; E_ATTN {curves['attention_energy'][0]:.2f} -> {curves['attention_energy'][-1]:.2f}, E_FF "
             f"{curves['feedforward_energy'][0]:.2f} -> {curves['feedforward_energy'][-1]:.2f}")
         lines.append(f"- {arm}: " + ", ".join(f"{value:.2f}" for value in residual) + energies)
-    lines += ["", f"Digits classification ({settings['classification_steps']} steps), best validation accuracy:", "",
-              "| arm | parameters | accuracy | best step |", "|---|---|---|---|"]
+    lines += ["", f"Digits classification ({settings['classification_steps']} steps): the best-validation checkpoint "
+              f"on the held-out test digits:", "",
+              "| arm | parameters | test accuracy | validation accuracy (selection) | best step |",
+              "|---|---|---|---|---|"]
     for arm in DIGITS_ARMS:
         runs = [row for row in report["classification"] if row["arm"] == arm]
         lines.append(f"| {arm} | {runs[0]['parameters']:,} | {_mean_std_cell([row['accuracy'] for row in runs])} | "
+                     f"{_mean_std_cell([row['validation_accuracy'] for row in runs])} | "
                      + ", ".join(str(row["best_step"]) for row in runs) + " |")
     lines += ["", f"MaskGIT on held-out digits, {settings['masked_fraction']:.0%} of the 4x4 patch codes masked, "
               f"{settings['decoding_steps']} decoding steps:", "", "| method | PSNR | SSIM |", "|---|---|---|"]

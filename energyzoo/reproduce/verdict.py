@@ -30,7 +30,8 @@ paper); the others are secondary and say so.
 - **regime differs**: the run cannot answer. With ``paper_baseline`` set, the baseline's mean must lie within
   ``paper_band`` of it. A ``better`` claim needs its baseline above ``chance`` and below ``ceiling`` by at least
   ``effect``; a gain claim (a difference of two levels, e.g. accuracy at 2R minus at R) needs each level behind the
-  gain above the floor by at least the gain the paper claims (and below the ceiling by the effect). A
+  gains above the floor by at least the larger gain the run claims (and the effect), and below the ceiling by the
+  effect: a model near the floor turns noise into a large relative "gain". A
   ``not_worse`` or ``equivalent`` claim is refused where both arms sit within ``effect`` of chance, or both of the
   ceiling: there "no difference" holds whatever the models are;
 - **needs a GPU**: the experiment says its setting cannot reach the paper's regime on 2 CPU cores (a named setting
@@ -231,12 +232,12 @@ def _regime(claim: Claim, arm_mean: float, baseline_mean: float, levels: dict[st
     if claim.paper_baseline is not None:
         return None
     # a gain's own baseline is a difference: the floor and ceiling apply to the levels behind it, and a level
-    # needs room above the floor for the gain the paper claims
-    floor_room = max(claim.effect, abs(claim.paper_effect or 0.0)) if levels else claim.effect
+    # needs room above the floor for the gains claimed (a model near the floor turns noise into a large "gain")
+    floor_room = max(claim.effect, abs(arm_mean), abs(baseline_mean)) if levels else claim.effect
     checked = {name: statistics.fmean(values) for name, values in levels.items()} or {claim.baseline: baseline_mean}
     for name, mean in checked.items():
         if claim.chance is not None and sign * (mean - claim.chance) < floor_room:
-            room = f"the claimed gain {floor_room:g}" if levels else f"the effect {floor_room:g}"
+            room = f"the larger gain {floor_room:.3g}" if levels else f"the effect {floor_room:g}"
             return f"{name} at {mean:.4g}, within {room} of chance {claim.chance:.4g}"
         if claim.ceiling is not None and sign * (claim.ceiling - mean) < claim.effect:
             return f"{name} at {mean:.4g}, within the effect {claim.effect:g} of the ceiling {claim.ceiling:.4g}"
