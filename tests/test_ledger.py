@@ -51,7 +51,7 @@ def test_the_ledger_decides_every_verdict_together_and_counts_smoke_apart(tmp_pa
 def test_a_report_of_other_code_is_refused_by_name_and_its_files():
     report = _report("fem-argmax", "full", 1.0, ([0.8 + d for d in FIVE], [0.7 + d for d in FIVE]))
     assert build_ledger({"fem-argmax": report}, "same code")["experiments"]["fem-argmax"]["code"] == report["code"]
-    edited = {**report, "code": {**report["code"], "experiment_diff_sha256": "0" * 64,
+    edited = {**report, "code": {**report["code"], "dirty": True, "experiment_diff_sha256": "0" * 64,
                                  "changed_files": ["energyzoo/reproduce/fem_argmax.py", "README.md"]}}
     with pytest.raises(UserError, match=r"fem-argmax \(energyzoo/reproduce/fem_argmax.py\)"):
         build_ledger({"fem-argmax": edited}, "edited at the run")  # README.md is not one of its files
@@ -61,6 +61,8 @@ def test_a_report_of_other_code_is_refused_by_name_and_its_files():
     assert {"energyzoo/reproduce/fem_argmax.py", "energyzoo/modeling/fem_free_energy.py",
             "energyzoo/training"} <= set(EXPERIMENTS["fem-argmax"].code_paths())
     assert not any("tel_" in path or "hyperset" in path for path in EXPERIMENTS["fem-argmax"].code_paths())
+    assert "energyzoo/data/induction.py" in EXPERIMENTS["eer-induction"].code_paths()
+    assert "energyzoo/data/sudoku.py" not in EXPERIMENTS["eer-induction"].code_paths()  # Hyper-SET's data only
 
 
 @pytest.mark.parametrize("name", sorted(EXPERIMENTS))
@@ -141,7 +143,7 @@ def test_the_ledger_verb_assembles_committed_reports_and_refuses_a_damaged_one(t
 
 def test_a_report_of_other_code_is_kept_marked_when_asked():
     report = _report("fem-argmax", "full", 1.0, ([0.8 + d for d in FIVE], [0.7 + d for d in FIVE]))
-    edited = {**report, "code": {**report["code"], "experiment_diff_sha256": "0" * 64,
+    edited = {**report, "code": {**report["code"], "dirty": True, "experiment_diff_sha256": "0" * 64,
                                  "changed_files": ["energyzoo/reproduce/fem_argmax.py"]}}
     ledger = build_ledger({"fem-argmax": edited}, "kept", keep_other_code=True)
     assert ledger["experiments"]["fem-argmax"]["other_code"] == ["energyzoo/reproduce/fem_argmax.py"]

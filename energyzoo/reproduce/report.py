@@ -1,6 +1,7 @@
 """The one report writer of `energyzoo reproduce`: markdown, JSON and a figure per experiment, and the ledger of
 every experiment's verdicts (`energyzoo reproduce all`)."""
 
+import fnmatch
 import hashlib
 import json
 import os
@@ -146,17 +147,21 @@ def code_state(name: str | None = None) -> dict | None:
 
 def stale_code(name: str, report: dict) -> list[str] | None:
     """The files of experiment ``name`` (`Experiment.code_paths`) whose code differs between the report's run and
-    this checkout ("unknown" where either is not a git checkout); None where they are the same."""
+    this checkout ("unknown" where either is not a git checkout); None where they are the same. A report run on a
+    clean tree matches where the checkout has no difference from its commit in those files; one run on a changed
+    tree, where the difference is the one it recorded (its SHA-256)."""
     recorded, paths = report.get("code"), EXPERIMENTS[name].code_paths()
     if not recorded or _git("rev-parse", "HEAD") is None:
         return ["unknown: the report or this tree is not a git checkout"]
     if _git("cat-file", "-e", f"{recorded['commit']}^{{commit}}") is None:
         return [f"unknown: commit {recorded['commit']} is not in this repository"]
-    if _diff_sha256(recorded["commit"], paths) == recorded["experiment_diff_sha256"]:
+    expected = recorded["experiment_diff_sha256"] if recorded["dirty"] else hashlib.sha256().hexdigest()
+    if _diff_sha256(recorded["commit"], paths) == expected:
         return None
     since = set(_git("diff", "--name-only", recorded["commit"], "--", *paths).split())
+    since |= set(_git("ls-files", "--others", "--exclude-standard", "--", *paths).split())
     at_run = {path for path in recorded["changed_files"]
-              if any(path == own or path.startswith(own + "/") for own in paths)}
+              if any(fnmatch.fnmatchcase(path, own) or path.startswith(own + "/") for own in paths)}
     return sorted(since | at_run) or ["edits uncommitted when it ran"]
 
 
