@@ -206,10 +206,46 @@ def test_the_language_model_verdicts_read_loss_as_lower_is_better():
     from energyzoo.reproduce.fem_lm import language_model_claim
     from energyzoo.reproduce.verdict import judge
 
-    loss = judge(language_model_claim("validation_loss"), [3.0, 3.1, 3.05, 3.02, 3.08], [3.3, 3.35, 3.4, 3.33, 3.37])
-    accuracy = judge(language_model_claim("validation_next_token_accuracy"), [0.30, 0.31, 0.305, 0.3, 0.31],
+    loss = judge(language_model_claim("loss"), [3.0, 3.1, 3.05, 3.02, 3.08], [3.3, 3.35, 3.4, 3.33, 3.37])
+    accuracy = judge(language_model_claim("next_token_accuracy"), [0.30, 0.31, 0.305, 0.3, 0.31],
                      [0.33, 0.34, 0.35, 0.34, 0.345])
     assert loss.verdict == "reproduced" and loss.difference == pytest.approx(0.3)
     assert accuracy.verdict == "not reproduced"
-    untrained = judge(language_model_claim("validation_loss"), [7.5] * 5, [7.62, 7.615, 7.62, 7.61, 7.625])
+    untrained = judge(language_model_claim("loss"), [7.5] * 5, [7.62, 7.615, 7.62, 7.61, 7.625])
     assert untrained.verdict == "regime differs"  # Llama within the effect of log(2048) = 7.62: nothing learned
+    assert language_model_claim("loss").primary and not language_model_claim("next_token_accuracy").primary
+
+
+def test_the_standard_library_corpus_holds_out_validation_and_test_files():
+    from energyzoo.data.text import _stdlib_documents, python_stdlib_corpus, python_stdlib_test_documents
+
+    documents = _stdlib_documents()
+    train, validation = python_stdlib_corpus(0.1)
+    test = python_stdlib_test_documents()
+    assert len(train) + len(validation) + len(test) == len(documents) > 400
+    assert abs(len(validation) / (len(train) + len(validation)) - 0.1) < 0.01
+    # every module file is in exactly one part: the test part is every tenth file by path, the rest split again
+    from collections import Counter
+
+    assert Counter(test) == Counter(documents[::10])
+    assert Counter(train) + Counter(validation) == Counter(text for index, text in enumerate(documents) if index % 10)
+    assert sum(map(len, train)) > 7_000_000  # characters: about 3M tokens, under one epoch at 1,000 x 16 x 128
+
+
+@pytest.mark.slow
+def test_fem_lm_picks_each_arms_learning_rate_on_validation_and_judges_on_the_test_files(tmp_path):
+    from energyzoo.reproduce.fem_lm import ARMS, Settings, run
+
+    settings = Settings(seeds=[0, 1], steps=4, evaluations=2, learning_rates=[1e-3, 3e-2], grid_seeds=1)
+    report = run(settings, tmp_path, progress=lambda message: None)
+    for arm in ARMS:
+        grid = report["learning_rate_grid"][arm]
+        assert report["learning_rates"][arm] == float(min(grid, key=grid.get))  # the lowest validation loss
+        runs = [row for row in report["rows"] if row["arm"] == arm]
+        assert [row["seed"] for row in runs] == [0, 1] and {row["learning_rate"] for row in runs} == {
+            report["learning_rates"][arm]}
+        assert [point["step"] for point in report["curves"][arm]] == [2, 4]
+        assert all(row["loss"] != row["validation_loss"] for row in runs)  # the test files, not the validation ones
+    # the grid trained both rates with the first seed: their folders exist
+    assert (tmp_path / "fem-lr0.03-s0").is_dir() and (tmp_path / "fem-lr0.001-s0").is_dir()
+    assert [record["claim"]["primary"] for record in report["verdicts"]] == [True, False]

@@ -53,8 +53,9 @@ def test_a_report_of_other_code_is_refused_by_name_and_its_files():
     assert build_ledger({"fem-argmax": report}, "same code")["experiments"]["fem-argmax"]["code"] == report["code"]
     edited = {**report, "code": {**report["code"], "dirty": True, "experiment_diff_sha256": "0" * 64,
                                  "changed_files": ["energyzoo/reproduce/fem_argmax.py", "README.md"]}}
-    with pytest.raises(UserError, match=r"fem-argmax \(energyzoo/reproduce/fem_argmax.py\)"):
-        build_ledger({"fem-argmax": edited}, "edited at the run")  # README.md is not one of its files
+    with pytest.raises(UserError, match=r"fem-argmax \([^)]*energyzoo/reproduce/fem_argmax.py") as refused:
+        build_ledger({"fem-argmax": edited}, "edited at the run")
+    assert "README.md" not in str(refused.value)  # not one of its files
     unknown = {**report, "code": None}
     with pytest.raises(UserError, match="not a git checkout"):
         build_ledger({"fem-argmax": unknown}, "installed")
@@ -146,6 +147,6 @@ def test_a_report_of_other_code_is_kept_marked_when_asked():
     edited = {**report, "code": {**report["code"], "dirty": True, "experiment_diff_sha256": "0" * 64,
                                  "changed_files": ["energyzoo/reproduce/fem_argmax.py"]}}
     ledger = build_ledger({"fem-argmax": edited}, "kept", keep_other_code=True)
-    assert ledger["experiments"]["fem-argmax"]["other_code"] == ["energyzoo/reproduce/fem_argmax.py"]
-    assert "other code than this ledger's, in 1 of its files (energyzoo/reproduce/fem_argmax.py)" in \
-        ledger_markdown(ledger)
+    other = ledger["experiments"]["fem-argmax"]["other_code"]
+    assert "energyzoo/reproduce/fem_argmax.py" in other  # with, on a tree being edited, the files edited since
+    assert f"other code than this ledger's, in {len(other)} of its files (" in ledger_markdown(ledger)

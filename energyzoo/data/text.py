@@ -1,8 +1,11 @@
 """Text that is always there, and local text: the Python documentation shipped with CPython (one document per help
-topic), local text and JSONL files; a byte-level BPE tokenizer trained here, and packing into fixed-length blocks."""
+topic), the standard library's source (one document per module file), local text and JSONL files; a byte-level BPE
+tokenizer trained here, and packing into fixed-length blocks."""
 
 import json
 import pydoc_data.topics
+import sysconfig
+from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -21,6 +24,36 @@ def python_docs_corpus(validation_fraction: float = 0.05) -> tuple[list[str], li
         raise UserError(f"validation_fraction must be in (0, 1), got {validation_fraction}")
     return split_documents([text for _, text in sorted(pydoc_data.topics.topics.items())], validation_fraction)
 
+
+
+# the standard library's folders that are not library source: test suites, GUI demos, vendored wheels, and the
+# documentation `python_docs_corpus` already is
+STDLIB_SKIPPED = frozenset({"site-packages", "test", "tests", "idlelib", "lib2to3", "tkinter", "turtledemo",
+                            "ensurepip", "pydoc_data"})
+STDLIB_TEST_EVERY = 10  # every tenth module file (by path) is the test part no training or validation reads
+
+
+def _stdlib_documents() -> list[str]:
+    """The CPython standard library's module files (about 10 MB on CPython 3.11), sorted by path."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    paths = sorted(path for path in root.rglob("*.py") if not STDLIB_SKIPPED & set(path.relative_to(root).parts[:-1]))
+    return [path.read_text(encoding="utf-8", errors="replace") for path in paths]
+
+
+def python_stdlib_corpus(validation_fraction: float = 0.1) -> tuple[list[str], list[str]]:
+    """The standard library's source that ships with every CPython, one document per module file, split by file into
+    (train, validation) after its test part (`python_stdlib_test_documents`) is set aside: a corpus large enough
+    (about 3M tokens under a 2,048-token BPE) for a tiny model to train on under one epoch."""
+    if not 0 < validation_fraction < 1:
+        raise UserError(f"validation_fraction must be in (0, 1), got {validation_fraction}")
+    documents = _stdlib_documents()
+    return split_documents([text for index, text in enumerate(documents) if index % STDLIB_TEST_EVERY],
+                           validation_fraction)
+
+
+def python_stdlib_test_documents() -> list[str]:
+    """The standard library's test part: every ``STDLIB_TEST_EVERY``-th module file, read by no training run."""
+    return _stdlib_documents()[::STDLIB_TEST_EVERY]
 
 
 def train_bpe_tokenizer(texts: list[str], vocab_size: int = 2048) -> PreTrainedTokenizerFast:
@@ -69,6 +102,8 @@ def read_documents(data) -> tuple[list[str], list[str]]:
     """(train, validation) documents of an in-memory text source of a recipe's `DataSection`."""
     if data.source == "python-docs":
         return python_docs_corpus(data.validation_fraction)
+    if data.source == "python-stdlib":
+        return python_stdlib_corpus(data.validation_fraction)
     documents = []
     for path in data.paths:
         with open(path, encoding="utf-8") as handle:

@@ -5,8 +5,7 @@ import json
 from importlib import resources
 
 from ..reproduce.experiments import EXPERIMENTS
-from ..reproduce.report import experiment_heading
-from ..reproduce.verdict import LEDGER_HEADER
+from ..reproduce.report import experiment_markdown
 
 
 def measured_ledger() -> dict:
@@ -19,8 +18,7 @@ def ledger_tables(experiments: list[str]) -> str:
     sections = []
     for name in experiments:
         report = ledger[name]
-        sections.append("\n".join([experiment_heading(name, report), "", LEDGER_HEADER,
-                                   *(record["row"] for record in report["verdicts"])]))
+        sections.append("\n".join(experiment_markdown(name, report)))
     return "\n\n".join(sections)
 
 

@@ -100,12 +100,28 @@ def experiment_heading(name: str, report: dict) -> str:
             f"{EXPERIMENTS[name].description}.{marked}")
 
 
+def curve_table(curves: dict) -> str:
+    """An experiment's validation curves (``{arm: [{step, mean, std}]}``, mean over seeds) as a table: one row per
+    arm, one column per evaluated step."""
+    steps = [point["step"] for point in next(iter(curves.values()))]
+    lines = ["Validation loss (mean over seeds) as training goes:", "",
+             "| arm | " + " | ".join(f"step {step}" for step in steps) + " |", "|---|" + "---|" * len(steps)]
+    lines += [f"| {arm} | " + " | ".join(f"{point['mean']:.4f}" for point in points) + " |"
+              for arm, points in curves.items()]
+    return "\n".join(lines)
+
+
+def experiment_markdown(name: str, report: dict) -> list[str]:
+    """An experiment's section of a ledger: its heading, its verdicts and, where it keeps them, its curves."""
+    lines = [experiment_heading(name, report), "", LEDGER_HEADER, *(record["row"] for record in report["verdicts"])]
+    return lines + (["", curve_table(report["curves"])] if report.get("curves") else [])
+
+
 def ledger_markdown(ledger: dict) -> str:
     """Every experiment's verdicts in one table per experiment, with its wall time, under the `headline`."""
     lines = [headline(ledger)]
     for name, report in ledger["experiments"].items():
-        lines += ["", experiment_heading(name, report), "", LEDGER_HEADER,
-                  *(record["row"] for record in report["verdicts"])]
+        lines += ["", *experiment_markdown(name, report)]
     return "\n".join(lines)
 
 
@@ -196,7 +212,8 @@ def provenance(reports: dict[str, dict]) -> dict:
 def build_ledger(reports: dict[str, dict], command: str, keep_other_code: bool = False) -> dict:
     """The ledger of ``reports`` (name: report, each run at its own setting), made by ``command``: every verdict
     decided again with Holm within its paper (the family: one paper's tested claims; a quick report's rows stay
-    smoke), each experiment's setting, settings, wall time, code, packages and machine, and the `provenance`. A
+    smoke), each experiment's setting, settings, wall time, code, packages, machine and validation curves (where it
+    keeps them), and the `provenance`. A
     report whose experiment's code differs from this checkout's (`stale_code`) is refused, its numbers not being
     this code's; with ``keep_other_code`` it joins, and its entry's ``other_code`` names the files that differ."""
     stale = {name: files for name, report in reports.items() if (files := stale_code(name, report))}
@@ -213,7 +230,7 @@ def build_ledger(reports: dict[str, dict], command: str, keep_other_code: bool =
         for (name, _), record in zip(members, decide([record for _, record in members])):
             decided.setdefault(name, []).append(record)
     experiments = {name: {key: report.get(key) for key in ("setting", "seconds", "settings", "machine", "packages",
-                                                            "code")}
+                                                            "code", "curves")}
                    | {"other_code": stale.get(name), "verdicts": decided.get(name, [])}
                    for name, report in reports.items()}
     tested = sum(record["p_adjusted"] is not None for records in decided.values() for record in records)

@@ -108,6 +108,8 @@ TRAINING_TASKS = {
     "causal-lm": TrainingTask(
         sources={"python-docs": "the Python documentation shipped with CPython (`pydoc_data.topics`) in blocks of "
                                 "{block_size} tokens",
+                 "python-stdlib": "the CPython standard library's source (one document per module file, a tenth "
+                                  "held out for tests) in blocks of {block_size} tokens",
                  "text": "local text files ({paths}) in blocks of {block_size} tokens",
                  "jsonl": "the `{text_field}` field of local JSONL files ({paths}) in blocks of {block_size} tokens",
                  "hf": "the `datasets` source `{name}` (streamed) in blocks of {block_size} tokens",
