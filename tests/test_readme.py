@@ -98,3 +98,36 @@ def test_measured_numbers_appear_only_in_rendered_blocks(document):
     prose = RENDERED.sub("", document.read_text())
     assert not [line for line in prose.splitlines() if MEASURED.search(line)], f"measured numbers in the prose of " \
         f"{document.relative_to(ROOT)}: render them from ledger.json or bench.json"
+
+
+# a number of the kinds a measurement is quoted in: a ratio, a percentage, a count of seeds
+QUOTED = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?: ?x\b| ?%| seeds?\b)")
+CITED = re.compile(r"Table|Fig\.|App\. [A-Z]|eq\. \d|§\d|\w+\.txt|the paper")  # a number quoted from a paper
+FENCED = re.compile(r"```.*?```", re.S)
+RULES = {  # numbers the project sets, not measures: (document, number) -> why it may be written by hand
+    ("README.md", "5 seeds"): "the verdict rule's MIN_SEEDS",
+    ("docs/contributing.md", "5 seeds"): "the verdict rule's MIN_SEEDS",
+    ("docs/contributing.md", "2 x"): "the interval's confidence, a formula",
+    ("docs/speed.md", "10 %"): "the bench's busy-machine flag (an IQR wider than 10 % of the ratio)",
+    ("docs/speed.md", "4.5x"): "a DESIGN.md target (linear growth of the O(T) priors)",
+    ("docs/models/eqt.md", "0.66%"): "parameter counts of the presets, from their configs",
+    ("docs/models/eqt.md", "000 x"): "a preset's memory buffer shape (10,000 x 1024)",
+    ("docs/models/eqt.md", "7.4%"): "parameter counts of the presets, from their configs",
+    ("docs/models/eqt.md", "2.7%"): "parameter counts of the presets, from their configs",
+    ("energyzoo/hub_cards/fem_reference_differences.md", "19 %"): "a property of the reference layer's rotation, "
+                                                                   "computed in tests/test_fem_public_reference.py",
+}
+
+
+@pytest.mark.parametrize("document", [*DOCUMENTS, *CARDS], ids=lambda path: str(path.relative_to(ROOT)))
+def test_every_number_in_prose_is_rendered_quoted_from_a_paper_or_a_rule(document):
+    """The audit found hand-written measurements that had drifted from their tables (1.79x / 1.28x where the
+    rendered table said 1.945 / 1.154; "3 seeds" on a page whose experiment ran 5). A ratio, percentage or seed count
+    in prose is a paper's (cited on its line), one of the project's own rules (`RULES`, with the reason), or not
+    written: the rendered tables (bench.json, ledger.json) carry the measurements."""
+    name = str(document.relative_to(ROOT))
+    lines = FENCED.sub("", RENDERED.sub("", document.read_text())).splitlines()
+    loose = [(match.group(0), line.strip()[:100]) for before, line in zip(["", *lines], lines)
+             if not CITED.search(before + " " + line)  # a citation on the line or the one it continues
+             for match in QUOTED.finditer(line) if (name, match.group(0)) not in RULES]
+    assert not loose, f"numbers in the prose of {name} that no table renders: {loose}"
