@@ -139,12 +139,16 @@ def test_mad_verdicts_on_constructed_accuracies():
         ("selective_copy", "reproduced"),  # +5 points against half Table 1's 4.2
         ("in_context_recall", "regime differs"),  # softmax at 32 % where Table 1 has 99.9 %
         ("compress", "needs a GPU"), ("fuzzy_recall", "needs a GPU"),  # the CPU setting leaves them out
-        *[(None, "needs a GPU")] * 4]  # Table 1's averages: six tasks at MAD's budget
-    assert records[5]["seeds"] == 5 and "six tasks at MAD's budget" in records[5]["reason"]
+        *[(None, "needs a GPU")] * 4]  # Table 1's averages: its tasks at MAD's budget
+    assert records[5]["seeds"] == 5 and "Table 1's tasks (but memorize) at MAD's budget" in records[5]["reason"]
     assert records[1]["claim"]["effect"] == pytest.approx(0.021) and "the paper's at 0.951" not in records[1]["reason"]
     assert "the paper's at 0.999" in records[2]["reason"]
-    assert records[5]["arm"][0] == pytest.approx(np.mean(_five(0.798, OTHER_JITTER) + _five(0.95, OTHER_JITTER)
-                                                         + _five(0.33, OTHER_JITTER)))
+    # the ladder's mean leaves memorize out (every Table 1 row has it at 85.4-85.9; ours sits at the ceiling)
+    assert records[5]["arm"][0] == pytest.approx(np.mean(_five(0.95, OTHER_JITTER) + _five(0.33, OTHER_JITTER)))
+    softmax_mean = (44.3 + 24.5 + 99.9 + 98.5 + 95.1) / 5  # Table 1's softmax row without memorize, by hand
+    assert records[5]["claim"]["paper_baseline"] == pytest.approx(softmax_mean / 100, abs=1e-4)
+    assert records[5]["claim"]["effect"] == pytest.approx(((53.1 + 43.1 + 99.9 + 99.9 + 99.3) / 5 - softmax_mean) / 200,
+                                                          abs=1e-4)
     assert records[4]["arm"] is None and "--paper-scale" in records[4]["reason"]
 
 

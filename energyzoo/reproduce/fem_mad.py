@@ -16,10 +16,12 @@ Compress uses MAD's autoencoder backbone (`MadCompressor`). A switch adds its pa
 arm's count), as in the paper's ladder.
 
 Verdicts, seeds paired: per task, the full FEM-SM against softmax attention (better by half Table 1's gap where it
-has one, not worse by more than 1 point where both are at 99.9 or 85.7-85.9); on the six-task mean, the full model
+has one, not worse by more than 1 point where both are at 99.9 or 85.7-85.9); on the mean over Table 1's tasks but
+memorize (`LADDER_TASKS`: every Table 1 row has memorize at 85.4-85.9, and every arm learns our generator's to the
+ceiling, so it moves no rung and no run sits in its band; Table 1's rows are averaged alike), the full model
 against softmax, the first rung (+C over softmax) and the two rungs the paper names as the major jumps (+L over +C,
 +T over +C,L), each better by half its Table 1 step. Each needs its baseline within ``REGIME_BAND`` of its Table 1
-level: MAD's regime, where the tasks separate the arms (the ladder's rungs are six-task averages at MAD's budget,
+level: MAD's regime, where the tasks separate the arms (the ladder's rungs are those averages at MAD's budget,
 judged only there). The CPU setting (width 64 instead of MAD's 128, sequences of 64, 300 steps of
 batch 32, a grid of two learning rates) runs the four tasks softmax can learn there and writes "needs a GPU" rows for
 compress and fuzzy recall, which no arm learned at that budget; ``--paper-scale`` is MAD's own budget (width 128,
@@ -54,13 +56,27 @@ TABLE_1 = {  # task: (softmax, full FEM-SM) accuracy (%) of fem.txt Table 1
     "memorize": (85.7, 85.9), "noisy_recall": (98.5, 99.9), "selective_copy": (95.1, 99.3)}
 PARITY_MARGIN = 0.01  # where Table 1's two rows are within 0.2 points, the claim is "not worse by 1 point"
 REGIME_BAND = 0.10  # how far (accuracy) softmax may sit from its Table 1 level for the run to answer the claim
-LADDER = {  # (arm, baseline): the paper's words, and Table 1's six-task averages (%) of the two
-    (FULL, "softmax"): ("FEM-SM outperforms all other baselines by a clear margin (average 80.2 vs 74.7)", 80.2, 74.7),
-    ("C", "softmax"): ("the ladder's first rung, the time-decay conditioner (Table 1: 76.3 vs 74.7 average)", 76.3,
-                       74.7),
-    ("CL", "C"): ("the two major performance jumps occur after introducing +L (LSE) (78.8 vs 76.3)", 78.8, 76.3),
-    ("CLT", "CL"): ("... and +T (temperature) (79.4 vs 78.8)", 79.4, 78.8),
+TABLE_1_ROWS = {  # arm: Table 1's accuracies (%) per task, in `TABLE_1`'s order
+    "softmax": (44.3, 24.5, 99.9, 85.7, 98.5, 95.1), "C": (45.0, 31.4, 99.9, 85.5, 99.9, 96.3),
+    "CL": (50.3, 39.0, 99.9, 85.4, 99.9, 98.0), "CLT": (52.3, 39.1, 99.9, 85.8, 99.9, 99.4),
+    "CLTG": (53.1, 43.1, 99.9, 85.9, 99.9, 99.3)}
+# The ladder's means leave memorize out: every Table 1 row has it at 85.4-85.9 (it moves no rung), and our generator's
+# memorize is learned to the ceiling by every arm, so no run can sit in its band; Table 1's rows are averaged over the
+# same five tasks
+LADDER_TASKS = tuple(name for name in TABLE_1 if name != "memorize")
+LADDER = {  # (arm, baseline): the paper's words (with Table 1's six-task averages)
+    (FULL, "softmax"): "FEM-SM outperforms all other baselines by a clear margin (average 80.2 vs 74.7)",
+    ("C", "softmax"): "the ladder's first rung, the time-decay conditioner (Table 1: 76.3 vs 74.7 average)",
+    ("CL", "C"): "the two major performance jumps occur after introducing +L (LSE) (78.8 vs 76.3)",
+    ("CLT", "CL"): "... and +T (temperature) (79.4 vs 78.8)",
 }
+
+
+def ladder_mean(arm: str) -> float:
+    """Table 1's accuracy (%) of a ladder row, averaged over `LADDER_TASKS`."""
+    return statistics.fmean(value for name, value in zip(TABLE_1, TABLE_1_ROWS[arm]) if name in LADDER_TASKS)
+
+
 UNLEARNED_ON_CPU = ("compress", "fuzzy_recall")  # no arm learns them at the CPU budget (the quick ledger's finding)
 
 
@@ -76,10 +92,15 @@ def task_claim(task: MadTask) -> Claim:
 
 
 def ladder_claim(arm: str, baseline: str) -> Claim:
-    quote, upper, lower = LADDER[arm, baseline]
-    return Claim(quote, "fem.txt §4, Table 1", arm, baseline, "mean test macro accuracy over the six tasks",
-                 effect=round((upper - lower) / 200, 4), effect_source=f"half Table 1's {upper - lower:.1f}-point step",
-                 paper_baseline=lower / 100, paper_band=REGIME_BAND)
+    """A rung of Table 1's ladder on the mean over `LADDER_TASKS`: better by half the step Table 1's rows give on
+    those tasks, the baseline within ``REGIME_BAND`` of its Table 1 mean; the first claim is FEM's ladder claim."""
+    upper, lower = ladder_mean(arm), ladder_mean(baseline)
+    return Claim(LADDER[arm, baseline], "fem.txt §4, Table 1", arm, baseline,
+                 "mean test macro accuracy over Table 1's tasks but memorize", effect=round((upper - lower) / 200, 4),
+                 effect_source=f"half Table 1's {upper - lower:.2f}-point step on those tasks",
+                 paper_effect=round((upper - lower) / 100, 4), paper_baseline=round(lower / 100, 4),
+                 paper_band=REGIME_BAND, regime_source=f"Table 1's {baseline} at {lower:.2f} on those tasks; the "
+                                                       f"10-point band is our choice (Table 1 gives no spread)")
 
 
 @dataclass
@@ -259,9 +280,10 @@ def run(settings: Settings, progress=print) -> dict:
 
 def verdicts(rows: list[dict], settings: Settings) -> list[dict]:
     def scores(arm: str, task: str | None = None) -> list[float]:
-        """Per seed: the task's accuracy, or the mean over the tasks."""
+        """Per seed: the task's accuracy, or the mean over `LADDER_TASKS`."""
         return [statistics.fmean(row["accuracy"] for row in rows if row["arm"] == arm and row["seed"] == seed
-                                 and task in (None, row["task"])) for seed in settings.seeds]
+                                 and (row["task"] == task if task else row["task"] in LADDER_TASKS))
+                for seed in settings.seeds]
 
     paper_budget = settings.steps * settings.batch_size >= 200 * 12_800 and settings.max_length is None
     records = [judged(task_claim(TASKS[name]), scores(FULL, name), scores("softmax", name), task=name)
@@ -270,9 +292,10 @@ def verdicts(rows: list[dict], settings: Settings) -> list[dict]:
         records += [judged(task_claim(TASKS[name]), [], [], task=name, needs_gpu="no arm learns it at the CPU "
                            "budget; MAD's budget: energyzoo reproduce fem-mad --paper-scale")
                     for name in UNLEARNED_ON_CPU if name not in settings.tasks]
-    # Table 1's averages are over its six tasks at MAD's budget: a mean over other tasks or budgets is another number
-    ladder_regime = None if paper_budget and set(settings.tasks) == set(TASKS) else (
-        "the ladder's averages are over Table 1's six tasks at MAD's budget: energyzoo reproduce fem-mad --paper-scale")
+    # Table 1's averages are over its tasks at MAD's budget: a mean over fewer tasks or budgets is another number
+    ladder_regime = None if paper_budget and set(LADDER_TASKS) <= set(settings.tasks) else (
+        "the ladder's means are over Table 1's tasks (but memorize) at MAD's budget: energyzoo reproduce fem-mad "
+        "--paper-scale")
     records += [judged(ladder_claim(arm, baseline), scores(arm), scores(baseline), needs_gpu=ladder_regime)
                 for arm, baseline in LADDER if {arm, baseline} <= set(settings.arms)]
     return records
