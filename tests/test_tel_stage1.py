@@ -1,6 +1,7 @@
 """`energyzoo reproduce tel-stage1`: its report and its embedded datasets."""
 
 import json
+import math
 import statistics
 
 import pytest
@@ -24,12 +25,20 @@ def test_reproduce_tel_stage1_writes_a_consistent_report(tmp_path):
             assert row[kind]["mean"] == pytest.approx(statistics.fmean(values[kind]))
         pick = max if row["metric"] == "accuracy" else min
         assert row["best"] == pick(MODELS, key=lambda kind: row[kind]["mean"])
-    for row, verdict in zip(report["summary"], report["verdicts"], strict=True):  # TEL vs its MLP, per cell
+    count, *cells = report["verdicts"]  # the primary count claim, then TEL vs its MLP per cell
+    assert count["claim"]["kind"] == "wins" and count["claim"]["primary"]
+    assert count["values"]["arm"] == [float(row["best"] == "tel") for row in report["summary"]]
+    assert count["reason"] == "2 seeds; a verdict needs >= 5"  # two cells
+    for row, verdict in zip(report["summary"], cells, strict=True):
         assert (verdict["dataset"], verdict["width"]) == (row["dataset"], row["width"])
-        assert verdict["arm"][0] == pytest.approx(row["tel"]["mean"])
-        assert verdict["baseline"][0] == pytest.approx(row["mlp"]["mean"])
+        log = (lambda value: value) if row["metric"] == "accuracy" else math.log  # errors are judged as logs
+        assert verdict["arm"][0] == pytest.approx(statistics.fmean(map(log, [
+            r["value"] for r in records if r["dataset"] == row["dataset"] and r["model"] == "tel"])))
+        assert verdict["baseline"][0] == pytest.approx(statistics.fmean(map(log, [
+            r["value"] for r in records if r["dataset"] == row["dataset"] and r["model"] == "mlp"])))
         assert verdict["verdict"] == "inconclusive" and verdict["reason"] == "2 seeds; a verdict needs >= 5"
-    assert report["verdicts"][0]["claim"]["chance"] == pytest.approx(71 / 178)  # wine's majority class
+    assert cells[0]["claim"]["chance"] == pytest.approx(71 / 178)  # wine's majority class
+    assert cells[1]["claim"]["metric"] == "log mse" and cells[1]["claim"]["effect"] == 0.07  # H.1's relative spread
     wine, roll = report["summary"]
     assert wine["metric"] == "accuracy" and wine["mlp"]["mean"] > 0.7  # 3 classes: chance is ~0.4
     assert roll["metric"] == "mse" and roll["tel"]["mean"] < 1.0  # below predicting the (standardised) mean

@@ -366,3 +366,39 @@ def test_the_refuting_side_of_tost_keeps_its_error_at_alpha_inside_the_margin():
     refuted = sum(judge(same, *_simulated(0.0, 0.03, 5, generator)).verdict == "not reproduced" for _ in range(1000))
     # a true zero lies inside the margin: "not equivalent" is a false verdict; one side alone erred up to 2 alpha
     assert refuted / 1000 < ALPHA + 3 * math.sqrt(ALPHA * (1 - ALPHA) / 1000)
+
+
+COUNT = Claim("TEL wins 98 of 120 comparisons", "tel.txt §3.1", "tel", "a coin", "cells won", kind="wins",
+              effect=0.158, effect_source="half the paper's excess over a coin", paper_effect=0.317, primary=True)
+
+
+def _upper_tail(wins: int, cells: int, rate: float) -> float:
+    """P(X >= wins) for X ~ Binomial(cells, rate), summed by hand."""
+    return sum(math.comb(cells, k) * rate ** k * (1 - rate) ** (cells - k) for k in range(wins, cells + 1))
+
+
+def test_a_count_claim_is_a_sign_test_over_the_comparisons():
+    won = [1.0] * 16 + [0.0] * 2  # 16 of 18 cells
+    result = judge(COUNT, won, [0.5] * 18)
+    assert result.p_support == pytest.approx(_upper_tail(16, 18, 0.5 + 0.158))
+    assert result.p_refute == pytest.approx(1 - _upper_tail(17, 18, 0.5 + 0.158))
+    assert result.verdict == "reproduced" and result.difference == pytest.approx(16 / 18 - 0.5)
+    from scipy import stats  # Clopper-Pearson from the beta quantiles (not the binomial test's own routine)
+
+    low, high = stats.beta.ppf(0.05, 16, 3), stats.beta.ppf(0.95, 17, 2)
+    assert result.interval == pytest.approx((low - 0.5, high - 0.5))
+    assert judge(COUNT, [1.0] * 7 + [0.0] * 11, [0.5] * 18).verdict == "not reproduced"  # fewer than a coin's
+    assert judge(COUNT, [1.0] * 9 + [0.0] * 9, [0.5] * 18).verdict == "inconclusive"  # 18 cells: too few to refute
+    all_won = judge(COUNT, [1.0] * 18, [0.5] * 18)  # no spread: still the exact test, not the t-test's limit
+    assert all_won.p_support == pytest.approx(_upper_tail(18, 18, 0.658))
+
+
+def test_a_count_claims_power_is_the_simulated_binomial_rejection_rate():
+    from energyzoo.reproduce.verdict import power
+
+    computed = power(COUNT, 0.0, 18, ALPHA)
+    generator, trials, rejected = random.Random(10), 4000, 0
+    critical = next(k for k in range(19) if _upper_tail(k, 18, 0.658) <= ALPHA)
+    for _ in range(trials):
+        rejected += sum(generator.random() < 0.5 + 0.317 for _ in range(18)) >= critical
+    assert computed == pytest.approx(rejected / trials, abs=3 * math.sqrt(0.25 / trials))

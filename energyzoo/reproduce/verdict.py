@@ -10,7 +10,11 @@ paper itself reports, ``paper_effect`` (what the power is computed at). By ``kin
 - ``better``: the arm beats the baseline by at least ``effect``;
 - ``not_worse``: the arm trails the baseline by less than ``effect`` (non-inferiority);
 - ``equivalent``: the arm is within ``effect`` of the baseline either way (a "no difference" claim: TOST);
-- ``reaches``: the arm reaches the paper's absolute ``target`` (the baseline is run and reported beside it).
+- ``reaches``: the arm reaches the paper's absolute ``target`` (the baseline is run and reported beside it);
+- ``wins``: a count claim ("TEL wins 98 of 120 comparisons"): the values are one per comparison, 1 where the arm
+  won it and 0 where not, the baseline a coin's 1/2 each; the arm wins more often than a coin by at least
+  ``effect``. Its tests are the exact binomial ones (`scipy.stats.binomtest`, a sign test), its interval
+  Clopper-Pearson's, its power the binomial's.
 
 Each claim is two one-sided paired t-tests (`scipy.stats.ttest_1samp` on the differences) at ``ALPHA`` against
 the claim's bound: one that supports it (``better``: the lower confidence bound of the mean difference clears
@@ -63,7 +67,8 @@ MIN_SEEDS = 5
 TARGET_POWER = 0.8
 MAX_SEEDS = 40  # the most seeds a power plan asks for: beyond it, the claim needs a less noisy setting, not seeds
 VERDICTS = ("reproduced", "not reproduced", "inconclusive", "regime differs", "needs a GPU")
-KINDS = ("better", "not_worse", "equivalent", "reaches")
+KINDS = ("better", "not_worse", "equivalent", "reaches", "wins")
+COIN = 0.5  # a "wins" claim's reference: the win rate of a coin
 
 
 @dataclass(frozen=True)
@@ -155,11 +160,19 @@ def _one_sided(differences: list[float], bound: float, alternative: str, scale: 
     return float(stats.ttest_1samp(differences, bound, alternative=alternative).pvalue)
 
 
+def _binomial(differences: list[float], bound: float, alternative: str) -> float:
+    """p of the exact binomial test that the win rate exceeds (or falls short of) 1/2 + ``bound``."""
+    with needs_extra("reproduce"):
+        from scipy import stats
+    wins = round(sum(differences) + COIN * len(differences))
+    return float(stats.binomtest(wins, len(differences), COIN + bound, alternative=alternative).pvalue)
+
+
 def _bounds(claim: Claim) -> list[float]:
     """The bounds the supporting test(s) must clear from below (a second one, TOST's, from above)."""
     if claim.kind == "equivalent":
         return [-claim.effect, claim.effect]
-    return [{"better": claim.effect, "not_worse": -claim.effect, "reaches": 0.0}[claim.kind]]
+    return [{"better": claim.effect, "not_worse": -claim.effect, "reaches": 0.0, "wins": claim.effect}[claim.kind]]
 
 
 def _tests(claim: Claim, differences: list[float], scale: float) -> tuple[float, float]:
@@ -171,12 +184,20 @@ def _tests(claim: Claim, differences: list[float], scale: float) -> tuple[float,
                                   _one_sided(differences, -claim.effect, "less", scale)))
         return support, refute
     bound = _bounds(claim)[0]
+    if claim.kind == "wins":
+        return _binomial(differences, bound, "greater"), _binomial(differences, bound, "less")
     return _one_sided(differences, bound, "greater", scale), _one_sided(differences, bound, "less", scale)
 
 
-def _interval(differences: list[float], confidence: float, scale: float) -> tuple[float, float] | None:
+def _interval(claim: Claim, differences: list[float], confidence: float, scale: float) -> tuple[float, float] | None:
     if len(differences) < 2:
         return None
+    if claim.kind == "wins":  # Clopper-Pearson's, for the win rate less a coin's
+        with needs_extra("reproduce"):
+            from scipy import stats
+        wins = round(sum(differences) + COIN * len(differences))
+        interval = stats.binomtest(wins, len(differences)).proportion_ci(confidence_level=confidence)
+        return float(interval.low) - COIN, float(interval.high) - COIN
     if statistics.pstdev(differences) <= scale:
         return statistics.fmean(differences), statistics.fmean(differences)
     with needs_extra("reproduce"):
@@ -195,6 +216,10 @@ def power(claim: Claim, spread: float, seeds: int, level: float) -> float | None
         from scipy import stats
     degrees, truth = seeds - 1, claim.paper_effect
     critical = stats.t.ppf(1 - level, degrees)
+    if claim.kind == "wins":  # the binomial test's: the fewest wins that reject, at the paper's rate
+        wins_needed = next((wins for wins in range(seeds + 1)
+                            if stats.binom.sf(wins - 1, seeds, COIN + claim.effect) <= level), seeds + 1)
+        return float(stats.binom.sf(wins_needed - 1, seeds, COIN + truth))
 
     def rejects(bound: float, sign: float) -> float:  # P(the test of "sign * (d - bound) > 0" rejects)
         if spread <= 0:
@@ -249,7 +274,8 @@ def _wanted(claim: Claim) -> str:
         return f"at {claim.target:g} or better"
     return {"better": f"better than {claim.baseline} by >= {claim.effect:g}",
             "not_worse": f"within {claim.effect:g} below {claim.baseline} or above",
-            "equivalent": f"within ±{claim.effect:g} of {claim.baseline}"}[claim.kind]
+            "equivalent": f"within ±{claim.effect:g} of {claim.baseline}",
+            "wins": f"winning more often than {claim.baseline} by >= {claim.effect:g}"}[claim.kind]
 
 
 def judge(claim: Claim, arm: list[float], baseline: list[float], levels: dict[str, list[float]] | None = None,
@@ -277,10 +303,10 @@ def _judged_in_family(claim: Claim, arm: list[float], baseline: list[float], lev
         raise UserError(f"no seeds of {claim.arm} and {claim.baseline} to judge {claim.quote!r} on")
     differences, scale = _paired(claim, arm, baseline)
     support, refute = _tests(claim, differences, scale) if len(arm) > 1 else (None, None)
-    spread = statistics.stdev(differences) if len(arm) > 1 else 0.0
+    spread = statistics.stdev(differences) if len(arm) > 1 else 0.0  # (a binomial power ignores it)
     level = ALPHA / family_size
     result = Verdict("inconclusive", "", len(arm), mean_std(arm), mean_std(baseline), statistics.fmean(differences),
-                     _interval(differences, 1 - 2 * ALPHA, scale), 1 - 2 * ALPHA if len(arm) > 1 else None,
+                     _interval(claim, differences, 1 - 2 * ALPHA, scale), 1 - 2 * ALPHA if len(arm) > 1 else None,
                      support, refute, None if support is None else min(support, refute), None,
                      power(claim, spread, len(arm), level), seeds_for_power(claim, spread, level) if len(arm) > 1
                      else None)
@@ -315,7 +341,7 @@ def _decided(claim: Claim, result: Verdict, p_adjusted: float, step_level: float
     """``result`` decided on ``p_adjusted`` (its own p, or Holm's), its interval at the level of its Holm step."""
     confidence = 1 - 2 * step_level
     result = replace(result, confidence=confidence, p_adjusted=p_adjusted,
-                     interval=_interval(paired[0], confidence, paired[1]))
+                     interval=_interval(claim, paired[0], confidence, paired[1]))
     evidence = f"{_evidence(claim, result)}, p {result.p:.2g} (Holm {p_adjusted:.2g})"
     if stopped_before:
         evidence += "; Holm's step-down stopped at a claim ranked before this one, so its interval decides nothing"
