@@ -80,24 +80,25 @@ def test_every_setting_is_a_valid_override_set_and_the_full_one_has_five_seeds(n
 
 
 def test_run_experiment_applies_the_quick_setting_before_the_command_lines(tmp_path):
-    report = run_experiment("tel-stage1", ["datasets=[wine]", "widths=[8]", "epochs=2"], tmp_path, "quick",
+    report = run_experiment("tel-stage1", ["datasets=[wine]", "widths=[8]", "max_epochs=2"], tmp_path, "quick",
                             progress=lambda message: None)
     assert report["settings"]["seeds"] == 3 and report["settings"]["widths"] == (8,)  # quick's seeds, our widths
     assert report["settings"]["learning_rates"] == (3e-3,) and report["setting"] == "quick"
-    assert [record["verdict"] for record in report["verdicts"]] == ["smoke"]
+    assert [record["verdict"] for record in report["verdicts"]] == ["smoke", "smoke"]  # the count, the cell
     assert (tmp_path / "tel_stage1.md").is_file()
 
 
 def test_a_finished_report_with_the_same_settings_is_reused_and_other_settings_rerun(tmp_path):
-    overrides = ["datasets=[wine]", "widths=[8]", "epochs=2", "seeds=1", "learning_rates=[3e-3]"]
+    overrides = ["datasets=[wine]", "widths=[8]", "max_epochs=2", "seeds=1", "selection_seeds=1",
+                 "learning_rates=[3e-3]", "dropouts=[0.0]", "weight_decays=[0.01]"]
     first = run_experiment("tel-stage1", overrides, tmp_path, progress=lambda message: None)
     messages = []
     again = run_experiment("tel-stage1", overrides, tmp_path, progress=messages.append, reuse=True)
     assert messages == [f"tel-stage1: reusing the report in {tmp_path / 'tel_stage1.json'} (same settings, same code)"]
     assert again["verdicts"] == json.loads(json.dumps(first["verdicts"])) and again["seconds"] == first["seconds"]
-    rerun = run_experiment("tel-stage1", [*overrides[:3], "seeds=2", overrides[4]], tmp_path,
+    rerun = run_experiment("tel-stage1", [*overrides[:3], "seeds=2", *overrides[4:]], tmp_path,
                            progress=lambda message: None, reuse=True)
-    assert rerun["settings"]["seeds"] == 2 and len(rerun["verdicts"]) == 1
+    assert rerun["settings"]["seeds"] == 2 and len(rerun["verdicts"]) == 2  # the count and the one cell
 
 
 def test_fem_argmax_data_metric_and_arms_follow_app_p(tmp_path):

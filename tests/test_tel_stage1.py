@@ -12,12 +12,18 @@ from energyzoo.reproduce.tel_stage1 import MODELS, load_task
 
 @pytest.mark.slow
 def test_reproduce_tel_stage1_writes_a_consistent_report(tmp_path):
-    code = main(["reproduce", "tel-stage1", "datasets=[wine,swiss_roll]", "widths=[8]", "seeds=2", "epochs=30",
+    code = main(["reproduce", "tel-stage1", "datasets=[wine,swiss_roll]", "widths=[8]", "seeds=2", "selection_seeds=1",
+                 "max_epochs=30", "learning_rates=[3e-3]", "dropouts=[0.0,0.2]", "weight_decays=[0.01]",
                  "--output-dir", str(tmp_path)])
     assert code == 0
     report = json.loads((tmp_path / "tel_stage1.json").read_text())
     records = report["records"]
     assert len(records) == 2 * 1 * len(MODELS) * 2
+    # G.1's grid: per cell and model one configuration, the one best on the selection seed's validation metric
+    for dataset in ("wine", "swiss_roll"):
+        for kind in MODELS:
+            chosen = {r["dropout"] for r in records if r["dataset"] == dataset and r["model"] == kind}
+            assert len(chosen) == 1 and chosen <= {0.0, 0.2}
     for row in report["summary"]:
         values = {kind: [r["value"] for r in records if r["dataset"] == row["dataset"] and r["model"] == kind]
                   for kind in MODELS}
