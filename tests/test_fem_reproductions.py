@@ -152,19 +152,21 @@ def test_mad_verdicts_on_constructed_accuracies():
     assert records[4]["arm"] is None and "--paper-scale" in records[4]["reason"]
 
 
-def test_the_mad_ladder_is_judged_on_six_tasks_at_mads_budget():
+def test_the_mad_ladder_is_judged_on_table_1s_tasks_at_mads_budget():
     from energyzoo.reproduce.experiments import EXPERIMENTS
     from energyzoo.training.recipe import typed_settings
 
     settings = typed_settings(MadSettings, list(EXPERIMENTS["fem-mad"].paper_scale))
     rows = []
-    for task in TASKS:  # softmax at 74.7 % on average; the full model +3 points, +C +1.6, +L +2.5, +T flat
-        rows += _rows(task, "softmax", _five(0.747)) + _rows(task, FULL, _five(0.777, OTHER_JITTER))
-        rows += _rows(task, "C", _five(0.763, OTHER_JITTER[::-1])) + _rows(task, "CL", _five(0.788, OTHER_JITTER))
-        rows += _rows(task, "CLT", _five(0.788))
+    # Table 1 without memorize: softmax 72.46, +C 74.50, +C,L 77.42, +C,L,T 78.12, FEM-SM 79.06 (steps 6.6, 2.04,
+    # 2.92, 0.7: the effects are half of them). Here the full model +6 points, +C +2, +L +3, +T flat
+    for task in TASKS:
+        rows += _rows(task, "softmax", _five(0.725)) + _rows(task, FULL, _five(0.785, OTHER_JITTER))
+        rows += _rows(task, "C", _five(0.745, OTHER_JITTER[::-1])) + _rows(task, "CL", _five(0.775, OTHER_JITTER))
+        rows += _rows(task, "CLT", _five(0.775))
     ladder = verdicts(rows, settings)[len(TASKS):]
     assert [record["verdict"] for record in ladder] == ["reproduced", "reproduced", "reproduced", "not reproduced"]
-    assert ladder[1]["difference"] == pytest.approx(np.mean(_five(0.763, OTHER_JITTER[::-1])) - 0.747)
+    assert ladder[1]["difference"] == pytest.approx(np.mean(_five(0.745, OTHER_JITTER[::-1])) - 0.725)
 
 
 def test_mad_scores_macro_accuracy_on_the_grid_point_best_on_validation():

@@ -31,11 +31,8 @@ full lengths, 200 epochs of 12,800 examples in batches of 128 = 20,000 steps, th
 import math
 import statistics
 import time
-from concurrent.futures import ProcessPoolExecutor
-from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from functools import cache, partial
-from multiprocessing import get_context
 from pathlib import Path
 
 import torch
@@ -46,6 +43,7 @@ from ..data.mad import IGNORE, TASKS, MadTask, mad_split
 from ..modeling.configuration_fem import FEMConfig
 from ..modeling.errors import UserError
 from ..modeling.modeling_fem import FEMForCausalLM, FEMModel
+from .processes import runs_mapped
 from .verdict import Claim, judged, ledger_lines, mean_std
 
 SWITCHES = {"C": "use_time_decay", "L": "use_lse", "T": "use_temperature_gate", "G": "use_outer_gate"}
@@ -254,19 +252,14 @@ def chosen_on_validation(runs: list[dict], settings: Settings) -> list[dict]:
 
 
 def run(settings: Settings, progress=print) -> dict:
-    """Every (task, seed, arm) run, in ``workers`` processes of one thread each when ``workers`` > 1 (tiny models
-    use one core about as well as two, so two processes on two cores nearly halve the wall time)."""
+    """Every (task, seed, arm) run, in ``workers`` processes (`runs_mapped`)."""
     started = time.perf_counter()
     jobs = [(arm, name, seed, rate, decay) for name in settings.tasks for seed in settings.seeds
             for arm in settings.arms for rate in settings.learning_rates for decay in settings.weight_decays]
     progress(f"{len(jobs)} runs of {settings.steps} steps ({len(settings.tasks)} tasks x {len(settings.seeds)} seeds "
              f"x arms {settings.arms} x learning rates {settings.learning_rates} x weight decays "
              f"{settings.weight_decays}) in {settings.workers} process(es)")
-    with ExitStack() as stack:
-        mapped = map
-        if settings.workers > 1:
-            mapped = stack.enter_context(ProcessPoolExecutor(settings.workers, get_context("spawn"),
-                                                             initializer=torch.set_num_threads, initargs=(1,))).map
+    with runs_mapped(settings.workers) as mapped:
         runs = []
         for row in mapped(partial(train_arm, settings), *zip(*jobs)):
             progress(f"{row['task']} (L = {row['length']}), seed {row['seed']}, {row['arm']}, lr "
