@@ -109,7 +109,7 @@ RULES = {  # numbers the project sets, not measures: (document, number) -> why i
     ("docs/contributing.md", "5 seeds"): "the verdict rule's MIN_SEEDS",
     ("docs/contributing.md", "2 x"): "the interval's confidence, a formula",
     ("docs/speed.md", "10 %"): "the bench's busy-machine flag (an IQR wider than 10 % of the ratio)",
-    ("docs/speed.md", "4.5x"): "a DESIGN.md target (linear growth of the O(T) priors)",
+    ("docs/speed.md", "4.5x"): "a performance target (linear growth of the O(T) priors)",
     ("docs/models/eqt.md", "0.66%"): "parameter counts of the presets, from their configs",
     ("docs/models/eqt.md", "000 x"): "a preset's memory buffer shape (10,000 x 1024)",
     ("docs/models/eqt.md", "7.4%"): "parameter counts of the presets, from their configs",
