@@ -59,8 +59,10 @@ def test_a_report_of_other_code_is_refused_by_name_and_its_files():
     unknown = {**report, "code": None}
     with pytest.raises(UserError, match="not a git checkout"):
         build_ledger({"fem-argmax": unknown}, "installed")
-    assert {"energyzoo/reproduce/fem_argmax.py", "energyzoo/modeling/fem_free_energy.py",
-            "energyzoo/training"} <= set(EXPERIMENTS["fem-argmax"].code_paths())
+    assert {"energyzoo/reproduce/fem_argmax.py", "energyzoo/modeling/fem_free_energy.py"} <= set(
+        EXPERIMENTS["fem-argmax"].code_paths())
+    assert "energyzoo/training" not in EXPERIMENTS["fem-argmax"].code_paths()  # it trains in its own loop
+    assert "energyzoo/training" in EXPERIMENTS["eer-induction"].code_paths()
     assert not any("tel_" in path or "hyperset" in path for path in EXPERIMENTS["fem-argmax"].code_paths())
     assert "energyzoo/data/induction.py" in EXPERIMENTS["eer-induction"].code_paths()
     assert "energyzoo/data/sudoku.py" not in EXPERIMENTS["eer-induction"].code_paths()  # Hyper-SET's data only

@@ -12,6 +12,8 @@ from types import ModuleType
 from ..modeling.errors import UserError
 
 SETTINGS = ("quick", "full", "paper-scale")
+TRAINING_LOOP = ("registry.py", "training")  # the inputs of an experiment that trains through `energyzoo train`
+WORKERS = ("reproduce/processes.py",)  # the inputs of one that spreads its runs over processes
 
 
 @dataclass(frozen=True)
@@ -20,8 +22,9 @@ class Experiment:
     output_dir], progress)`` (the report, a dict with its ``seconds``; it takes ``output_dir`` where it keeps trained
     models there), ``format_markdown(report)`` and ``plot(report, path)``; quick: the overrides of ``--quick`` (a few
     minutes on 2 CPU cores, still >= 3 seeds and every arm: a smoke test, no verdicts), applied before the command
-    line's; paper_scale: the overrides of ``--paper-scale`` (the paper's own scale, for a GPU); inputs: the data
-    sources, recipes and presets it reads (globs under energyzoo/: `code_paths`). The defaults are the
+    line's; paper_scale: the overrides of ``--paper-scale`` (the paper's own scale, for a GPU); inputs: what else
+    it reads (the training loop, data sources, recipes, presets: globs under energyzoo/, `code_paths`). The defaults
+    are the
     full setting: the protocol at the largest scale that fits the ledger's 2 CPU hours, >= 5 seeds. The family
     (whose model cards and docs page show the verdicts) is the module's first word."""
 
@@ -29,7 +32,7 @@ class Experiment:
     description: str
     quick: tuple[str, ...]
     paper_scale: tuple[str, ...] = ()
-    inputs: tuple[str, ...] = ()  # the data sources, recipes and presets it reads (globs under energyzoo/)
+    inputs: tuple[str, ...] = ()  # what it reads besides its module and model code (globs under energyzoo/)
 
     @property
     def family(self) -> str:
@@ -49,9 +52,9 @@ class Experiment:
 
     def code_paths(self) -> list[str]:
         """The files (relative to the checkout; git pathspecs, some globs) whose change can change this experiment's
-        numbers: its module, its family's model code and the shared model code, the registry, the training loop,
-        and its ``inputs``. The verdict rule and the report writer are not among them: a ledger applies them again to
-        the per-seed values."""
+        numbers: its module, its family's model code and the shared model code, and its ``inputs`` (the training
+        loop and the registry among them where it trains through `energyzoo train`'s loop). The verdict rule and the
+        report writer are not among them: a ledger applies them again to the per-seed values."""
         package = Path(__file__).parents[1]
         families = {experiment.family for experiment in EXPERIMENTS.values()}
 
@@ -61,7 +64,7 @@ class Experiment:
 
         modeling = sorted(f"energyzoo/modeling/{path.name}" for path in (package / "modeling").glob("*.py")
                           if owner(path.stem) in ("", self.family))
-        return [f"energyzoo/reproduce/{self.module}.py", *modeling, "energyzoo/registry.py", "energyzoo/training",
+        return [f"energyzoo/reproduce/{self.module}.py", *modeling,
                 *(f"energyzoo/{pattern}" for pattern in self.inputs)]
 
     @property
@@ -78,43 +81,43 @@ EXPERIMENTS = {
     "fem-lm": Experiment("fem_lm",
                          "fem.txt Table 2 at CPU scale: FEM-SM vs Llama of the same shape on the embedded corpus",
                          ("seeds=[0,1,2]", "steps=100", "evaluations=2"),
-                         inputs=("data/text.py", "configs/fem-lm-tiny.yaml", "models/fem-lm-tiny.json",
-                                 "models/llama-tiny.json")),
+                         inputs=(*TRAINING_LOOP, "data/text.py", "configs/fem-lm-tiny.yaml",
+                                 "models/fem-lm-tiny.json", "models/llama-tiny.json")),
     "fem-mad": Experiment("fem_mad",
                           "fem.txt Table 1: the MAD ladder softmax -> +C -> +C,L -> +C,L,T -> FEM-SM",
                           ("seeds=[0,1,2]", "steps=100", "learning_rates=[1e-3]", "test_examples=256"),
                           ("tasks=[compress,fuzzy_recall,in_context_recall,memorize,noisy_recall,selective_copy]",
                            "hidden_size=128", "max_length=null", "steps=20000", "batch_size=128",
                            "learning_rates=[1e-4,5e-4,1e-3]", "weight_decays=[0.0,0.1]", "workers=1",
-                           "device=cuda"), inputs=("data/mad.py",)),
+                           "device=cuda"), inputs=(*WORKERS, "data/mad.py")),
     "tel-stage1": Experiment("tel_stage1",
                              "tel.txt Stage I: Linear vs MLP vs TEL at matched width on embedded data",
                              ("seeds=3", "selection_seeds=3", "widths=[16,64]", "learning_rates=[3e-3]",
-                              "dropouts=[0.0]", "weight_decays=[0.01]", "max_epochs=60")),
+                              "dropouts=[0.0]", "weight_decays=[0.01]", "max_epochs=60"), inputs=WORKERS),
     "hyperset": Experiment("hyperset",
                            "Hyper-SET vs its Transformer baseline: Sudoku at R-2R, digits; MaskGIT; traces",
                            ("seeds=[0,1,2]", "sudoku_steps=600", "classification_steps=400", "maskgit_steps=300",
                             "evaluation_puzzles=300"),
                            ("sudoku_side=9", "sudoku_givens=[17,34]", "sudoku_steps=112500",
                             "evaluation_puzzles=1000"),
-                           inputs=("data/sudoku.py", "data/digits.py", "data/image_tokenizer.py",
+                           inputs=(*TRAINING_LOOP, "data/sudoku.py", "data/digits.py", "data/image_tokenizer.py",
                                    "configs/hyperset-*.yaml", "models/hyperset-*.json")),
     "eqt-parity": Experiment("eqt_parity",
                              "EqT-LLaMA vs Llama on cumulative parity (eqt.txt Table 2)",
                              ("seeds=[0,1,2]", "steps=300", "test_sequences=512"),
                              ("lengths=[64,192]", "model_scale=paper", "steps=3200", "test_sequences=4096"),
-                             inputs=("data/parity.py", "configs/eqt-parity*.yaml", "models/eqt-parity*.json",
-                                     "models/llama-parity*.json")),
+                             inputs=(*TRAINING_LOOP, "data/parity.py", "configs/eqt-parity*.yaml",
+                                     "models/eqt-parity*.json", "models/llama-parity*.json")),
     "eer-induction": Experiment("eer_induction",
                                 "EER vs cross-entropy on induction heads, trained at L 16-64, evaluated at L 10 / "
                                 "100 / 1000 (eer.txt App. C)", ("seeds=[0,1,2]", "steps=200", "eval_every=200",
                                                                 "eval_sequences=128"),
                                 ("steps=20000", "eval_every=500", "tf32=true"),
-                                inputs=("data/induction.py", "configs/eer-induction.yaml",
+                                inputs=(*TRAINING_LOOP, "data/induction.py", "configs/eer-induction.yaml",
                                         "models/eer-induction*.json")),
     "eer-block-screen": Experiment("eer_screen",
                                    "EER's unstated block choices (norms, embedding scale, readout, length curriculum, "
                                    "App. C's initial energy) screened at T = 4", ("seeds=[0,1,2]", "steps=300"),
-                                   inputs=("data/induction.py", "configs/eer-induction.yaml",
+                                   inputs=(*TRAINING_LOOP, "data/induction.py", "configs/eer-induction.yaml",
                                            "models/eer-induction*.json")),
 }
