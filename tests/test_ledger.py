@@ -153,3 +153,15 @@ def test_a_report_of_other_code_is_kept_marked_when_asked():
     other = ledger["experiments"]["fem-argmax"]["other_code"]
     assert "energyzoo/reproduce/fem_argmax.py" in other  # with, on a tree being edited, the files edited since
     assert f"other code than this ledger's, in {len(other)} of its files (" in ledger_markdown(ledger)
+
+
+def test_the_ledger_opens_with_each_papers_primary_claim():
+    primary = Claim(**{**CLAIM.__dict__, "primary": True, "quote": "A's headline"})
+    report = _report("fem-argmax", "full", 1.0)
+    report["verdicts"] = [judged(CLAIM, [0.8 + d for d in FIVE], [0.7 + d for d in FIVE]),
+                          judged(primary, [0.71 + d for d in FIVE], [0.7 + d / 2 for d in FIVE])]
+    markdown = ledger_markdown(build_ledger({"fem-argmax": report}, "primaries"))
+    table = markdown.split("Each paper's primary claim:")[1].split("\n\n")[1].splitlines()
+    assert table[2].startswith("| fem | A's headline (paper Table 1) | **not reproduced** | +0.01 [")
+    assert table[2].endswith("| 5 | – | fem-argmax |")  # no paper effect: no power
+    assert table[3] == "| tel | not in this ledger yet | – | – | – | – | – | – |"

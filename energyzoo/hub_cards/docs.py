@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ..eval.speed import format_table
 from ..presets import config_from_preset
-from ..reproduce.report import headline
+from ..reproduce.report import headline, primary_table
 from ..reproduce.verdict import VERDICTS
 from .export import measured_speed, reference_differences
 from .ledger import ledger_tables, measured_ledger
@@ -59,10 +59,12 @@ def speed_summary() -> str:
 
 
 def ledger_summary() -> str:
-    """The ledger's headline, and a row per experiment: its setting and the count of each verdict."""
+    """The ledger's headline, each paper's primary claim, and a row per experiment: its setting and the count of
+    each verdict."""
     ledger = measured_ledger()
     columns = (*VERDICTS, "smoke")
-    lines = [headline(ledger), "", "| experiment | setting | " + " | ".join(columns) + " | ran on |",
+    lines = [headline(ledger), "", "Each paper's primary claim, declared before its run:", "", primary_table(ledger),
+             "", "| experiment | setting | " + " | ".join(columns) + " | ran on |",
              "|---|---|" + "---|" * (len(columns) + 1)]
     for name, report in ledger["experiments"].items():
         counts = Counter(record["verdict"] for record in report["verdicts"])

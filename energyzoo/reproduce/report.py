@@ -100,6 +100,28 @@ def experiment_heading(name: str, report: dict) -> str:
             f"{EXPERIMENTS[name].description}.{marked}")
 
 
+def primary_table(ledger: dict) -> str:
+    """Each paper's answer: its primary claim's verdict with the effect, its interval at the deciding level, the
+    adjusted p, seeds and power (a paper whose primary claim has no report yet says so)."""
+    lines = ["| paper | primary claim | verdict | difference [CI] | p (Holm) | seeds | power | experiment |",
+             "|---|---|---|---|---|---|---|---|"]
+    for family in dict.fromkeys(experiment.family for experiment in EXPERIMENTS.values()):
+        found = [(name, record) for name, report in ledger["experiments"].items() if EXPERIMENTS[name].family == family
+                 for record in report["verdicts"] if record["claim"].get("primary")]
+        if not found:
+            lines.append(f"| {family} | not in this ledger yet | – | – | – | – | – | – |")
+            continue
+        name, record = found[0]
+        interval = "" if record["interval"] is None else (f" [{record['interval'][0]:+.3g}, "
+                                                          f"{record['interval'][1]:+.3g}]")
+        difference = "–" if record["difference"] is None else f"{record['difference']:+.3g}{interval}"
+        adjusted = "–" if record["p_adjusted"] is None else f"{record['p_adjusted']:.2g}"
+        power = "–" if record["power"] is None else f"{record['power']:.2f}"
+        lines.append(f"| {family} | {record['claim']['quote']} ({record['claim']['source']}) | "
+                     f"**{record['verdict']}** | {difference} | {adjusted} | {record['seeds']} | {power} | {name} |")
+    return "\n".join(lines)
+
+
 def curve_table(curves: dict) -> str:
     """An experiment's validation curves (``{arm: [{step, mean, std}]}``, mean over seeds) as a table: one row per
     arm, one column per evaluated step."""
@@ -119,7 +141,7 @@ def experiment_markdown(name: str, report: dict) -> list[str]:
 
 def ledger_markdown(ledger: dict) -> str:
     """Every experiment's verdicts in one table per experiment, with its wall time, under the `headline`."""
-    lines = [headline(ledger)]
+    lines = [headline(ledger), "", "Each paper's primary claim:", "", primary_table(ledger)]
     for name, report in ledger["experiments"].items():
         lines += ["", *experiment_markdown(name, report)]
     return "\n".join(lines)
