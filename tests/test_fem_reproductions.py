@@ -250,7 +250,7 @@ def test_fem_lm_picks_each_arms_learning_rate_on_validation_and_judges_on_the_te
         runs = [row for row in report["rows"] if row["arm"] == arm]
         assert [row["seed"] for row in runs] == [0, 1] and {row["learning_rate"] for row in runs} == {
             report["learning_rates"][arm]}
-        assert [point["step"] for point in report["curves"][arm]] == [2, 4]
+        assert [point["step"] for point in report["validation_curves"][arm]] == [2, 4]
         assert all(row["loss"] != row["validation_loss"] for row in runs)  # the test files, not the validation ones
     # the grid trained both rates with the first seed: their folders exist
     assert (tmp_path / "fem-lr0.03-s0").is_dir() and (tmp_path / "fem-lr0.001-s0").is_dir()

@@ -137,7 +137,7 @@ def run(settings: Settings, output_dir: str | Path, progress=print) -> dict:
                                                         for arm in ARMS)) for metric in METRICS_OF_CLAIMS]
     return {"settings": asdict(settings), "learning_rate_grid": {arm: {f"{rate:g}": loss for rate, loss in
                                                                       losses.items()} for arm, losses in grid.items()},
-            "learning_rates": chosen, "rows": rows, "curves": mean_curves(rows), "verdicts": verdicts,
+            "learning_rates": chosen, "rows": rows, "validation_curves": mean_curves(rows), "verdicts": verdicts,
             "seconds": time.perf_counter() - started}
 
 
@@ -168,7 +168,7 @@ def format_markdown(report: dict) -> str:
         grid = ", ".join(f"{rate}: {value:.4f}" for rate, value in report["learning_rate_grid"][arm].items())
         lines.append(f"| {arm} | {preset} | {report['learning_rates'][arm]:g} | {grid} | {loss:.4f} +- "
                      f"{loss_std:.4f} | {accuracy:.2f} +- {accuracy_std:.2f} |")
-    lines += ["", curve_table(report["curves"])]
+    lines += ["", curve_table(report["validation_curves"])]
     lines += ledger_lines(report["verdicts"], "Verdicts (`energyzoo.reproduce.verdict`, seeds paired):")
     return "\n".join(lines)
 
@@ -184,7 +184,7 @@ def plot(report: dict, path: Path) -> None:
             if row["arm"] == arm:
                 training.plot(row["losses"], color=f"C{index}", alpha=0.6,
                               label=arm if row["seed"] == report["settings"]["seeds"][0] else None)
-        points = report["curves"][arm]
+        points = report["validation_curves"][arm]
         validation.errorbar([point["step"] for point in points], [point["mean"] for point in points],
                             yerr=[point["std"] for point in points], color=f"C{index}", marker="o", label=arm)
     training.set(xlabel="step", ylabel="training loss")

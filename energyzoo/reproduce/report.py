@@ -136,7 +136,7 @@ def curve_table(curves: dict) -> str:
 def experiment_markdown(name: str, report: dict) -> list[str]:
     """An experiment's section of a ledger: its heading, its verdicts and, where it keeps them, its curves."""
     lines = [experiment_heading(name, report), "", LEDGER_HEADER, *(record["row"] for record in report["verdicts"])]
-    return lines + (["", curve_table(report["curves"])] if report.get("curves") else [])
+    return lines + (["", curve_table(report["validation_curves"])] if report.get("validation_curves") else [])
 
 
 def ledger_markdown(ledger: dict) -> str:
@@ -252,7 +252,7 @@ def build_ledger(reports: dict[str, dict], command: str, keep_other_code: bool =
         for (name, _), record in zip(members, decide([record for _, record in members])):
             decided.setdefault(name, []).append(record)
     experiments = {name: {key: report.get(key) for key in ("setting", "seconds", "settings", "machine", "packages",
-                                                            "code", "curves")}
+                                                            "code", "validation_curves")}
                    | {"other_code": stale.get(name), "verdicts": decided.get(name, [])}
                    for name, report in reports.items()}
     tested = sum(record["p_adjusted"] is not None for records in decided.values() for record in records)
