@@ -59,23 +59,26 @@ def speed_summary() -> str:
 
 
 def ledger_summary() -> str:
-    """The ledger's headline, each paper's primary claim, and a row per experiment: its setting and the count of
-    each verdict."""
+    """The ledger's headline, each paper's primary claim, and a row per experiment: its setting, the count of each
+    verdict, the commit it ran at (and whether its code is this ledger's) and the machine."""
     ledger = measured_ledger()
     columns = (*VERDICTS, "smoke")
     lines = [headline(ledger), "", "Each paper's primary claim, declared before its run:", "", primary_table(ledger),
-             "", "| experiment | setting | " + " | ".join(columns) + " | ran on |",
-             "|---|---|" + "---|" * (len(columns) + 1)]
+             "", "| experiment | setting | " + " | ".join(columns) + " | code | ran on |",
+             "|---|---|" + "---|" * (len(columns) + 2)]
     for name, report in ledger["experiments"].items():
         counts = Counter(record["verdict"] for record in report["verdicts"])
+        ran = (report.get("code") or {}).get("commit", "unknown")[:7]
+        other = report.get("other_code")
+        code = f"{ran}: other code than the ledger's ({len(other)} files)" if other else f"{ran}: the ledger's"
         lines.append(f"| {name} | {report['setting']} | " + " | ".join(str(counts[verdict]) for verdict in columns)
-                     + f" | {report['machine']} |")
+                     + f" | {code} | {report['machine']} |")
     provenance = ledger["provenance"]
     code = provenance["code"] or {"commit": "unknown"}
     commit = f"{code['commit'][:7]}{'-dirty' * bool(code.get('dirty'))}"
     lines += ["", f"Made by `{ledger['command']}` at commit {commit} on "
-                  f"{provenance['date']} ({provenance['machine']}; torch {provenance['packages']['torch']}, "
-                  f"transformers {provenance['packages']['transformers']})."]
+                  f"{provenance['date']} ({provenance['machine']}; transformers "
+                  f"{provenance['packages']['transformers']})."]
     return "\n".join(lines)
 
 
