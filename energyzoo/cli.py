@@ -431,14 +431,14 @@ def build_parser() -> argparse.ArgumentParser:
         "reproduce", help="a CPU-scale rerun of a paper experiment, with a report",
         description="Run an experiment of the table in energyzoo/reproduce/experiments.py and write its report "
                     "(markdown, JSON, PNG). Settings are the fields of the experiment's settings class, overridden "
-                    "as field=value (typed by the field: seeds=[0,1,2], epochs=30).")
+                    "as field=value (typed by the field: seeds=[0,1,2], max_epochs=30).")
     reproduce.add_argument("experiment", choices=["all", "ledger", *sorted(EXPERIMENTS)], help="all: every "
                            "experiment, then the ledger of their verdicts (an experiment whose report is in "
                            "<output-dir>/<name> from the same settings and code is not rerun); ledger: the ledger of "
                            "the reports in <output-dir>/<name>, running nothing; " + "; ".join(
                                f"{name}: {experiment.description}" for name, experiment in EXPERIMENTS.items()))
     reproduce.add_argument("overrides", nargs="*",
-                           help="settings, e.g. seeds=3 epochs=30 (tel-stage1), sudoku_steps=400 (hyperset), "
+                           help="settings, e.g. seeds=3 max_epochs=30 (tel-stage1), sudoku_steps=400 (hyperset), "
                                 "lengths=[16,32] seeds=[0,1,2] (eqt-parity), steps=1000 (eer-induction); for all: "
                                 "NAME=SETTING, one experiment's setting in the ledger (e.g. fem-lm=quick)")
     reproduce.add_argument("--quick", action="store_true",

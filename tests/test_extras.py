@@ -37,8 +37,8 @@ def test_plotting_an_energy_trace_names_matplotlib(without):
 
 def test_the_command_answers_a_missing_extra_in_one_line(without, tmp_path, capsys):
     without("sklearn")
-    code = main(["reproduce", "tel-stage1", "datasets=[digits]", "widths=[16]", "seeds=1", "epochs=1",
-                 "--output-dir", str(tmp_path)])
+    code = main(["reproduce", "tel-stage1", "datasets=[digits]", "widths=[16]", "seeds=1", "selection_seeds=1",
+                 "max_epochs=1", "--output-dir", str(tmp_path)])
     error = capsys.readouterr().err.strip()
     assert code == 2 and len(error.splitlines()) == 1
     assert "sklearn is not installed: it comes with energyzoo's [vision] extra" in error
