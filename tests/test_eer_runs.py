@@ -165,7 +165,7 @@ def test_reproduction_writes_its_tables_from_one_initialisation_per_seed(tmp_pat
     assert [(v["length"], v["verdict"]) for v in report["verdicts"]] == [(10, "inconclusive"), (30, "inconclusive")]
     assert report["verdicts"][1]["arm"][0] == report["summary"]["final"]["eer"]["L30_accuracy"]["mean"]
     assert report["verdicts"][1]["baseline"][0] == report["summary"]["final"]["ce"]["L30_accuracy"]["mean"]
-    assert "EER trains where plain training stagnates: L = 30 (eer.txt §1, §7)" in markdown
+    assert "EER trains where plain training stagnates: L = 30 (eer.txt §1, §7, Fig. 2; secondary)" in markdown
     diagnosed = report["runs"][0]["diagnostics"]
     assert "| shift L64 at 936-999 |" in markdown and "| last_symbols last 8 |" in markdown
     assert set(diagnosed) == {"L64", "L1000_positions", "L1000_gaps", "shift", "last_symbols"}

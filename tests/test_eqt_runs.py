@@ -64,7 +64,7 @@ def test_parity_reproduction_writes_its_table_and_diagnostics(tmp_path):
     assert all(record["verdict"] in ("inconclusive", "regime differs") for record in report["verdicts"])
     assert {record["reason"] for record in report["verdicts"] if record["verdict"] == "inconclusive"} <= {
         "1 seed; a verdict needs >= 5"}
-    assert "L = 8, K = 2 (eqt.txt Table 2, Fig. 1a)" in paths["markdown"].read_text()
+    assert "L = 8, K = 2 (eqt.txt Table 2, Fig. 1a; secondary)" in paths["markdown"].read_text()
 
 
 class Stretch(torch.nn.Module):
