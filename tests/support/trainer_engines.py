@@ -47,6 +47,10 @@ def main(output_dir: str, engine: str) -> None:
     assert accelerator.num_processes == 2, accelerator.num_processes
     assert str(accelerator.distributed_type).endswith("DEEPSPEED" if on_deepspeed else "MULTI_CPU")
     trainer.save_model(output_dir)
+    # every process leaves the gloo group before exiting: a process that exits inside it can abort in gloo's
+    # thread teardown ("terminate called without an active exception") while another still writes
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
 
 
 if __name__ == "__main__":
