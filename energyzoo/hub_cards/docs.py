@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ..eval.speed import format_table
 from ..presets import config_from_preset
+from ..reproduce.experiments import EXPERIMENTS
 from ..reproduce.report import headline, primary_table
 from ..reproduce.verdict import VERDICTS
 from .export import measured_speed, reference_differences
@@ -59,20 +60,23 @@ def speed_summary() -> str:
 
 
 def ledger_summary() -> str:
-    """The ledger's headline, each paper's primary claim, and a row per experiment: its setting, the count of each
-    verdict, the commit it ran at (and whether its code is this ledger's) and the machine."""
+    """The ledger's headline, each paper's primary claim, a row per experiment (its setting, wall time, the count of
+    each verdict, the commit it ran at and whether its code is this ledger's, the machine), and what each full
+    setting leaves out of its paper's protocol (`Experiment.cut`)."""
     ledger = measured_ledger()
     columns = (*VERDICTS, "smoke")
     lines = [headline(ledger), "", "Each paper's primary claim, declared before its run:", "", primary_table(ledger),
-             "", "| experiment | setting | " + " | ".join(columns) + " | code | ran on |",
-             "|---|---|" + "---|" * (len(columns) + 2)]
+             "", "| experiment | setting | min | " + " | ".join(columns) + " | code | ran on |",
+             "|---|---|---|" + "---|" * (len(columns) + 2)]
     for name, report in ledger["experiments"].items():
         counts = Counter(record["verdict"] for record in report["verdicts"])
         ran = (report.get("code") or {}).get("commit", "unknown")[:7]
         other = report.get("other_code")
         code = f"{ran}: other code than the ledger's ({len(other)} files)" if other else f"{ran}: the ledger's"
-        lines.append(f"| {name} | {report['setting']} | " + " | ".join(str(counts[verdict]) for verdict in columns)
-                     + f" | {code} | {report['machine']} |")
+        lines.append(f"| {name} | {report['setting']} | {report['seconds'] / 60:.0f} | "
+                     + " | ".join(str(counts[verdict]) for verdict in columns) + f" | {code} | {report['machine']} |")
+    lines += ["", "What each full setting leaves out of its paper's protocol, to fit 2 CPU cores:", "",
+              *(f"- {name}: {EXPERIMENTS[name].cut}." for name in ledger["experiments"])]
     provenance = ledger["provenance"]
     code = provenance["code"] or {"commit": "unknown"}
     commit = f"{code['commit'][:7]}{'-dirty' * bool(code.get('dirty'))}"

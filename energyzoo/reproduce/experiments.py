@@ -5,7 +5,7 @@ the ledger of `energyzoo reproduce all`; adding one adds a row here and a module
 
 import importlib
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
@@ -23,16 +23,18 @@ class Experiment:
     models there), ``format_markdown(report)`` and ``plot(report, path)``; quick: the overrides of ``--quick`` (a few
     minutes on 2 CPU cores, still >= 3 seeds and every arm: a smoke test, no verdicts), applied before the command
     line's; paper_scale: the overrides of ``--paper-scale`` (the paper's own scale, for a GPU); inputs: what else
-    it reads (the training loop, data sources, recipes, presets: globs under energyzoo/, `code_paths`). The defaults
-    are the
-    full setting: the protocol at the largest scale that fits the ledger's 2 CPU hours, >= 5 seeds. The family
-    (whose model cards and docs page show the verdicts) is the module's first word."""
+    it reads (the training loop, data sources, recipes, presets: globs under energyzoo/, `code_paths`); cut: what
+    the full setting leaves out of the paper's protocol (the module's docstring says why), shown beside the ledger.
+    The defaults are the full setting: the protocol at the largest scale that fits about two hours on 2 CPU cores
+    (the whole ledger in about eight), >= 5 seeds. The family (whose model cards and docs page show the verdicts) is
+    the module's first word."""
 
     module: str
     description: str
     quick: tuple[str, ...]
     paper_scale: tuple[str, ...] = ()
     inputs: tuple[str, ...] = ()  # what it reads besides its module and model code (globs under energyzoo/)
+    cut: str = field(kw_only=True)  # required of every experiment: what its full setting leaves out
 
     @property
     def family(self) -> str:
@@ -77,23 +79,32 @@ EXPERIMENTS = {
     "fem-argmax": Experiment("fem_argmax",
                              "fem.txt App. P: one softmax-attention vs one FEM layer on the channel-wise argmax",
                              ("seeds=[0,1,2]", "steps=300", "validation_samples=500"),
-                             ("length=128", "channels=512", "steps=2000", "validation_samples=2000", "device=cuda")),
+                             ("length=128", "channels=512", "steps=2000", "validation_samples=2000", "device=cuda"),
+                             cut=("T = 32, D = 128 and 1,000 steps instead of App. P's T = 128, D = 512 and 2,000 "
+                                  "steps")),
     "fem-lm": Experiment("fem_lm",
                          "fem.txt Table 2 at CPU scale: FEM-SM vs Llama of the same shape on the embedded corpus",
                          ("seeds=[0,1,2]", "steps=100", "evaluations=2"),
                          inputs=(*TRAINING_LOOP, "data/text.py", "configs/fem-lm-tiny.yaml",
-                                 "models/fem-lm-tiny.json", "models/llama-tiny.json")),
+                                 "models/fem-lm-tiny.json", "models/llama-tiny.json"),
+                         cut=("1.3M parameters on 2M tokens of Python source, judged by held-out loss, instead of "
+                              "340M on 15B tokens of FineWeb-Edu judged by lm-eval's tasks")),
     "fem-mad": Experiment("fem_mad",
                           "fem.txt Table 1: the MAD ladder softmax -> +C -> +C,L -> +C,L,T -> FEM-SM",
                           ("seeds=[0,1,2]", "steps=100", "learning_rates=[1e-3]", "test_examples=256"),
                           ("tasks=[compress,fuzzy_recall,in_context_recall,memorize,noisy_recall,selective_copy]",
                            "hidden_size=128", "max_length=null", "steps=20000", "batch_size=128",
                            "learning_rates=[1e-4,5e-4,1e-3]", "weight_decays=[0.0,0.1]", "workers=1",
-                           "device=cuda"), inputs=(*WORKERS, "data/mad.py")),
+                           "device=cuda"), inputs=(*WORKERS, "data/mad.py"),
+                          cut=("width 64, sequences of 64, 300 steps of batch 32 and two learning rates instead of "
+                               "MAD's width 128, full lengths, 20,000 steps of batch 128 and six grid points; "
+                               "compress and fuzzy recall, which nothing learns there, need a GPU")),
     "tel-stage1": Experiment("tel_stage1",
                              "tel.txt Stage I: Linear vs MLP vs TEL at matched width on embedded data",
                              ("seeds=3", "selection_seeds=3", "widths=[16,64]", "learning_rates=[3e-3]",
-                              "dropouts=[0.0]", "weight_decays=[0.01]", "max_epochs=60"), inputs=WORKERS),
+                              "dropouts=[0.0]", "weight_decays=[0.01]", "max_epochs=60"), inputs=WORKERS,
+                             cut=("G.1's grid picked on 3 of the 20 runs; embedded scikit-learn data and two of "
+                                  "H.1's five baselines instead of MNIST, CIFAR and UCI against five")),
     "hyperset": Experiment("hyperset",
                            "Hyper-SET vs its Transformer baseline: Sudoku at R-2R, digits; MaskGIT; traces",
                            ("seeds=[0,1,2]", "sudoku_steps=600", "classification_steps=400", "maskgit_steps=300",
@@ -101,23 +112,30 @@ EXPERIMENTS = {
                            ("sudoku_side=9", "sudoku_givens=[17,34]", "sudoku_steps=112500",
                             "evaluation_puzzles=1000"),
                            inputs=(*TRAINING_LOOP, "data/sudoku.py", "data/digits.py", "data/image_tokenizer.py",
-                                   "configs/hyperset-*.yaml", "models/hyperset-*.json")),
+                                   "configs/hyperset-*.yaml", "models/hyperset-*.json"),
+                           cut=("4x4 Sudoku, 8x8 digits and k-means digit codes instead of 9x9 Sudoku, CIFAR / "
+                                "ImageNet and a VQ tokenizer; tiny models trained for minutes")),
     "eqt-parity": Experiment("eqt_parity",
                              "EqT-LLaMA vs Llama on cumulative parity (eqt.txt Table 2)",
                              ("seeds=[0,1,2]", "steps=300", "test_sequences=512"),
                              ("lengths=[64,192]", "model_scale=paper", "steps=3200", "test_sequences=4096"),
                              inputs=(*TRAINING_LOOP, "data/parity.py", "configs/eqt-parity*.yaml",
-                                     "models/eqt-parity*.json", "models/llama-parity*.json")),
+                                     "models/eqt-parity*.json", "models/llama-parity*.json"),
+                             cut=("a 0.2M-parameter model, 1,200 steps of batch 64, L = 64 only, instead of 6.3M "
+                                  "parameters, 25 epochs in batches of 256, L = 64 and 192")),
     "eer-induction": Experiment("eer_induction",
                                 "EER vs cross-entropy on induction heads, trained at L 16-64, evaluated at L 10 / "
                                 "100 / 1000 (eer.txt App. C)", ("seeds=[0,1,2]", "steps=200", "eval_every=200",
                                                                 "eval_sequences=128"),
                                 ("steps=20000", "eval_every=500", "tf32=true"),
                                 inputs=(*TRAINING_LOOP, "data/induction.py", "configs/eer-induction.yaml",
-                                        "models/eer-induction*.json")),
+                                        "models/eer-induction*.json"),
+                                cut="1,000 steps instead of Table 1's 20,000; TF32 on against off needs a GPU"),
     "eer-block-screen": Experiment("eer_screen",
                                    "EER's unstated block choices (norms, embedding scale, readout, length curriculum, "
                                    "App. C's initial energy) screened at T = 4", ("seeds=[0,1,2]", "steps=300"),
                                    inputs=(*TRAINING_LOOP, "data/induction.py", "configs/eer-induction.yaml",
-                                           "models/eer-induction*.json")),
+                                           "models/eer-induction*.json"),
+                                   cut=("T = 4 loops instead of 25 (a screen of choices the paper leaves unstated, "
+                                        "not a claim of the paper)")),
 }
