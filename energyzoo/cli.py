@@ -111,7 +111,7 @@ def _fem_kernels() -> list[str]:
 
 
 def _suites() -> list[str]:
-    from .eval.harness import SUITES
+    from .eval.suites import SUITES
 
     return list(SUITES)
 

@@ -44,7 +44,8 @@ def test_help_lists_the_verbs_and_the_debug_flag():
 
 @pytest.mark.parametrize("args", [["--help"], ["recipes"], ["train"], ["bench", "--repeats", "many"],
                                   ["reproduce", "fem-argmx"], ["reproduce", "--help"], ["eval", "no-such-folder"],
-                                  ["export", "no-such-folder", "out"], ["train", "fem-lm-tinyy"]])
+                                  ["export", "no-such-folder", "out"], ["train", "fem-lm-tinyy"],
+                                  ["eval", "x", "--suite", "nosuch"]])
 def test_help_listing_recipes_and_argument_errors_answer_without_importing_torch(args, tmp_path):
     script = tmp_path / "energyzoo"  # a console script of that name, as pip writes it
     script.write_text("import sys\nfrom energyzoo.cli import main\ntry:\n    main()\nexcept SystemExit:\n    pass\n"

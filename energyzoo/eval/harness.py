@@ -31,15 +31,8 @@ from ..extras import needs_extra
 from ..files import read_json, tokenizer_damage
 from ..modeling.errors import UserError
 from ..registry import ARCHITECTURES
+from .suites import SUITES
 
-SUITES = {
-    "leaderboard": {"tasks": ["leaderboard"], "num_fewshot": None},
-    "general": {"tasks": ["arc_challenge", "arc_easy", "hellaswag", "piqa", "boolq", "winogrande", "copa",
-                          "openbookqa", "sciq"], "num_fewshot": 0},
-    # zero-shot, the tasks' own setting (they name no few-shot count): passing 0 would be "overwriting" it, in lm-eval's
-    # notice
-    "local": {"tasks": ["energyzoo_pydoc_mc", "energyzoo_pydoc_ppl"], "num_fewshot": None},
-}
 # the tokenizer's alarm at an input longer than the model's context, which `tokenizer.deprecation_warnings` records as
 # given once it was
 LENGTH_ALARM = "sequence-length-is-longer-than-the-specified-maximum"
