@@ -1,9 +1,10 @@
 """The `energyzoo` command: `energyzoo quickstart | train | eval | export | convert | recipes | bench | doctor |
 reproduce`.
 
-Bad input (a recipe or preset name, an override, a folder, a config key) is answered in one line,
-``energyzoo <command>: error: <message>``, with exit code 2; ``--debug`` shows the traceback instead. Modules load
-after the arguments are parsed, so ``--help`` answers at once.
+Bad input (a recipe or preset name, an override, a folder or a damaged file in it, a config key, a mistyped choice)
+is answered in one line, ``energyzoo <command>: error: <message>``, with exit code 2; ``--debug`` shows the traceback
+instead. Modules load after the arguments are parsed and the files a verb reads are checked (its ``check_files``),
+so ``--help``, a typo and a missing or damaged folder answer at once.
 """
 
 import argparse
