@@ -1,9 +1,10 @@
 """The `energyzoo` command: `energyzoo quickstart | train | eval | export | convert | recipes | bench | doctor |
 reproduce`.
 
-Bad input (a recipe or preset name, an override, a folder, a config key) is answered in one line,
-``energyzoo <command>: error: <message>``, with exit code 2; ``--debug`` shows the traceback instead. Modules load
-after the arguments are parsed, so ``--help`` answers at once.
+Bad input (a recipe or preset name, an override, a folder or a damaged file in it, a config key, a mistyped choice)
+is answered in one line, ``energyzoo <command>: error: <message>``, with exit code 2; ``--debug`` shows the traceback
+instead. Modules load after the arguments are parsed and the files a verb reads are checked (its ``check_files``),
+so ``--help``, a typo and a missing or damaged folder answer at once.
 """
 
 import argparse
@@ -16,7 +17,7 @@ from collections.abc import Sequence
 from functools import cached_property
 from pathlib import Path
 
-from .modeling.errors import MissingExtra, UntestedTransformers, UserError
+from .modeling.errors import MissingExtra, UntestedTransformers, UserError, did_you_mean
 from .reproduce.experiments import EXPERIMENTS  # a table of names: no torch before the arguments are parsed
 
 # What the user can fix: energyzoo's own checks (they name the field, file or input), a transformers release outside
@@ -44,11 +45,58 @@ class ReadWhenUsed(Sequence):
         return len(self._choices)
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse answering a bad argument in one line, ``energyzoo VERB: error: ...`` (exit code 2), as energyzoo's own
+    checks do: a value outside an argument's choices names the closest choice and where every one is listed (the
+    verb's --help), instead of a line of every name; ``epilog_when_shown`` (a function) writes the help's closing
+    text when the help is shown, so that tables it lists load only then."""
+
+    def __init__(self, *args, epilog_when_shown=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.epilog_when_shown = epilog_when_shown
+
+    def _check_value(self, action, value):  # argparse's one check of a value against ``choices``
+        if action.choices is not None and value not in action.choices:
+            raise argparse.ArgumentError(action, f"{value!r} is not one{did_you_mean(value, action.choices)} "
+                                                 f"({self.prog} --help lists every one)")
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} ({self.prog} --help for the usage)\n"
+                  if "--help" not in message else f"{self.prog}: error: {message}\n")
+
+    def format_help(self) -> str:
+        if self.epilog_when_shown is not None:
+            self.epilog = self.epilog_when_shown()
+        return super().format_help()
+
+
 def _bench_names() -> list[str]:
     from .eval.speed import benched_architectures
     from .presets import preset_names
 
     return [*benched_architectures(), *preset_names()]
+
+
+def _grouped(title: str, names) -> str:
+    """``names`` as lines grouped by family (the first word), under ``title``: the list a typo's answer points to."""
+    families: dict[str, list[str]] = {}
+    for name in names:
+        families.setdefault(name.split("-")[0], []).append(name)
+    return "\n".join([title, *(textwrap.fill(", ".join(members), width=100, initial_indent=f"  {family}: ",
+                                              subsequent_indent="    ", break_on_hyphens=False)
+                                for family, members in families.items())])
+
+
+def _bench_epilog() -> str:
+    from .eval.speed import benched_architectures
+    from .presets import preset_names
+
+    return (_grouped("NAME, an architecture (its bench entry's presets):", benched_architectures()) + "\n\n"
+            + _grouped("NAME, a preset (energyzoo/models/<NAME>.json):", preset_names()))
+
+
+def _reproduce_epilog() -> str:
+    return _grouped("experiments (reproduce/experiments.py):", EXPERIMENTS)
 
 
 def _fem_priors() -> tuple[str, ...]:
@@ -64,7 +112,7 @@ def _fem_kernels() -> list[str]:
 
 
 def _suites() -> list[str]:
-    from .eval.harness import SUITES
+    from .eval.suites import SUITES
 
     return list(SUITES)
 
@@ -94,6 +142,12 @@ def _quickstart(args) -> int:
     return 0
 
 
+def _recipe_file(args) -> Path:
+    from .training.recipe_files import recipe_file
+
+    return recipe_file(args.recipe)
+
+
 def _train(args) -> int:
     from accelerate import PartialState
 
@@ -112,11 +166,19 @@ def _train(args) -> int:
     return 0
 
 
+def _model_folder(args) -> Path:
+    """The verb's model folder, checked once (`files.model_folder`: every file of it read)."""
+    from .files import model_folder
+
+    if getattr(args, "checked_folder", None) is None:
+        args.checked_folder = model_folder(args.model_dir, args.checkpoint)
+    return args.checked_folder
+
+
 def _eval(args) -> int:
     from .eval.harness import evaluate_folder, format_results_table
-    from .training.checkpoints import model_folder
 
-    folder = model_folder(args.model_dir, args.checkpoint)
+    folder = _model_folder(args)
     _available_device(args.device)
     for name, results in evaluate_folder(folder, suites=args.suite, tasks=args.tasks, output_dir=args.output_dir,
                                          batch_size=args.batch_size, device=args.device, dtype=args.dtype,
@@ -127,10 +189,10 @@ def _eval(args) -> int:
 
 def _export(args) -> int:
     from .hub_cards import export_folder
-    from .training.checkpoints import model_folder
 
-    source = model_folder(args.model_dir, args.checkpoint)
-    folder = export_folder(source, args.output_dir, push_to=args.push, private=args.private)
+    source = _model_folder(args)
+    folder = export_folder(source, args.output_dir, push_to=args.push, private=args.private,
+                           overwrite=args.overwrite)
     print(f"exported {source} to {folder}")
     if args.push:
         print(f"uploaded to https://huggingface.co/{args.push}")
@@ -308,8 +370,7 @@ def quiet_libraries() -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="energyzoo", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(prog="energyzoo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -329,7 +390,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="start over in an output_dir that holds a run, removing that run's files")
     train.add_argument("--stop-after", type=int, default=None,
                        help="stop this session after N steps, saving a checkpoint of step N (continue with --resume)")
-    train.set_defaults(run=_train)
+    train.set_defaults(run=_train, check_files=_recipe_file)
 
     evaluate = commands.add_parser(
         "eval", help="lm-evaluation-harness on a model folder",
@@ -350,7 +411,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, mps, ...")
     evaluate.add_argument("--dtype", default="auto", help="auto (the saved dtype), float32, bfloat16 or float16")
     evaluate.add_argument("--limit", type=int, default=None, help="at most this many documents per task")
-    evaluate.set_defaults(run=_eval)
+    evaluate.set_defaults(run=_eval, check_files=_model_folder)
 
     export = commands.add_parser("export", help="write a Hub-ready folder (remote code, tokenizer, model card)")
     export.add_argument("model_dir", help="a model folder, or a run folder with --checkpoint")
@@ -359,7 +420,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="an intermediate checkpoint of the run: step-N or a checkpoint folder")
     export.add_argument("--push", default=None, metavar="REPO_ID", help="upload the folder to this Hub repository")
     export.add_argument("--private", action="store_true")
-    export.set_defaults(run=_export)
+    export.add_argument("--overwrite", action="store_true",
+                        help="replace an earlier export in OUTPUT_DIR whose files were edited since it was written")
+    export.set_defaults(run=_export, check_files=_model_folder)
 
     convert = commands.add_parser(
         "convert", help="turn another codebase's checkpoint into a Hub-ready energyzoo folder",
@@ -382,7 +445,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench = commands.add_parser(
         "bench", help="an architecture vs its baseline: forward, train step, peak memory, decoding",
         description="Time an architecture (the registry's bench entry: its presets, workloads and targets) or one "
-                    "preset against the baseline of the same shape its card names, in one paired run.")
+                    "preset against the baseline of the same shape its card names, in one paired run.",
+        epilog_when_shown=_bench_epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
     bench.add_argument("name", nargs="?", default=None, metavar="NAME", choices=ReadWhenUsed(_bench_names),
                        help="an architecture or a preset (e.g. fem-lm-table7); default fem")
     bench.add_argument("--all", action="store_true",
@@ -431,7 +495,8 @@ def build_parser() -> argparse.ArgumentParser:
         "reproduce", help="a CPU-scale rerun of a paper experiment, with a report",
         description="Run an experiment of the table in energyzoo/reproduce/experiments.py and write its report "
                     "(markdown, JSON, PNG). Settings are the fields of the experiment's settings class, overridden "
-                    "as field=value (typed by the field: seeds=[0,1,2], max_epochs=30).")
+                    "as field=value (typed by the field: seeds=[0,1,2], max_epochs=30).",
+        epilog_when_shown=_reproduce_epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
     reproduce.add_argument("experiment", choices=["all", "ledger", *sorted(EXPERIMENTS)], help="all: every "
                            "experiment, then the ledger of their verdicts (an experiment whose report is in "
                            "<output-dir>/<name> from the same settings and code is not rerun); ledger: the ledger of "
@@ -458,6 +523,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if hasattr(args, "check_files"):  # the files it reads, before the model code loads (seconds)
+            args.check_files(args)
         if getattr(args, "loads_models", True):
             from .registry import register_all  # the first import of torch and transformers
 

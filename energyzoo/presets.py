@@ -7,14 +7,13 @@
 """
 
 import dataclasses
-import difflib
 import json
 from functools import cache
 from importlib import resources
 
 from transformers import CONFIG_MAPPING, AutoConfig, PretrainedConfig
 
-from .modeling.errors import UserError
+from .modeling.errors import UserError, did_you_mean
 from .registry import TASKS
 
 
@@ -40,7 +39,8 @@ def preset_card(name: str) -> dict:
 def _entry(name: str) -> dict:
     catalogue = _catalogue()
     if name not in catalogue:
-        raise UserError(f"Unknown preset {name!r}; known presets: {', '.join(sorted(catalogue))}")
+        raise UserError(f"unknown preset {name!r}{did_you_mean(name, catalogue)} (every preset: energyzoo bench "
+                        "--help)")
     return catalogue[name]
 
 
@@ -68,9 +68,7 @@ def config_with_overrides(fields: dict, overrides: dict) -> PretrainedConfig:
         names = config_fields(config_class)
         for key in overrides:
             if key not in names:
-                close = difflib.get_close_matches(key, names, n=1)
-                hint = f"; did you mean {close[0]!r}?" if close else ""
-                raise UserError(f"{config_class.__name__} has no field {key!r}{hint}")
+                raise UserError(f"{config_class.__name__} has no field {key!r}{did_you_mean(key, names)}")
     return AutoConfig.for_model(**{**fields, **overrides})
 
 

@@ -8,7 +8,7 @@
 set -euo pipefail
 GPUS=${GPUS:-$(python -c "import torch; print(torch.cuda.device_count())")}
 OUT=${OUT:-runs/gpu-smoke}
-CONFIGS=$(python -c "from energyzoo.training.recipe import shipped_recipe_path; print(shipped_recipe_path('fem-lm-tiny').parent)")
+CONFIGS=$(python -c "from energyzoo.training.recipe_files import shipped_recipe_path; print(shipped_recipe_path('fem-lm-tiny').parent)")
 [ "$GPUS" -ge 1 ] || { echo "no CUDA GPU visible"; exit 1; }
 engines="fsdp"
 if python -c "import deepspeed" 2>/dev/null; then engines="fsdp deepspeed-zero3"; else echo "deepspeed not installed: ZeRO-3 skipped"; fi

@@ -4,16 +4,19 @@ intermediate checkpoints evaluated and exported, trackers beside metrics.jsonl."
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from energyzoo.cli import main
-from energyzoo.training.recipe import load_recipe, shipped_recipe_path
+from energyzoo.training.recipe import load_recipe
+from energyzoo.training.recipe_files import shipped_recipe_path
 from energyzoo.training.run import run_training
 
 ONLINE = {**os.environ, "HF_HUB_OFFLINE": "0", "HF_DATASETS_OFFLINE": "0"}  # a Hub lookup would wait on the network
@@ -39,7 +42,10 @@ def test_help_lists_the_verbs_and_the_debug_flag():
     assert done.returncode == 0 and "recipes" in done.stdout and "--debug" in done.stdout
 
 
-@pytest.mark.parametrize("args", [["--help"], ["recipes"], ["train"], ["bench", "--repeats", "many"]])
+@pytest.mark.parametrize("args", [["--help"], ["recipes"], ["train"], ["bench", "--repeats", "many"],
+                                  ["reproduce", "fem-argmx"], ["reproduce", "--help"], ["eval", "no-such-folder"],
+                                  ["export", "no-such-folder", "out"], ["train", "fem-lm-tinyy"],
+                                  ["eval", "x", "--suite", "nosuch"]])
 def test_help_listing_recipes_and_argument_errors_answer_without_importing_torch(args, tmp_path):
     script = tmp_path / "energyzoo"  # a console script of that name, as pip writes it
     script.write_text("import sys\nfrom energyzoo.cli import main\ntry:\n    main()\nexcept SystemExit:\n    pass\n"
@@ -49,7 +55,33 @@ def test_help_listing_recipes_and_argument_errors_answer_without_importing_torch
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["train", "fem-lm-tinyy"], "no recipe file 'fem-lm-tinyy' and no shipped recipe of that name; shipped: "),
+    (["bench", "fem-lm-tiy"], "energyzoo bench: error: argument NAME: 'fem-lm-tiy' is not one; did you mean "
+                              "'fem-lm-tiny'? (energyzoo bench --help lists every one)"),
+    (["reproduce", "fem-argmx"], "energyzoo reproduce: error: argument experiment: 'fem-argmx' is not one; did you "
+                                 "mean 'fem-argmax'? (energyzoo reproduce --help lists every one)"),
+    (["eval", "x", "--suite", "nosuch"], "energyzoo eval: error: argument --suite: 'nosuch' is not one (energyzoo "
+                                         "eval --help lists every one)"),
+    (["bench", "--repeats", "many"], "energyzoo bench: error: argument --repeats: invalid int value: 'many' "
+                                     "(energyzoo bench --help for the usage)"),
+])
+def test_an_argument_typo_is_answered_in_one_line_with_the_closest_name(args, message, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        main(args)
+    assert stopped.value.code == 2 and capsys.readouterr().err.splitlines() == [message]
+
+
+def test_bench_and_reproduce_help_list_every_name_by_family(capsys):
+    for args in (["bench", "--help"], ["reproduce", "--help"]):
+        with pytest.raises(SystemExit):
+            main(args)
+    shown = capsys.readouterr().out
+    assert "  fem: fem-aft-tiny, fem-gla-1.3b," in shown and "  tel: tel-gpt2, tel-vit, tel-resnet" in shown
+    assert "  eer: eer-induction, eer-block-screen" in shown and "  fem: fem-argmax, fem-lm, fem-mad" in shown
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["train", "fem-lm-tinyy"], "no recipe file 'fem-lm-tinyy' and no shipped recipe of that name; did you mean "
+                                "'fem-lm-tiny'? (every one: energyzoo recipes)"),
     (["train", "fem-lm-tiny", "model.init_from=runs/gpt2/model"],
      "recipe model.init_from must be an existing folder or a Hub id (user/name), got 'runs/gpt2/model'"),
     (["train", "fem-lm-tiny", "tokenizer.name=./my-tokenizer"], "recipe tokenizer.name must be an existing folder"),
@@ -74,7 +106,8 @@ def test_bad_paths_are_answered_in_one_line_with_exit_code_2_before_any_network_
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["train", "fem-lm-tiny", "model.preset=fem-lm-tinyy"], "Unknown preset 'fem-lm-tinyy'; known presets: "),
+    (["train", "fem-lm-tiny", "model.preset=fem-lm-tinyy"],
+     "unknown preset 'fem-lm-tinyy'; did you mean 'fem-lm-tiny'? (every preset: energyzoo bench --help)"),
     (["train", "fem-lm-tiny", "training.steps"], "override 'training.steps' must look like key=value"),
     (["train", "fem-lm-tiny", "training.learning_rte=0.1"],
      "recipe training.learning_rte: Key 'learning_rte' not in 'TrainingSection'. Did you mean: 'learning_rate'?"),
@@ -315,6 +348,45 @@ def test_an_internal_error_is_a_traceback_exit_1_and_says_it_is_a_bug(capsys, mo
                                             "input: please report it with the traceback above")
 
 
+FIRST_SCREEN_NOISE = ("Overwriting default num_fewshot", "Token indices sequence length is longer")
+UNLABELLED_BAR = re.compile(r"\s*\d+%\|")  # tqdm's bar with no description before it
+
+
+def test_eval_shows_labelled_bars_and_its_table_without_notices(run_folder, tmp_path):
+    """On an export (whose tokenizer's model_max_length is the model's context, shorter than the perplexity task's
+    documents, which lm-eval cuts into windows): no lm-eval notice that it overwrote a few-shot setting, no tokenizer
+    alarm at documents longer than the context, and every progress bar labelled."""
+    assert main(["export", str(run_folder / "model"), str(tmp_path / "export")]) == 0
+    done = energyzoo("eval", str(tmp_path / "export"), "--output-dir", str(tmp_path / "eval"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = [line for line in done.stderr.replace("\r", "\n").splitlines() if line.strip()]
+    assert not [line for line in lines if any(noise in line for noise in FIRST_SCREEN_NOISE)], lines
+    assert not [line for line in lines if UNLABELLED_BAR.match(line)], lines
+    assert "Building contexts" in done.stderr and "|energyzoo_pydoc_ppl|" in done.stdout
+
+
+def test_the_length_alarm_is_silenced_only_while_documents_are_cut_into_windows(run_folder, tmp_path):
+    from transformers import AutoTokenizer
+    from transformers.testing_utils import CaptureLogger
+    from transformers.utils import logging
+
+    from energyzoo.eval.harness import windows_without_length_alarm
+
+    assert main(["export", str(run_folder / "model"), str(tmp_path / "export")]) == 0
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "export")
+    long = "def f(x): return x + 1\n" * tokenizer.model_max_length
+    language_model = SimpleNamespace(tokenizer=tokenizer, loglikelihood_rolling=lambda texts: [
+        len(tokenizer(text)["input_ids"]) for text in texts])
+    windows_without_length_alarm(language_model)
+    alarms = logging.get_logger("transformers.tokenization_utils_base")
+    with CaptureLogger(alarms) as windows:
+        assert language_model.loglikelihood_rolling([long])[0] > tokenizer.model_max_length
+    with CaptureLogger(alarms) as cut:  # an input the model would see cut: the alarm stays
+        tokenizer(long)
+    assert "Token indices sequence length is longer" not in windows.out
+    assert "Token indices sequence length is longer" in cut.out
+
+
 QUIET_QUICKSTART = """
 import socket, sys, warnings
 warnings.simplefilter("always")  # every warning shown, as a user's first run shows them
@@ -343,6 +415,7 @@ def test_the_quickstart_is_quiet_and_offline_without_being_told(tmp_path):
     lines = [line for line in done.stderr.replace("\r", "\n").splitlines() if line.strip()]
     noise = [line for line in lines if any(word in line for word in (
         "NETWORK:", "Warning", "warning", "fatal:", "aggregation", "Writing model shards", "Loading weights",
-        "model of type"))]
+        "model of type", *FIRST_SCREEN_NOISE))]
     assert not noise, noise
+    assert not [line for line in lines if UNLABELLED_BAR.match(line)]
     assert "exported to" in done.stdout

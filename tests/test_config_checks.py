@@ -112,3 +112,18 @@ def test_command_line_overrides_are_read_as_the_fields_annotation():
     refused = "recipe training.learning_rate: Value 'fast' of type 'str' could not be converted to Float"
     with pytest.raises(ValueError, match=refused):
         load_recipe("fem-lm-tiny", ["training.learning_rate=fast"])
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"hidden_size": 100}, "FEMConfig: hidden_size 100, value_ratio 0.5 and num_attention_heads 4 give a value width "
+                           "of 50, which 4 heads cannot split evenly"),
+    ({"hidden_size": 66}, "FEMConfig: hidden_size 66, qk_ratio 1.0 and num_attention_heads 4 give a Q/K width of 66, "
+                          "which 4 heads cannot split evenly"),
+    ({"hidden_size": 36, "value_ratio": 1.0}, "FEMConfig: hidden_size 36, qk_ratio 1.0 and num_attention_heads 4 give "
+                                              "a per-head Q/K width of 9, which is odd (RoPE rotates pairs"),
+])
+def test_a_size_rule_names_every_field_it_joins_with_its_value_and_what_they_give(fields, message):
+    """The user set hidden_size; the rule joins it with fields left at their defaults, so every one is named."""
+    with pytest.raises(ValueError) as refused:
+        config_from_preset("fem-lm-tiny", **fields)
+    assert str(refused.value).startswith(message), refused.value

@@ -72,3 +72,14 @@ def test_plot_draws_per_layer_means_of_non_iterative_layers(tmp_path):
     torch.testing.assert_close(
         torch.tensor(energies, dtype=torch.float32), trace.stack("energy").float().mean(dim=(1, 2))
     )
+
+
+def test_a_trace_summary_is_each_layers_means_and_prints_as_a_table():
+    trace = outputs.EnergyTrace("fem", [{"energy": torch.tensor([1.0, 3.0]), "temperature": torch.tensor(0.5)},
+                                        {"energy": torch.tensor([[2.0, 4.0]]), "temperature": torch.tensor(0.25)}])
+    summary = trace.summary()
+    assert summary == {"energy/layer_0": 2.0, "temperature/layer_0": 0.5, "energy/layer_1": 3.0,
+                       "temperature/layer_1": 0.25}
+    assert str(summary).splitlines() == ["layer" + " " * 9 + "energy temperature",  # columns 11 wide, right-aligned
+                                         "layer 0" + " " * 12 + "2" + " " * 9 + "0.5",
+                                         "layer 1" + " " * 12 + "3" + " " * 8 + "0.25"]

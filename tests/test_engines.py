@@ -22,7 +22,8 @@ from transformers import AutoModelForCausalLM
 from energyzoo.hub_cards import export_folder
 from energyzoo.modeling.errors import UserError
 from energyzoo.training.engines import Engine, check_resumable, hand_recipe_to_deepspeed
-from energyzoo.training.recipe import load_recipe, shipped_recipe_path
+from energyzoo.training.recipe import load_recipe
+from energyzoo.training.recipe_files import shipped_recipe_path
 from energyzoo.training.run import run_training
 
 pytestmark = pytest.mark.slow  # processes of their own

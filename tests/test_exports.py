@@ -63,20 +63,40 @@ def test_export_never_rewrites_its_input(tmp_path):
     assert fingerprint(model_dir) == before
 
 
-def test_export_refuses_a_folder_of_other_files_and_replaces_an_earlier_export(tmp_path):
+def test_export_refuses_a_folder_of_other_files_quietly_and_replaces_an_untouched_earlier_export(tmp_path, caplog):
     model_dir = saved(tmp_path, "fem-lm-tiny")
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "notes.txt").write_text("not an export")
-    with pytest.raises(ValueError, match=r"mine holds files that are not an energyzoo export \(notes.txt\)"):
+    (mine / "README.md").write_text("# my notes\n")  # a card without metadata: huggingface_hub would warn of it
+    with pytest.raises(ValueError, match=r"mine holds files that are not an energyzoo export \(README.md, notes.txt\)"):
         export_folder(model_dir, mine)
-    assert [path.name for path in mine.iterdir()] == ["notes.txt"] and not list(tmp_path.glob(".*"))
+    assert sorted(path.name for path in mine.iterdir()) == ["README.md", "notes.txt"] and not list(tmp_path.glob(".*"))
+    assert not [record for record in caplog.records if record.name.startswith("huggingface_hub")], caplog.text
     earlier = export_folder(model_dir, tmp_path / "export")
+    caplog.clear()
+    export_folder(model_dir, earlier)  # untouched since it was written: replaced, and said so
+    assert [record.getMessage() for record in caplog.records] == [f"replacing the earlier export in {earlier}"]
+    assert not list(tmp_path.glob(".*"))  # no partial or old folder left beside it
+
+
+def test_an_export_whose_files_were_edited_is_replaced_only_when_asked(tmp_path):
+    model_dir = saved(tmp_path, "fem-lm-tiny")
+    earlier = export_folder(model_dir, tmp_path / "export")
+    card = (earlier / "README.md").read_text()
+    (earlier / "README.md").write_text(card + "\nMy notes on this model.\n")
     (earlier / "eval").mkdir()
     (earlier / "eval" / "stale.json").write_text("{}")
-    export_folder(model_dir, earlier)  # an earlier export is replaced as a whole, its stale results with it
-    assert not (earlier / "eval").exists() and (earlier / "model.safetensors").is_file()
-    assert not list(tmp_path.glob(".*"))  # no partial or old folder left beside it
+    before = fingerprint(earlier)
+    with pytest.raises(ValueError, match=r"export is an earlier export whose files were edited since it was written "
+                                         r"\(README.md, eval/stale.json\): export elsewhere, or pass --overwrite"):
+        export_folder(model_dir, earlier)
+    assert fingerprint(earlier) == before
+    export_folder(model_dir, earlier, overwrite=True)  # replaced as a whole, the edits and stale results with it
+    assert (earlier / "README.md").read_text() == card and not (earlier / "eval").exists()
+    (earlier / "manifest.json").unlink()  # an export that cannot say what it wrote is replaced only when asked
+    with pytest.raises(ValueError, match="records no manifest.json, so edits to it cannot be told"):
+        export_folder(model_dir, earlier)
 
 
 def test_eval_refuses_a_folder_that_is_no_causal_language_model_in_one_line(tmp_path, capsys):

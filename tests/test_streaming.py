@@ -100,7 +100,7 @@ def test_two_processes_stream_their_shares_and_resume_from_their_own_positions(c
     import subprocess
     import sys
 
-    from energyzoo.training.recipe import shipped_recipe_path
+    from energyzoo.training.recipe_files import shipped_recipe_path
 
     path, _, _ = corpus
     config = shipped_recipe_path("accelerate-cpu-2proc")

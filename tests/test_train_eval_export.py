@@ -29,7 +29,8 @@ from energyzoo.modeling.errors import UserError
 from energyzoo.presets import preset_names
 from energyzoo.quickstart import run_quickstart
 from energyzoo.training.finetune import finetune_with_trainer
-from energyzoo.training.recipe import load_recipe, shipped_recipe_path
+from energyzoo.training.recipe import load_recipe
+from energyzoo.training.recipe_files import shipped_recipe_path
 from energyzoo.training.run import run_training
 from energyzoo.training.schedule import BatchSchedule
 

@@ -19,6 +19,7 @@ import random
 import re
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from unittest import mock
 
@@ -27,15 +28,14 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 
 from ..data.text import python_docs_corpus
 from ..extras import needs_extra
+from ..files import read_json, tokenizer_damage
 from ..modeling.errors import UserError
 from ..registry import ARCHITECTURES
+from .suites import SUITES
 
-SUITES = {
-    "leaderboard": {"tasks": ["leaderboard"], "num_fewshot": None},
-    "general": {"tasks": ["arc_challenge", "arc_easy", "hellaswag", "piqa", "boolq", "winogrande", "copa",
-                          "openbookqa", "sciq"], "num_fewshot": 0},
-    "local": {"tasks": ["energyzoo_pydoc_mc", "energyzoo_pydoc_ppl"], "num_fewshot": 0},
-}
+# the tokenizer's alarm at an input longer than the model's context, which `tokenizer.deprecation_warnings` records as
+# given once it was
+LENGTH_ALARM = "sequence-length-is-longer-than-the-specified-maximum"
 LOCAL_VALIDATION_FRACTION = 0.1  # the quickstart's held-out topics
 MC_CONTEXT_WORDS, MC_ANSWER_WORDS, MC_CHOICES = 8, 4, 4
 
@@ -141,17 +141,49 @@ def format_results_table(results: dict) -> str:
 
 
 def require_causal_lm(model_dir: Path) -> None:
-    """Refuse, in one line, a folder that holds no causal language model: lm-evaluation-harness scores text with the
-    logits of a causal LM (its HFLM), which a classifier or an image model does not give."""
-    if not (model_dir / "config.json").is_file():
-        raise UserError(f"{model_dir} is not a model folder (no config.json)")
-    saved = json.loads((model_dir / "config.json").read_text()).get("architectures") or []
+    """Refuse, in one line, a folder that holds no causal language model with its tokenizer: lm-evaluation-harness
+    scores text with the logits of a causal LM (its HFLM), which a classifier or an image model does not give."""
+    saved = read_json(model_dir / "config.json").get("architectures") or []
     causal = set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()) | {
         head.__name__ for entry in ARCHITECTURES.values() for task, head in entry.heads.items() if task == "causal-lm"}
     if not causal & set(saved):
         raise UserError(f"energyzoo eval runs lm-evaluation-harness, which scores causal language models; {model_dir} "
                          f"holds {', '.join(saved) or 'a model of no saved architecture'} (evaluate it with its own "
                          "task's metrics, which energyzoo train reports)")
+    if why := tokenizer_damage(model_dir):
+        raise UserError(f"{why}, which lm-evaluation-harness needs (its tasks are text)")
+
+
+def windows_without_length_alarm(language_model) -> None:
+    """Silence the tokenizer's "Token indices sequence length is longer than the specified maximum" while
+    ``language_model`` (an HFLM) scores whole documents (``loglikelihood_rolling``, perplexity tasks), which it cuts
+    into windows of the model's context itself: the alarm stays for every other request, whose input would be cut."""
+    rolling = language_model.loglikelihood_rolling
+
+    def scored_in_windows(*args, **kwargs):
+        given = language_model.tokenizer.deprecation_warnings
+        before = given.get(LENGTH_ALARM)
+        given[LENGTH_ALARM] = True
+        try:
+            return rolling(*args, **kwargs)
+        finally:
+            if before is None:
+                given.pop(LENGTH_ALARM, None)
+
+    language_model.loglikelihood_rolling = scored_in_windows
+
+
+@contextmanager
+def labelled_progress():
+    """lm-eval's two unlabelled bars, labelled beside its labelled bars of requests: over each task's documents, and
+    over the documents a perplexity task cuts into windows (a bar that names itself keeps its name)."""
+    from lm_eval.api import task
+    from lm_eval.models import huggingface
+    from tqdm import tqdm
+
+    with (mock.patch.object(task, "tqdm", partial(tqdm, desc="Building contexts")),
+          mock.patch.object(huggingface, "tqdm", partial(tqdm, desc="Cutting documents into windows"))):
+        yield
 
 
 @contextmanager
@@ -198,12 +230,13 @@ def evaluate_folder(model_dir: str | Path, suites: list[str] = ("local",), tasks
         runs = {suite: SUITES[suite] for suite in suites}
     language_model = HFLM(pretrained=str(model_dir), device=device, dtype=dtype, batch_size=batch_size,
                           trust_remote_code=True)
+    windows_without_length_alarm(language_model)
     output_dir.mkdir(parents=True, exist_ok=True)
     local_tasks = str(write_local_tasks(output_dir / "local_tasks"))
     evaluated = {}
     for name, settings in runs.items():
         manager = TaskManager(include_path=local_tasks, include_defaults=name != "local")
-        with unasked_lookups_off():
+        with unasked_lookups_off(), labelled_progress():
             results = lm_eval.simple_evaluate(
                 model=language_model, tasks=settings["tasks"], task_manager=manager, limit=limit, log_samples=False,
                 num_fewshot=settings["num_fewshot"] if num_fewshot is None else num_fewshot)

@@ -10,11 +10,13 @@ rendered from this folder's per-paper template (the registry's `card_template`: 
 transformers pipeline runs on the folder (it holds the tokenizer or image processor the pipeline reads).
 Nothing touches the network unless ``push_to`` names a repository.
 
-The output folder is new, empty or an earlier export (which is replaced as a whole), never the model folder or a
-folder holding other files; it is written beside its final place and renamed into it when complete.
+The output folder is new, empty or an earlier export (replaced as a whole, unless its files were edited since: the
+export's ``manifest.json`` records what it wrote), never the model folder or a folder holding other files; it is
+written beside its final place and renamed into it when complete.
 """
 
 import json
+import logging
 import shutil
 from dataclasses import asdict
 from importlib import resources
@@ -28,6 +30,7 @@ from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerFast
 from ..data.images import image_processor_for
 from ..eval.harness import scores
 from ..eval.speed import format_table
+from ..files import MANIFEST, edited_files, write_manifest
 from ..modeling.errors import UserError
 from ..modeling.transformers_compat import TESTED_TRANSFORMERS
 from ..registry import ARCHITECTURES, TASKS, architecture, auto_map_for
@@ -37,6 +40,8 @@ from ..training.recipe import Recipe, read_recipe
 from ..training.tasks import training_task
 from .ledger import family_ledger
 from .public import is_local_path, public_evaluations, public_recipe
+
+logger = logging.getLogger(__name__)
 
 SKIPPED_CONFIG_KEYS = {"auto_map", "architectures", "transformers_version", "id2label", "label2id", "dtype"}
 # The file each preprocessor saves, which a pipeline reads from the folder.
@@ -250,35 +255,50 @@ def render_card(model, model_dir: Path, task: str, repo_id: str | None = None,
 
 
 def _is_export(folder: Path) -> bool:
-    """Whether ``folder`` holds an energyzoo export: a config.json and a model card tagged energyzoo."""
+    """Whether ``folder`` holds an energyzoo export: a config.json and a model card tagged energyzoo (a card without
+    a metadata block is a user's own, read no further: huggingface_hub would warn that it has none)."""
     card = folder / "README.md"
-    if not ((folder / "config.json").is_file() and card.is_file()):
+    if not ((folder / "config.json").is_file() and card.is_file()) or not card.read_bytes().startswith(b"---"):
         return False
     return "energyzoo" in (ModelCard.load(card).data.tags or [])
 
 
-def check_export_folder(model_dir: Path, output_dir: Path) -> None:
-    """Refuse an output folder that is, holds or lies in the model folder, or that holds files other than an earlier
-    energyzoo export (README.md with the energyzoo tag beside a config.json), which the export would replace, and
-    push to the Hub with the model."""
+def _shown(names: list[str]) -> str:
+    return ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+
+
+def check_export_folder(model_dir: Path, output_dir: Path, overwrite: bool = False) -> bool:
+    """Whether the export replaces an earlier one in ``output_dir``. Refused: an output folder that is, holds or lies
+    in the model folder; one that holds files other than an earlier energyzoo export (which the export would replace,
+    and push to the Hub with the model); and, unless ``overwrite``, an earlier export whose files were edited since
+    it was written (its manifest says which), or that records no manifest to tell."""
     source, target = model_dir.resolve(), output_dir.resolve()
     if target == source or source in target.parents or target in source.parents:
         raise UserError(f"export writes a folder of its own: {output_dir} is, lies in or holds the model folder "
                          f"{model_dir}; choose another output folder")
-    if not target.exists():
-        return
-    present = sorted(path.name for path in target.iterdir()) if target.is_dir() else [target.name]
-    if present and not _is_export(target):
-        shown = ", ".join(present[:5]) + (", ..." if len(present) > 5 else "")
-        raise UserError(f"{output_dir} holds files that are not an energyzoo export ({shown}); export into a new or "
-                         "empty folder")
+    present = sorted(path.name for path in target.iterdir()) if target.is_dir() else [target.name] * target.exists()
+    if not present:
+        return False
+    if not _is_export(target):
+        raise UserError(f"{output_dir} holds files that are not an energyzoo export ({_shown(present)}); export into "
+                         "a new or empty folder")
+    edited = edited_files(target)
+    if edited and not overwrite:
+        raise UserError(f"{output_dir} is an earlier export whose files were edited since it was written "
+                        f"({_shown(edited)}): export elsewhere, or pass --overwrite to replace it with the edits")
+    if edited is None and not overwrite:
+        raise UserError(f"{output_dir} is an earlier export that records no {MANIFEST}, so edits to it cannot be "
+                        "told: pass --overwrite to replace it")
+    return True
 
 
 def export_folder(model_dir: str | Path, output_dir: str | Path, push_to: str | None = None, api: HfApi | None = None,
-                  private: bool = False) -> Path:
-    """Write the Hub-ready folder of a trained zoo model; with ``push_to``, upload it (card included)."""
+                  private: bool = False, overwrite: bool = False) -> Path:
+    """Write the Hub-ready folder of a trained zoo model, with the manifest of what it wrote (so that a later export
+    into it can tell hand edits, `check_export_folder`); with ``push_to``, upload it (card included)."""
     model_dir, output_dir = Path(model_dir), Path(output_dir)
-    check_export_folder(model_dir, output_dir)
+    if check_export_folder(model_dir, output_dir, overwrite):
+        logger.warning(f"replacing the earlier export in {output_dir}")
     model, tokenizer, task = load_for_export(model_dir)
 
     recipe = _recipe(model_dir)
@@ -298,6 +318,7 @@ def export_folder(model_dir: str | Path, output_dir: str | Path, push_to: str | 
                 (folder / "eval" / path.name).write_text(json.dumps(evaluation, indent=2))
             for table in sorted((model_dir / "eval").glob("*.md")):
                 shutil.copy(table, folder / "eval" / table.name)
+        write_manifest(folder)
 
     write_folder_whole(output_dir, write)
     if push_to is not None:

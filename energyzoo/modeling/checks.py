@@ -133,6 +133,15 @@ def check_derived_fields(config) -> None:
                 f"a rope_type of {sorted(ROPE_TYPES)}", rope)
 
 
+def require_sizes(owner: str, condition: bool, fields: dict, gives: str) -> None:
+    """A rule over several size fields, any of which may be the one the user set, so the message names them all with
+    their values: ``UserError("<owner>: hidden_size 100, value_ratio 0.5 and num_attention_heads 4 give <gives>")``
+    unless ``condition`` holds."""
+    if not condition:
+        named = [f"{field} {value!r}" for field, value in fields.items()]
+        raise UserError(f"{owner}: {', '.join(named[:-1])} and {named[-1]} give {gives}")
+
+
 def require_divisible(owner: str, config, size: str, heads: str) -> None:
     """``config.<size>`` is a multiple of ``config.<heads>`` (attention heads split a width evenly)."""
     width, count = getattr(config, size), getattr(config, heads)

@@ -12,6 +12,7 @@ from .checks import (
     check_derived_fields,
     check_transformers_fields,
     require,
+    require_sizes,
     set_cache_layer_types,
     strict_config,
 )
@@ -193,11 +194,14 @@ class FEMConfig(OwnCacheLayerTypes, PreTrainedConfig):
             value = getattr(self, field)
             require(OWNER, value > 0, field, "a positive finite number", value)
         heads = self.num_attention_heads
-        for field, width in (("qk_ratio", self.hidden_size * self.qk_ratio), ("value_ratio", self.value_width_exact)):
-            multiple = f"such that hidden_size * {field} is an integer multiple of num_attention_heads ({heads})"
-            require(OWNER, float(width).is_integer() and int(width) % heads == 0, field, multiple, getattr(self, field))
-        even = "such that the per-head Q/K width is even (RoPE)"
-        require(OWNER, self.head_dim % 2 == 0, "qk_ratio", even, self.qk_ratio)
+        for field, path, width in (("qk_ratio", "Q/K", self.hidden_size * self.qk_ratio),
+                                   ("value_ratio", "value", self.value_width_exact)):
+            sizes = {"hidden_size": self.hidden_size, field: getattr(self, field), "num_attention_heads": heads}
+            require_sizes(OWNER, float(width).is_integer() and int(width) % heads == 0, sizes,
+                          f"a {path} width of {width:g}, which {heads} heads cannot split evenly")
+        sizes = {"hidden_size": self.hidden_size, "qk_ratio": self.qk_ratio, "num_attention_heads": heads}
+        require_sizes(OWNER, self.head_dim % 2 == 0, sizes,
+                      f"a per-head Q/K width of {self.head_dim}, which is odd (RoPE rotates pairs of channels)")
         require(OWNER, self.beta_max_init > 0, "beta_max_init", "> 0", self.beta_max_init)
         if self.time_decay_rank is not None:
             rank = self.time_decay_rank

@@ -6,6 +6,8 @@ or input and what is allowed. The `energyzoo` command answers these in one line 
 is a bug in energyzoo and is shown with its traceback (exit code 1).
 """
 
+import difflib
+
 
 class UserError(ValueError):
     """A bad value, type, file or input, named in the message."""
@@ -24,3 +26,10 @@ class MissingExtra(ImportError):
 class UntestedTransformers(ImportError):
     """The installed transformers release is outside the range this code was tested on (an `ImportError`, raised
     when the model code is imported)."""
+
+
+def did_you_mean(value: str, names) -> str:
+    """``"; did you mean '<name>'?"`` for the name of ``names`` closest to ``value`` (difflib's ratio), or "" when
+    none is close: a hint for a typo, instead of a line of every name."""
+    close = difflib.get_close_matches(str(value), [str(name) for name in names], n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""

@@ -12,6 +12,7 @@ stacked, nothing else: a converted model computes what the authors' model comput
 """
 
 import math
+import pickle
 import re
 from pathlib import Path
 
@@ -113,12 +114,22 @@ def read_original_state_dict(source: str | Path) -> dict[str, torch.Tensor]:
     path = Path(source)
     if not path.is_file():
         raise UserError(f"hyperset-original: no checkpoint file at {path}")
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
+    try:  # what fails here is the file: its format's reader says how (truncated, overwritten, another format)
+        if path.suffix == ".safetensors":
+            from safetensors import SafetensorError
+            from safetensors.torch import load_file
 
-        state = load_file(path)
-    else:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+            try:
+                state = load_file(path)
+            except SafetensorError as error:
+                raise ValueError(str(error)) from None
+        else:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except (RuntimeError, ValueError, EOFError, OSError, pickle.UnpicklingError) as error:
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:160]
+        kind = "safetensors" if path.suffix == ".safetensors" else "torch"
+        raise UserError(f"hyperset-original: {path} is not a {kind} checkpoint that loads ({reason}): truncated, "
+                        "overwritten or another format?") from None
     for wrapper in ("model_state_dict", "state_dict"):
         if isinstance(state, dict) and isinstance(state.get(wrapper), dict):
             state = state[wrapper]

@@ -64,6 +64,22 @@ class ForwardContextVar(CompileableContextVar):
     get, set, reset = CompileableContextVar.get, CompileableContextVar.set, CompileableContextVar.reset
 
 
+class TraceSummary(dict):
+    """`EnergyTrace.summary`: ``{"<quantity>/layer_<i>": mean}``, shown as a table of layers by quantities."""
+
+    def __str__(self) -> str:
+        rows: dict[str, dict[str, float]] = {}
+        for key, value in self.items():
+            name, layer = key.rsplit("/", 1)
+            rows.setdefault(layer.replace("_", " "), {})[name] = value
+        names = list(dict.fromkeys(name for row in rows.values() for name in row))
+        width = max([len(name) for name in names] + [10])
+        lines = ["layer    " + " ".join(f"{name:>{width}}" for name in names)]
+        lines += [f"{layer:<8} " + " ".join(f"{row[name]:>{width}.4g}" if name in row else " " * width
+                                            for name in names) for layer, row in rows.items()]
+        return "\n".join(lines)
+
+
 # The trace of the forward in progress (None: nothing is recorded).
 _ACTIVE_TRACE = ForwardContextVar("energyzoo_energy_trace")
 
@@ -96,13 +112,14 @@ class EnergyTrace:
             raise KeyError(f"EnergyTrace has no quantity {name!r}; available: {self.names()}")
         return torch.stack([layer[name] for layer in self.layers])
 
-    def summary(self) -> dict[str, float]:
-        """Mean of every quantity per layer, as plain floats (for logging): ``{"energy/layer_0": ...}``."""
-        return {
+    def summary(self) -> "TraceSummary":
+        """Mean of every quantity per layer, as plain floats (a dict for logging, ``{"energy/layer_0": ...}``, which
+        prints as a table: one row per layer, one column per quantity)."""
+        return TraceSummary({
             f"{name}/layer_{index}": float(value.float().mean())
             for index, layer in enumerate(self.layers)
             for name, value in layer.items()
-        }
+        })
 
     def plot(self, path: str | Path | None = None, names: tuple[str, ...] = ("energy", "temperature", "residual")):
         """Draw each of ``names`` the trace has, one panel per quantity: for iterative families (their layers

@@ -16,11 +16,10 @@
 - `rotate_checkpoints` keeps the newest ``training.save_total_limit`` checkpoints.
 - The run's other files: ``metrics.jsonl`` (`append_metrics`, cut back to a resumed checkpoint by `truncate_metrics`),
   ``loss_curve.png`` (`plot_loss_curve`), a stream's position per process (`stream_state_file`), and model folders
-  (`save_model_folder` writes one, `model_folder` finds the one `energyzoo eval` and `export` take).
+  (`save_model_folder` writes one; `files.model_folder` finds the one `energyzoo eval` and `export` take).
 """
 
 import errno
-import hashlib
 import json
 import logging
 import os
@@ -32,6 +31,7 @@ from pathlib import Path
 import yaml
 from accelerate import Accelerator
 
+from ..files import CHECKPOINTS, MODEL, check_tokenizer_folder, manifest_damage, read_json, write_manifest
 from ..modeling.errors import UserError
 from ..registry import ARCHITECTURES, auto_map_for
 from .engines import check_resumable, engine_of, gathered_state_dict
@@ -39,14 +39,11 @@ from .recipe import Recipe, flat_settings, read_recipe
 
 logger = logging.getLogger(__name__)
 
-CHECKPOINTS = "checkpoints"
-MODEL = "model"  # the saved model folder, in the run folder and in every checkpoint
 BEST_MODEL = "best-model"  # the model at the best evaluation of `training.keep_best`'s metric
 TOKENIZER = "tokenizer"
 RECIPE = "recipe.yaml"
 METRICS = "metrics.jsonl"
 STATE_FILE = "trainer_state.json"
-MANIFEST = "manifest.json"  # every other file of a checkpoint: its size and SHA-256, written last
 TRACKERS = "trackers"  # accelerate's trackers (tensorboard, ...) log under output_dir/trackers/
 LOSS_CURVE = "loss_curve.png"
 RUN_FILES = (RECIPE, METRICS, LOSS_CURVE, TOKENIZER, CHECKPOINTS, MODEL, BEST_MODEL, TRACKERS)
@@ -143,6 +140,9 @@ def claim_run_folder(output_dir: Path, recipe: dict, resume: bool, overwrite: bo
         raise UserError(f"--resume: this recipe changes {'; '.join(changes)} from the run in {output_dir}, which "
                          "would mix two runs: resume with the run's settings, or start a new run (--overwrite or "
                          "another output_dir)")
+    if (output_dir / TOKENIZER).is_dir():  # read again by the resumed run: checked before anything is written
+        check_tokenizer_folder(output_dir / TOKENIZER, "the run's tokenizer, which the resumed run reads")
+    metrics_rows(output_dir / METRICS)
     return False
 
 
@@ -156,45 +156,15 @@ def remove_run_files(output_dir: Path) -> None:
                 path.unlink()
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def write_manifest(folder: Path) -> None:
-    """Record every file under ``folder`` (its size and SHA-256) in ``folder/manifest.json``."""
-    files = sorted(path for path in folder.rglob("*") if path.is_file() and path.name != MANIFEST)
-    manifest = {str(path.relative_to(folder)): {"bytes": path.stat().st_size, "sha256": _sha256(path)}
-                for path in files}
-    (folder / MANIFEST).write_text(json.dumps(manifest, indent=1))
-
-
 def damage(folder: Path) -> str | None:
-    """Why the checkpoint ``folder`` cannot be resumed from (a file missing, of another size or content than its
-    manifest records, or a step file that does not parse), or None if it is intact. A checkpoint written before
+    """Why the checkpoint ``folder`` cannot be resumed from (a step file that does not parse, a file missing, of
+    another size or content than its manifest records), or None if it is intact. A checkpoint written before
     manifests were kept is checked by its step file only."""
     try:
-        json.loads((folder / STATE_FILE).read_text())["step"]
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        return f"{STATE_FILE} is unreadable ({type(error).__name__}: {error})"
-    if not (folder / MANIFEST).is_file():
-        return None
-    try:
-        manifest = json.loads((folder / MANIFEST).read_text())
-    except ValueError as error:
-        return f"{MANIFEST} is unreadable ({error})"
-    for name, recorded in manifest.items():
-        path = folder / name
-        if not path.is_file():
-            return f"{name} is missing"
-        if path.stat().st_size != recorded["bytes"]:
-            return f"{name} holds {path.stat().st_size} bytes, {recorded['bytes']} were written (truncated?)"
-        if _sha256(path) != recorded["sha256"]:
-            return f"{name} differs from what was written (its SHA-256)"
-    return None
+        read_json(folder / STATE_FILE)["step"]
+    except (UserError, KeyError) as error:
+        return f"{STATE_FILE} is unreadable ({error})"
+    return manifest_damage(folder)
 
 
 def checkpoint_step(folder: Path) -> int:
@@ -250,19 +220,32 @@ def append_metrics(path: Path, row: dict) -> None:
         handle.write(json.dumps(row) + "\n")
 
 
+def metrics_rows(path: Path) -> list[tuple[int, str]]:
+    """(step, line) of each row of a run's ``metrics.jsonl`` (none where there is no file), but a last row that a
+    kill cut short; a line before it that is no row of the log is refused, naming it (the rows around it are the
+    run's history, which resuming would lose)."""
+    if not path.exists():
+        return []
+    lines, rows = path.read_bytes().splitlines(), []
+    for number, line in enumerate(lines, 1):
+        try:
+            row = json.loads(line)
+        except ValueError:
+            row = None
+        if not (isinstance(row, dict) and isinstance(row.get("step"), int)):
+            if number == len(lines):
+                break
+            raise UserError(f"{path} line {number} is no row of the run's log (damaged?): move the file aside to "
+                            "resume without the log of the steps before")
+        rows.append((row["step"], line.decode()))
+    return rows
+
+
 def truncate_metrics(path: Path, last_step: int) -> None:
     """Drop rows a killed run logged after its last checkpoint (they are recomputed on resume), and a last row that a
-    kill cut short."""
+    kill cut short (`metrics_rows`)."""
     if path.exists():
-        rows = []
-        for line in path.read_text().splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                break
-            if row["step"] <= last_step:
-                rows.append(line)
-        write_text_whole(path, "".join(row + "\n" for row in rows))
+        write_text_whole(path, "".join(line + "\n" for step, line in metrics_rows(path) if step <= last_step))
 
 
 def plot_loss_curve(metrics_path: Path, png_path: Path) -> None:
@@ -313,31 +296,6 @@ def save_model_folder(accelerator: Accelerator, model, model_dir: Path, tokenize
             unwrapped.config.save_pretrained(model_dir)
         (model_dir / RECIPE).write_text((output_dir / RECIPE).read_text())
         (model_dir / "training_metrics.json").write_text(json.dumps(metrics))
-
-
-def model_folder(path: str | Path, checkpoint: str | None = None) -> Path:
-    """The model folder to evaluate or export, checked on disk before anything can reach the network: ``path``
-    itself (a folder with a config.json), or with ``checkpoint`` ("step-N", or a checkpoint folder) the model saved
-    in that checkpoint of the run folder ``path`` (or of the run whose ``model/`` folder ``path`` is)."""
-    path = Path(path)
-    if not path.is_dir():
-        raise UserError(f"{path} is not a folder")
-    if checkpoint is not None:
-        run = path.parent if path.name == MODEL and not (path / CHECKPOINTS).is_dir() else path
-        chosen = Path(checkpoint)
-        if not chosen.is_dir():
-            step = checkpoint.removeprefix("step-")
-            if not step.isdigit():
-                raise UserError(f"--checkpoint must be step-N or a checkpoint folder, got {checkpoint!r}")
-            chosen = run / CHECKPOINTS / f"step-{int(step):07d}"
-        path = chosen / MODEL
-        if not path.is_dir():
-            saved = ", ".join(folder.name for folder in sorted((run / CHECKPOINTS).glob("step-*"))) or "none"
-            raise UserError(f"no model in checkpoint {chosen} (checkpoints of {run}: {saved})")
-    if not (path / "config.json").is_file():
-        raise UserError(f"{path} has no config.json: not a model folder (a run folder takes --checkpoint, "
-                                f"or use its {MODEL}/ folder)")
-    return path
 
 
 def saved_whole(accelerator: Accelerator, path: Path, write: Callable[[Path], None]) -> None:

@@ -31,10 +31,11 @@ from omegaconf.errors import OmegaConfBaseException
 from transformers import PretrainedConfig
 
 from ..data.digits import MASK_SCHEDULES
+from ..files import model_folder_damage
 from ..modeling.checks import require
 from ..modeling.errors import UserError
 from ..presets import config_with_overrides, preset_card, preset_config_fields
-from .recipe_files import shipped_recipe_path, shipped_recipes
+from .recipe_files import recipe_file
 from .tasks import TRAINING_TASKS, training_task
 
 logger = logging.getLogger(__name__)
@@ -68,6 +69,9 @@ class ModelSection:
             self.task = card_task
         require(owner, self.task in TRAINING_TASKS, "task", f"one of {sorted(TRAINING_TASKS)}", self.task)
         require_folder_or_hub_id(owner, "init_from", self.init_from)
+        local = self.init_from is not None and Path(self.init_from).expanduser().is_dir()
+        if local and (why := model_folder_damage(Path(self.init_from).expanduser())):  # before anything is written
+            raise UserError(f"{owner}.init_from: {why}")
         require(owner, isinstance(self.overrides, dict), "overrides", "a mapping of config fields to values",
                 self.overrides)
         try:
@@ -317,6 +321,8 @@ def _yaml_file(path: Path):
         raise UserError(f"{path}: not valid YAML ({problem}{where}; a truncated file?)") from None
     except OSError as error:
         raise UserError(f"{path}: cannot be read ({error.strerror or error})") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not text (bytes that are no UTF-8: overwritten?)") from None
     if not isinstance(loaded, DictConfig):
         raise UserError(f"{path}: holds a YAML list, not the mapping of sections a recipe is (model:, data:, "
                         "training:, ...)")
@@ -378,12 +384,4 @@ def read_recipe(path: str | Path, overrides: list[str] = ()) -> Recipe:
 
 def load_recipe(path_or_name: str | Path, overrides: list[str] = ()) -> Recipe:
     """Read a recipe file (or a shipped one by name), apply overrides and validate it."""
-    path = Path(path_or_name)
-    if not path.is_file():
-        path = shipped_recipe_path(str(path_or_name))
-        if not path.is_file():
-            raise UserError(
-                f"no recipe file {str(path_or_name)!r} and no shipped recipe of that name; shipped: "
-                f"{', '.join(shipped_recipes())}"
-            )
-    return read_recipe(path, overrides).validate()
+    return read_recipe(recipe_file(path_or_name), overrides).validate()

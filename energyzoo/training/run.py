@@ -46,6 +46,7 @@ from transformers import AutoTokenizer, get_scheduler
 
 from ..data.hub import tokenizer_training_texts
 from ..data.text import train_bpe_tokenizer
+from ..files import check_tokenizer_folder
 from ..modeling.checks import require
 from ..modeling.errors import UserError
 from ..registry import TASKS
@@ -96,8 +97,11 @@ def prepare_data(recipe: Recipe, output_dir: Path, is_main: bool, accelerator: A
     if task.tokenized and recipe.data.source not in task.token_sources:
         tokenizer_dir = output_dir / TOKENIZER
         if not tokenizer_dir.exists():
+            named = recipe.tokenizer.name or recipe.model.init_from
+            if named and Path(named).expanduser().is_dir():  # on every process: none waits for one that stopped
+                field = "tokenizer.name" if recipe.tokenizer.name else "model.init_from"
+                check_tokenizer_folder(Path(named).expanduser(), f"recipe {field}, whose tokenizer the run takes")
             if is_main:
-                named = recipe.tokenizer.name or recipe.model.init_from
                 if named:
                     trained = AutoTokenizer.from_pretrained(named)
                 else:
@@ -105,7 +109,7 @@ def prepare_data(recipe: Recipe, output_dir: Path, is_main: bool, accelerator: A
                     trained = train_bpe_tokenizer(texts, recipe.tokenizer.train_vocab_size)
                 write_folder_whole(tokenizer_dir, trained.save_pretrained)
             accelerator.wait_for_everyone()
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+        tokenizer = AutoTokenizer.from_pretrained(check_tokenizer_folder(tokenizer_dir, "the run's tokenizer"))
     return task.load(recipe.data, tokenizer, recipe.training.seed), tokenizer
 
 
