@@ -19,6 +19,8 @@ from energyzoo import (
 from energyzoo.modeling.hyperset_layer import (
     ColumnSoftmaxRead,
     HyperSETLayer,
+    HyperSETStepSizes,
+    LearnedStepSizes,
     bisoftmax,
     linear_attention,
     sigmoid_attention,
@@ -76,16 +78,21 @@ def test_bisoftmax_keeps_no_n_by_n_tensor_for_backward():
     assert saved_shapes(bisoftmax) == []
 
 
-def test_the_step_size_network_recomputed_in_backward_gives_the_gradients_of_the_plain_one(monkeypatch):
-    """Training recomputes the step-size network in backward (`HyperSETModel.step_size`): the loss and every
-    parameter's gradient equal those of the network run plainly, with its output layer perturbed off zero so it
-    acts."""
-    import energyzoo.modeling.modeling_hyperset as modeling
-
+@pytest.mark.parametrize("options", [{}, {"step_head_per_layer": True, "step_condition": "current"}],
+                         ids=["shared-network", "per-layer-heads"])
+def test_step_sizes_recomputed_in_backward_give_the_gradients_of_the_plain_products(monkeypatch, options):
+    """Training recomputes alpha and gamma in backward, inside each half-step (`LearnedStepSizes`): the loss and
+    every parameter's gradient equal those of the plain products x - alpha u and x + gamma u with the step-size
+    head run whole and kept, in float64, with the heads' output layers perturbed off zero so that they act."""
     torch.manual_seed(0)
-    model = model_from_preset("hyperset-digits-tiny").double().train()
+    model = model_from_preset("hyperset-digits-tiny", **options).double().train()
+    heads = [module for module in model.modules()
+             if isinstance(module, HyperSETStepSizes) and hasattr(module, "out_proj")]
+    assert len(heads) == (model.config.num_hidden_layers if options else 1)
     with torch.no_grad():
-        model.model.step_sizes.out_proj.weight.normal_(std=0.1)
+        for head in heads:
+            head.out_proj.weight.normal_(std=0.1)
+            head.out_proj.bias.normal_(std=0.1)
     pixels = torch.randn(3, model.config.num_channels, model.config.image_size, model.config.image_size,
                          dtype=torch.float64)
     labels = torch.tensor([0, 1, 2])
@@ -98,10 +105,16 @@ def test_the_step_size_network_recomputed_in_backward_gives_the_gradients_of_the
                                if parameter.grad is not None}
 
     recomputed = loss_and_gradients()
-    monkeypatch.setattr(modeling, "checkpoint", lambda fn, *args, **kwargs: fn(*args))
+
+    def plain_step(steps, x, update, half):
+        alpha, gamma = steps.head(steps.time_embedding, steps.condition)
+        return x - alpha * update if half == 0 else x + gamma * update
+
+    monkeypatch.setattr(LearnedStepSizes, "step", plain_step)
     plain = loss_and_gradients()
-    torch.testing.assert_close(recomputed[0], plain[0], rtol=0, atol=0)
-    assert recomputed[1].keys() == plain[1].keys() and any("step_sizes" in name for name in plain[1])
+    torch.testing.assert_close(recomputed[0], plain[0], rtol=1e-13, atol=0)
+    assert recomputed[1].keys() == plain[1].keys()
+    assert any("out_proj" in name for name in plain[1])
     for name, gradient in plain[1].items():
         torch.testing.assert_close(recomputed[1][name], gradient, rtol=1e-12, atol=1e-14, msg=name)
 

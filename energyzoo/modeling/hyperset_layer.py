@@ -17,10 +17,12 @@ adapter that wraps the module (peft's LoRA) and the depth-wise LoRA of App. G.2 
 
 import functools
 import math
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 from .configuration_hyperset import HyperSETConfig
@@ -198,8 +200,9 @@ class DescentUpdate:
 
 
 class IteratedLayer(GradientCheckpointingLayer):
-    """A layer the model iterates: ``forward(x, alpha, gamma, lora, with_diagnostics, moments, t, step_inputs) ->
-    (x', diagnostics, moments')``; the model records a hidden state after every iteration of every such layer."""
+    """A layer the model iterates: ``forward(x, steps, lora, with_diagnostics, moments, t) -> (x', diagnostics,
+    moments')`` with the iteration's `StepSizes`; the model records a hidden state after every iteration of every
+    such layer."""
 
 
 class HyperSETLayer(IteratedLayer):
@@ -245,26 +248,23 @@ class HyperSETLayer(IteratedLayer):
         """D act(RMSNorm(D^T x)) (eq. 11; `ff_type` picks act): the step is x + gamma * this."""
         return self.activation(self.ff_norm(F.linear(x, d))) @ d
 
-    def forward(self, x, alpha, gamma, lora: tuple[torch.Tensor, torch.Tensor] | None = None,
+    def forward(self, x, steps: "StepSizes", lora: tuple[torch.Tensor, torch.Tensor] | None = None,
                 with_diagnostics: bool = False, moments: tuple[Moments, Moments] = ((), ()), t: int = 1,
-                step_inputs: tuple[torch.Tensor, torch.Tensor] | None = None,
                 ) -> tuple[torch.Tensor, dict[str, torch.Tensor], tuple[Moments, Moments]]:
-        """(x after iteration t (one-based) with the iteration's depth-wise LoRA updates, its `diagnostics` or {},
-        the update rule's moments of both half-steps). With a per-layer step-size head, ``step_inputs`` = (c_t,
-        condition) give alpha and gamma (then None)."""
-        if step_inputs is not None:
-            alpha, gamma = self.step_head(*step_inputs)
+        """(x after iteration t (one-based) with the iteration's step sizes and depth-wise LoRA updates, its
+        `diagnostics` or {}, the update rule's moments of both half-steps)."""
         w, d = self.weights(lora)
         attention_update, attention_moments = self.update(self.attention_direction(x, w), moments[0], t)
-        attended = x - alpha * attention_update
+        attended = steps.step(x, attention_update, ATTENTION_HALF)
         feedforward_update, feedforward_moments = self.update(self.feedforward_direction(attended, d), moments[1], t)
-        updated = attended + gamma * feedforward_update
-        diagnostics = self.diagnostics(x, updated, alpha, gamma, w, d) if with_diagnostics else {}
+        updated = steps.step(attended, feedforward_update, FEEDFORWARD_HALF)
+        diagnostics = self.diagnostics(x, updated, steps, w, d) if with_diagnostics else {}
         return updated, diagnostics, (attention_moments, feedforward_moments)
 
     @torch.no_grad()
-    def diagnostics(self, before, after, alpha, gamma, w, d) -> dict[str, torch.Tensor]:
+    def diagnostics(self, before, after, steps: "StepSizes", w, d) -> dict[str, torch.Tensor]:
         """The traced quantities of one iteration (`modeling_hyperset`'s docstring), per sample, in float32."""
+        alpha, gamma = steps.sizes()
         after32 = after.float()
         z = unit_projections(after32, w.float(), self.heads, self.energy_eps)
         e_attn = projection_energy(z)
@@ -304,8 +304,8 @@ class TransformerBaselineLayer(IteratedLayer):
         self.down_proj = nn.Linear(config.intermediate_size, width, bias=False)
         self.activation = {"relu": F.relu, "gelu": F.gelu}[config.hidden_act]
 
-    def forward(self, x, alpha=None, gamma=None, lora=None, with_diagnostics: bool = False, moments=((), ()), t=1,
-                step_inputs=None) -> tuple[torch.Tensor, dict[str, torch.Tensor], tuple[Moments, Moments]]:
+    def forward(self, x, steps=None, lora=None, with_diagnostics: bool = False, moments=((), ()), t=1,
+                ) -> tuple[torch.Tensor, dict[str, torch.Tensor], tuple[Moments, Moments]]:
         normed = self.attention_norm(x)
         query, key, value = (split_heads(projection(normed), self.heads)
                              for projection in (self.q_proj, self.k_proj, self.v_proj))
@@ -351,10 +351,78 @@ class HyperSETStepSizes(nn.Module):
 
     def forward(self, time_embedding: torch.Tensor, condition: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(alpha, gamma) of the iteration whose c_t is ``time_embedding``, per token and channel."""
+        return self.out_proj(self._hidden(time_embedding, condition)).chunk(2, dim=-1)
+
+    def half(self, time_embedding: torch.Tensor, condition: torch.Tensor, half: int) -> torch.Tensor:
+        """alpha (``half`` 0) or gamma (1) alone: the output layer's rows of that half only."""
+        weight, bias = (None if tensor is None else tensor.chunk(2)[half]
+                        for tensor in (applied_weight(self.out_proj), self.out_proj.bias))
+        return F.linear(self._hidden(time_embedding, condition), weight, bias)
+
+    def _hidden(self, time_embedding, condition):
         if self.condition_norm is not None:
             condition = self.condition_norm(condition)
-        hidden = F.gelu(self.head_norm(time_embedding + condition))
-        return self.out_proj(hidden).chunk(2, dim=-1)
+        return F.gelu(self.head_norm(time_embedding + condition))
+
+
+ATTENTION_HALF, FEEDFORWARD_HALF = 0, 1  # x - alpha * u (eq. 9), x + gamma * u (eq. 11)
+HALF_STEP_SIGNS = (-1.0, 1.0)
+
+
+class StepSizes:
+    """The step sizes of one iteration and the half-steps that apply them to an update u: x - alpha u (eq. 9) and
+    x + gamma u (eq. 11). `FixedStepSizes` (Table 4's constants) and `LearnedStepSizes` (eq. 12's network)."""
+
+    def sizes(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(alpha, gamma), for the trace."""
+        raise NotImplementedError
+
+    def step(self, x: torch.Tensor, update: torch.Tensor, half: int) -> torch.Tensor:
+        raise NotImplementedError
+
+
+@dataclass
+class FixedStepSizes(StepSizes):
+    """Table 4's fixed alpha and gamma (0-d tensors)."""
+
+    alpha: torch.Tensor
+    gamma: torch.Tensor
+
+    def sizes(self):
+        return self.alpha, self.gamma
+
+    def step(self, x, update, half):
+        return torch.addcmul(x, self.sizes()[half], update, value=HALF_STEP_SIGNS[half])
+
+
+@dataclass
+class LearnedStepSizes(StepSizes):
+    """alpha and gamma from a step-size head (the model's shared network, or a layer's own) at the iteration whose
+    c_t is ``time_embedding``. Training makes each half-step one recomputed region (`checkpoint`): it keeps its
+    inputs x, u and the head's, not alpha or gamma, which the products x -/+ size * u would keep per token and
+    channel for every iteration (12 iterations of hyperset-small-in1k: 76 MiB) and backward recomputes from the
+    head's inputs with its half of the output layer. Otherwise the head runs once per iteration."""
+
+    head: HyperSETStepSizes
+    time_embedding: torch.Tensor
+    condition: torch.Tensor
+
+    computed: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, init=False)  # (alpha, gamma)
+
+    def sizes(self):
+        if self.computed is None:
+            self.computed = self.head(self.time_embedding, self.condition)
+        return self.computed
+
+    def step(self, x, update, half):
+        if self.head.training and torch.is_grad_enabled():
+            return checkpoint(self._recomputed_step, x, update, self.time_embedding, self.condition, half,
+                              use_reentrant=False)
+        return torch.addcmul(x, self.sizes()[half], update, value=HALF_STEP_SIGNS[half])
+
+    def _recomputed_step(self, x, update, time_embedding, condition, half):
+        size = self.head.half(time_embedding, condition, half)
+        return torch.addcmul(x, size, update, value=HALF_STEP_SIGNS[half])
 
 
 class DepthwiseLoRA(nn.Module):

@@ -16,7 +16,6 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 from transformers import initialization as init
 from transformers.modeling_utils import PreTrainedModel
 from transformers.utils import can_return_tuple, logging
@@ -26,9 +25,12 @@ from .configuration_hyperset import HyperSETConfig
 from .errors import UserError
 from .hyperset_layer import (
     DepthwiseLoRA,
+    FixedStepSizes,
     HyperSETLayer,
     HyperSETStepSizes,
     IteratedLayer,
+    LearnedStepSizes,
+    StepSizes,
     TransformerBaselineLayer,
 )
 from .hyperset_original import convert_original, read_original_state_dict
@@ -213,10 +215,10 @@ class HyperSETModel(HyperSETPreTrainedModel):
 
             def step(index, state, layer=layer):
                 current, moments = state
-                alpha, gamma, step_inputs = self.step_size(times, index, x0, current, layer)
                 lora = self.depthwise_lora(index) if self.depthwise_lora is not None else None
-                updated, diagnostics, moments = layer(current, alpha, gamma, lora, with_diagnostics=records is not None,
-                                                      moments=moments, t=index + 1, step_inputs=step_inputs)
+                updated, diagnostics, moments = layer(current, self.step_sizes_of(times, index, x0, current, layer),
+                                                      lora, with_diagnostics=records is not None, moments=moments,
+                                                      t=index + 1)
                 return (updated, moments), None, diagnostics
 
             refined = refine(step, (x, ((), ())), iterations, records=records)  # the update rule restarts per layer
@@ -226,24 +228,21 @@ class HyperSETModel(HyperSETPreTrainedModel):
         pooled = x[:, 0] if self.config.use_cls_token else None
         return BaseModelOutputWithPoolingAndEnergies(last_hidden_state=x, pooler_output=pooled)
 
-    def step_size(self, times, index: int, x0: torch.Tensor, current: torch.Tensor, layer: nn.Module):
-        """(alpha, gamma, None) of iteration ``index``: the step-size network's (eq. 12) or the fixed ones (Table
-        4); or (None, None, (c_t, condition)) for a layer with its own step-size head, which it runs itself.
-        Training recomputes the shared network in backward: its inputs are kept anyway, and its activations (norms,
-        GELU, the 2d-wide output layer's input) were a third of Hyper-SET's training memory, for a few linear maps
-        of time."""
+    def step_sizes_of(self, times, index: int, x0: torch.Tensor, current: torch.Tensor,
+                      layer: nn.Module) -> StepSizes | None:
+        """The step sizes of iteration ``index``: the step-size network's (eq. 12; the shared one, or with
+        ``step_head_per_layer`` the layer's own head), recomputed in backward when training (`LearnedStepSizes`), or
+        the fixed ones (Table 4). None for the Transformer baseline, which takes none."""
         config = self.config
+        if not isinstance(layer, HyperSETLayer):
+            return None
         if self.step_sizes is None:
             def fixed(value):
                 return torch.tensor(value, dtype=current.dtype, device=current.device)
 
-            return fixed(config.fixed_step_size), fixed(config.feedforward_step_size), None
-        arguments = (times[index], x0 if config.step_condition == "input" else current)
-        if config.step_head_per_layer:
-            return None, None, arguments
-        if self.training and torch.is_grad_enabled():
-            return *checkpoint(self.step_sizes, *arguments, use_reentrant=False), None
-        return *self.step_sizes(*arguments), None
+            return FixedStepSizes(fixed(config.fixed_step_size), fixed(config.feedforward_step_size))
+        head = layer.step_head if config.step_head_per_layer else self.step_sizes
+        return LearnedStepSizes(head, times[index], x0 if config.step_condition == "input" else current)
 
 
 class HyperSETHead(HyperSETPreTrainedModel):
