@@ -103,7 +103,8 @@ class Bench:
     baseline: str | None = None
 
 
-FEM_TARGETS = {"forward": 1.05, "train_step": 1.10, "peak_memory": 1.20, "decode": 0.90, "decode_static": 0.95}
+FEM_TARGETS = {"forward": 1.05, "train_step": 1.10, "peak_memory": 1.10, "decode": 0.90, "decode_static": 0.95,
+               "decode_padded": 0.90}
 LINEAR_GROWTH_SLACK = 1.125  # an O(T) prior's forward may grow 4.5x from 1024 to 4096 tokens: linear, 12.5% slack
 
 
@@ -177,7 +178,8 @@ ARCHITECTURES = {
         "fem-lm-tiny",
         card_facts=lambda config: dict(prior=config.prior),
         # fem.txt Table 7's GPT-2 size is `energyzoo bench fem-lm-table7` (against llama-table7)
-        bench=Bench(("fem-lm-table5",), ("forward", "train_step", "peak_memory", "decode", "decode_static"),
+        bench=Bench(("fem-lm-table5",), ("forward", "train_step", "peak_memory", "decode", "decode_static",
+                                          "decode_padded"),
                     targets=_fem_targets, sweep=("seq_len", (1024, 4096))),
     ),
     "tel-gpt2": Architecture(TELGPT2Config, TELGPT2Model, {"causal-lm": TELGPT2LMHeadModel}, "tel.md", "tel-gpt2-tiny",

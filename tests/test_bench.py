@@ -85,7 +85,8 @@ def test_a_target_is_decided_only_when_the_iqr_of_the_ratios_is_on_one_side(rati
 def test_bench_reports_medians_of_paired_ratios_against_the_targets(monkeypatch):
     # scripted seconds per call (fem, llama) for each repeat: the rows follow from them alone
     scripted = {"forward": ([3.0, 5.0, 2.0], [1.0, 1.0, 1.0]), "train_step": ([2.0, 2.0, 2.0], [2.0, 1.0, 4.0]),
-                "decode": ([4.0, 4.0, 4.0], [2.0, 2.0, 2.0]), "decode_static": ([1.0, 2.0, 1.0], [2.0, 2.0, 2.0])}
+                "decode": ([4.0, 4.0, 4.0], [2.0, 2.0, 2.0]), "decode_static": ([1.0, 2.0, 1.0], [2.0, 2.0, 2.0]),
+                "decode_padded": ([2.0, 2.0, 2.0], [2.0, 2.0, 2.0])}
     workloads = iter(scripted)
 
     def paired_times(fns, repeats, device):
@@ -105,6 +106,7 @@ def test_bench_reports_medians_of_paired_ratios_against_the_targets(monkeypatch)
     assert rows["decode"]["iqr"] == (0.5, 0.5) and not rows["decode"]["busy"]
     assert (rows["decode_static"]["value"], rows["decode_static"]["ratio"]) == (8.0, 2.0)  # median 1 s; 2 / 1
     assert (rows["decode_static"]["target"], rows["decode_static"]["decision"]) == (0.95, "yes")  # IQR 1.5-2
+    assert (rows["decode_padded"]["value"], rows["decode_padded"]["ratio"]) == (32.0, 1.0)  # 8 sequences x 8 tokens
     assert [rows[name]["decision"] for name in ("forward", "train_step", "peak_memory", "decode")] \
         == ["NO", "undecided", "NO", "NO"]  # forward's IQR 2.5-4 > 1.05; train step's 0.75-1.5 contains 1.10
     table = format_table(result)

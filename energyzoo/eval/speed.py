@@ -65,6 +65,7 @@ MIN_SAMPLE_SECONDS = 0.25  # a timed sample's blocks of calls last at least this
 PROBE_ENVIRONMENT = {"MALLOC_MMAP_THRESHOLD_": "65536"}
 BUSY_IQR = 0.10  # IQR / median of the per-repeat ratios above which a run is flagged (quiet pinned runs: <= 7 %)
 DECODE_PROMPT = 32  # tokens of the one prompt the decode workloads continue (batch 1: the latency case)
+DECODE_PADDED_BATCH = 8  # prompts of the padded decode workload, left-padded to DECODE_PROMPT tokens
 
 
 @dataclass
@@ -272,8 +273,17 @@ def _train_step_fn(model, inputs: dict, call: dict):
     return train_step
 
 
-def _decode_fn(model, inputs: dict, call: dict, tokens: int, static: bool = False):
+def _decode_fn(model, inputs: dict, call: dict, tokens: int, static: bool = False, sequences: int = 1):
+    """Greedy decoding of ``tokens`` tokens after a `DECODE_PROMPT`-token prompt; with ``sequences`` > 1 a batch of
+    that many, left-padded to one length (sequence i has 2 i pad tokens, ordinary ids under the mask)."""
     prompt = inputs["input_ids"][:1, :DECODE_PROMPT]
+    if sequences > 1:
+        generator = torch.Generator().manual_seed(0)
+        prompt = torch.randint(model.config.vocab_size, (sequences, DECODE_PROMPT), generator=generator)
+        prompt = prompt.to(inputs["input_ids"].device)
+    mask = torch.ones_like(prompt)
+    for row in range(sequences):
+        mask[row, :2 * row] = 0
     if static:
         compile_config = CompileConfig(fullgraph=True, dynamic=False)
         compile_config._compile_all_devices = True  # transformers' own switch for compiling on CPU (its tests use it)
@@ -281,8 +291,8 @@ def _decode_fn(model, inputs: dict, call: dict, tokens: int, static: bool = Fals
 
     def decode():
         model.eval()
-        model.generate(prompt, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False, use_cache=True,
-                       pad_token_id=0, **call)
+        model.generate(prompt, attention_mask=mask, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False,
+                       use_cache=True, pad_token_id=0, **call)
 
     return decode
 
@@ -299,6 +309,7 @@ class Workload:
     rate: bool = False
     build: Callable | None = None
     language_models: bool = False
+    sequences: int = 1  # sequences a call decodes (a rate counts the tokens of all)
 
 
 WORKLOADS = {workload.name: workload for workload in (
@@ -310,6 +321,9 @@ WORKLOADS = {workload.name: workload for workload in (
     Workload("decode_static", "tok/s", rate=True, language_models=True,
              build=lambda model, inputs, call, settings: _decode_fn(model, inputs, call, settings.decode_tokens,
                                                                      static=True)),
+    Workload("decode_padded", "tok/s", rate=True, language_models=True, sequences=DECODE_PADDED_BATCH,
+             build=lambda model, inputs, call, settings: _decode_fn(model, inputs, call, settings.decode_tokens,
+                                                                     sequences=DECODE_PADDED_BATCH)),
 )}
 TIMED = tuple(name for name, workload in WORKLOADS.items() if workload.build is not None)
 
@@ -537,13 +551,16 @@ def _measured(name: str, settings: BenchSettings | None, baseline: str | None, s
                                      memory[reference.label], ratio, (ratio, ratio), target))
             else:
                 rows.append(timed_row(label, workload, times[workload][arm.label], times[workload][reference.label],
-                                      target, per_call=settings.decode_tokens if WORKLOADS[workload].rate else 1.0))
+                                      target, per_call=settings.decode_tokens * WORKLOADS[workload].sequences
+                                      if WORKLOADS[workload].rate else 1.0))
     decodes = any(WORKLOADS[workload].rate for workload in entry.workloads)
     shape = (f"batch {settings.batch_size}" + (f", seq {settings.seq_len}" if "input_ids" in next(iter(inputs.values()))
                                                   else "")
              + f", {settings.dtype} on {settings.device}" + pinned_description(settings.threads)
              + (", torch.compile" if settings.compile else "")
              + (f"; decoding: batch 1, a {DECODE_PROMPT}-token prompt + {settings.decode_tokens} tokens"
+                + (f" (decode_padded: batch {DECODE_PADDED_BATCH}, left-padded)"
+                   if "decode_padded" in entry.workloads else "")
                 if decodes else ""))
     title = f"{', '.join(presets)} vs {baseline} ({shape}, median of {settings.repeats} paired repeats)"
     notes = [note for note in [sweep_fit(entry, rows)] if note]

@@ -181,5 +181,7 @@ def softmax_free_energy_read(
     if beta is None:
         return FreeEnergyRead(cast(read, out_dtype), None, state, weights)
     mu, shifted_partition = read.split(read.shape[-1] // 2, dim=-1)
-    f_max = restore_free_energy(mu, shifted_partition, shift, beta)
+    # an unmasked decoding step: the new token sees itself, so no row is empty
+    unmasked_step = state is not None and query.shape[2] == 1 and attention_mask is None
+    f_max = restore_free_energy(mu, shifted_partition, shift, beta, every_row_sees_a_key=unmasked_step)
     return FreeEnergyRead(cast(mu, out_dtype), cast(f_max, out_dtype), state, weights)

@@ -42,9 +42,6 @@ def decayed_cumsum(
     batch, length, channels = inputs.shape
     work = work_dtype(inputs.dtype)
     log_decay, inputs = cast(log_decay, work), cast(inputs, work)
-    if length == 1 and initial_state is not None:  # one decoding step: the recurrence itself
-        state = torch.addcmul(inputs[:, 0], torch.exp(log_decay[:, 0]), cast(initial_state, work))
-        return state[:, None], state
     chunk = max(2, min(chunk_size, length))  # chunks of one would carry their ends up forever
     num_chunks = -(-length // chunk)
     padding = num_chunks * chunk - length
@@ -71,6 +68,20 @@ def decayed_cumsum(
     states = within_chunk + torch.exp(cumulative) * carried[:, :, None, :]
     states = states.reshape(batch, num_chunks * chunk, channels)[:, :length]
     return states, states[:, -1]
+
+
+def decayed_step(decay_logits: torch.Tensor, inputs: torch.Tensor, state: torch.Tensor,
+                 keep: torch.Tensor | None = None) -> torch.Tensor:
+    """One decoding step of eq. 33, h~_t = e^{-s_t} h~_{t-1} + u_t with e^{-softplus(f)} = sigmoid(-f): (batch, 1,
+    rank) from (batch, 1, rank) logits and inputs and the (batch, rank) state; a padded token (``keep`` False) leaves
+    the state as it was. Five operator calls where `decayed_cumsum` takes eleven."""
+    work = work_dtype(inputs.dtype)
+    decay = torch.sigmoid(-cast(decay_logits, work))
+    inputs = cast(inputs, work)
+    if keep is not None:
+        decay = torch.where(keep, decay, 1.0)
+        inputs = inputs * keep
+    return torch.addcmul(inputs, decay, cast(state, work)[:, None])
 
 
 def held_output_columns(linear: nn.Linear) -> tuple[int, slice]:
@@ -111,12 +122,16 @@ class TimeDecayConditioner(nn.Module):
         (``padding_mask`` False) neither decay nor feed the state, so a left-padded sequence conditions like
         the unpadded one."""
         decay_logits, inputs, shortcut_logits = self.in_proj(self.input_norm(hidden_states)).chunk(3, dim=-1)
-        log_decay = -F.softplus(widened(decay_logits))
-        if padding_mask is not None:
-            keep = padding_mask[..., None]
-            log_decay = log_decay * keep
-            inputs = inputs * keep
-        states, final_state = decayed_cumsum(log_decay, inputs, initial_state, self.chunk_size)
+        keep = None if padding_mask is None else padding_mask[..., None]
+        if hidden_states.shape[1] == 1 and initial_state is not None:
+            states = decayed_step(decay_logits, inputs, initial_state, keep)
+            final_state = states[:, 0]
+        else:
+            log_decay = -F.softplus(widened(decay_logits))
+            if keep is not None:
+                log_decay = log_decay * keep
+                inputs = inputs * keep
+            states, final_state = decayed_cumsum(log_decay, inputs, initial_state, self.chunk_size)
         shortcut = F.rms_norm(F.softplus(widened(shortcut_logits)), (self.rank,), eps=self.eps)
         if self.activation is not None:
             shortcut = self.activation(shortcut)
@@ -147,6 +162,12 @@ class TimeDecayConditioner(nn.Module):
             modulators = (features @ block for block in weight.split(widths, dim=-1))  # one at a time
         return [_modulated(x, modulator if held == slice(None) else modulator[..., held])
                 for x, modulator, (_, held) in zip(tensors, modulators, columns, strict=True)]
+
+
+    def modulate_joint(self, joint: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        """x (1 + c) for all projections at once: ``joint`` holds them side by side in the column order of c (FEM
+        eq. 34a-d), so one product and one multiply-add do what `modulate` does per tensor."""
+        return _modulated(joint, features @ cast(self.out_proj, features.dtype))
 
 
 def _modulated(x: torch.Tensor, modulator: torch.Tensor) -> torch.Tensor:

@@ -42,6 +42,7 @@ from .fem_prior_softmax import (
 from .fem_prior_ssm import FEMSSMCacheLayer, add_ssm_modules, init_ssm_parameters, ssm_free_energy_read, ssm_selection
 from .fem_time_decay import TimeDecayConditioner
 from .inputs import CausalLMLossMixin, check_classifier_labels, check_labels, check_token_inputs
+from .joint_linears import JointLinears
 from .numerics import widened
 from .outputs import (
     BaseModelOutputWithEnergies,
@@ -51,6 +52,7 @@ from .outputs import (
     recording_energies,
     records_energies,
 )
+from .parameter_cache import ParameterCache
 from .positions import positions_from_mask, real_tokens
 from .transformers_compat import CACHE_FIELD, cache_of, takes_cache, with_cache
 
@@ -112,11 +114,13 @@ class FEMAttention(nn.Module):
         if config.use_lse:
             self.beta_max_offset = inverse_softplus(config.beta_max_init)
             self.beta_max_raw = nn.Parameter(torch.zeros(width))
+            self.beta_max_cache = ParameterCache(self._beta_max_of)
             if config.use_temperature_gate:
                 self.temperature_proj = nn.Linear(hidden, width, bias=bias)
         if config.use_outer_gate:
             self.outer_gate_proj = nn.Linear(hidden, width, bias=bias)
         self.projection_names = [name for name in PROJECTIONS if getattr(self, name) is not None]
+        self.joint_projections = JointLinears(self.projection_names)
         if config.use_time_decay:
             modulated = sum(getattr(self, name).out_features for name in self.projection_names)
             self.time_decay = TimeDecayConditioner(hidden, config.time_decay_rank, modulated,
@@ -127,10 +131,26 @@ class FEMAttention(nn.Module):
         for name in ("decay_proj", "time_decay"):
             if name in self._modules:
                 self._modules[name] = self._modules.pop(name)
+        self.joint_projections.join(self)
+        self._register_state_dict_hook(_projections_cloned)
+        self.register_load_state_dict_post_hook(lambda module, _: module.joint_projections.join(module))
+
+    def _apply(self, fn, recurse=True):
+        """As `nn.Module._apply` (``.to()``, ``.double()``, ...), then the projections joined again: converting gives
+        each parameter a tensor of its own (`joint_linears`)."""
+        result = super()._apply(fn, recurse)
+        self.joint_projections.join(self)
+        if self.beta_max_raw is not None:
+            self.beta_max_cache.forget()
+        return result
 
     def beta_max(self) -> torch.Tensor:
-        """Per-channel maximum inverse temperature, (heads, value_head_dim) (FEM eq. 9, App. K)."""
-        return F.softplus(widened(self.beta_max_raw) + self.beta_max_offset).view(-1, self.value_head_dim)
+        """Per-channel maximum inverse temperature, (heads, value_head_dim) (FEM eq. 9, App. K); computed again
+        only when its parameter changed, where no gradient is wanted (`parameter_cache`)."""
+        return self.beta_max_cache(self.beta_max_raw)
+
+    def _beta_max_of(self, raw: torch.Tensor) -> torch.Tensor:
+        return F.softplus(widened(raw) + self.beta_max_offset).view(-1, self.value_head_dim)
 
     @takes_cache
     def forward(
@@ -146,7 +166,7 @@ class FEMAttention(nn.Module):
         batch, length, _ = hidden_states.shape
         cache_layer = own_cache_layer(cache, self.layer_idx, self.prior.cache_layers, "FEM")
         if self.time_decay is None:
-            projections = self._projections(hidden_states)
+            projections = self._projections(hidden_states, None)
         else:
             initial_state = cache_layer.time_decay_state if cache_layer is not None else None
             features, final_state = self._recomputed_in_backward(
@@ -156,7 +176,7 @@ class FEMAttention(nn.Module):
                 cache_layer.keep("time_decay_state", final_state)
             # p (1 + c), eq. 34. Recomputed in backward: the gradient of c needs the unmodulated projections,
             # which would otherwise be kept beside the modulated ones the prior keeps.
-            projections = self._recomputed_in_backward(self._modulated_projections, hidden_states, features)
+            projections = self._recomputed_in_backward(self._projections, hidden_states, features)
         projected = dict(zip(self.projection_names, projections))
         heads = (batch, length, -1, self.value_head_dim)  # -1: this process's heads under tensor parallelism
         selection, options = self.prior.selection(self, projected, position_embeddings, attention_mask, padding_mask)
@@ -179,12 +199,17 @@ class FEMAttention(nn.Module):
             record_energies(self._energy_record(read.mu, f_max, temperature_gate))
         return self.o_proj(output.reshape(batch, length, -1)), read.weights
 
-    def _projections(self, hidden_states) -> list[torch.Tensor]:
-        return [getattr(self, name)(hidden_states) for name in self.projection_names]
-
-    def _modulated_projections(self, hidden_states, features) -> list[torch.Tensor]:
-        linears = [getattr(self, name) for name in self.projection_names]
-        return self.time_decay.modulate([linear(hidden_states) for linear in linears], features, linears)
+    def _projections(self, hidden_states, features) -> list[torch.Tensor]:
+        """Every projection of the layer's input, modulated by the conditioner's ``features`` (None: none): one
+        product of the joint matrix where the maps allow it (`joint_linears`), else map by map."""
+        joint = self.joint_projections(self, hidden_states)
+        if joint is not None:
+            if features is not None:
+                joint = self.time_decay.modulate_joint(joint, features)
+            return list(joint.split(self.joint_projections.widths(self), dim=-1))
+        linears = self.joint_projections.linears(self)
+        projections = [linear(hidden_states) for linear in linears]
+        return projections if features is None else self.time_decay.modulate(projections, features, linears)
 
     def _recomputed_in_backward(self, fn, *args):
         """Run ``fn``; when training, keep only its inputs for backward and recompute it there. Used for
@@ -216,6 +241,11 @@ class FEMAttention(nn.Module):
             record["temperature_gate"] = gate.mean(dim=-1)  # lambda, eq. 10: (b, s)
             record["temperature_gate_std"] = gate.std(dim=-1)
         return record
+
+
+def _projections_cloned(module: FEMAttention, state_dict: dict, prefix: str, local_metadata) -> None:
+    """`FEMAttention`'s state-dict hook: the joint projections' blocks as tensors of their own (`joint_linears`)."""
+    module.joint_projections.cloned_blocks(module, state_dict, prefix)
 
 
 class FEMDecoderLayer(GradientCheckpointingLayer):
@@ -260,6 +290,14 @@ class FEMPreTrainedModel(PreTrainedModel):
                 module.prior.init_parameters(module)
         elif isinstance(module, TimeDecayConditioner):
             init.zeros_(module.out_proj)
+
+    def tie_weights(self, *args, **kwargs):
+        """transformers' tying, then every layer's projections joined again (`joint_linears`): transformers ties
+        after loading, which gives each parameter a tensor of its own."""
+        super().tie_weights(*args, **kwargs)
+        for module in self.modules():
+            if isinstance(module, FEMAttention):
+                module.joint_projections.join(module)
 
     @classmethod
     def _can_set_attn_implementation(cls) -> bool:

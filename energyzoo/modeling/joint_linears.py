@@ -1,0 +1,137 @@
+"""Linear maps that read one input, applied as one matrix multiply while each stays its own `nn.Linear`.
+
+A FEM layer projects its input five to seven times (queries, keys, values, two gates, a prior's decay); at batch 1 a
+decoding step is bound by the number of operator calls, not by arithmetic, so one product of the joint matrix and
+views of its columns decode faster than the maps one by one, with the same arithmetic per output column. Each map
+keeps its module, state-dict keys, peft target and tensor-parallel plan: checkpoints and exported folders do not
+change.
+
+How: `JointLinears.join` allocates the maps' weights (and biases) as row blocks of one tensor and points each
+parameter at its block, so whatever writes a parameter in place (an optimiser step, ``load_state_dict``, ``copy_``,
+initialisation) writes the joint matrix too, and the joint product reads the current weights without a copy.
+Whatever replaces a parameter's tensor instead (``.to()``, transformers' loading, FSDP, DeepSpeed, tensor
+parallelism, peft's wrapping) leaves it off the joint storage; the owner joins again after ``.to()`` and loading,
+and `JointLinears.__call__` checks the blocks before each use, so a replaced map is never read stale: the maps then
+run one by one (None). Under autograd the product uses the concatenated weights (one copy, which autograd splits
+back into each map's gradient); under ``torch.compile`` the maps run one by one (the check reads data pointers,
+which dynamo cannot trace, and inductor compiles the maps' products itself).
+
+State dicts: blocks of one storage are what accelerate's and transformers' savers take for tied weights (accelerate
+drops all but one of them), so `cloned_blocks` gives a state dict the maps' own copies.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class JointLinears:
+    """The maps ``names`` of an owner module (all `nn.Linear` of one input width), in that order of output columns."""
+
+    def __init__(self, names: list[str]):
+        self.names = list(names)
+        self.weight: torch.Tensor | None = None  # (sum of out_features, in_features), the blocks in ``names`` order
+        self.bias: torch.Tensor | None = None  # None when no map has a bias; zero rows for maps without one
+
+    def linears(self, owner: nn.Module) -> list[nn.Module]:
+        return [getattr(owner, name) for name in self.names]
+
+    def widths(self, owner: nn.Module) -> list[int]:
+        return [linear.out_features for linear in self.linears(owner)]
+
+    def join(self, owner: nn.Module) -> None:
+        """Move the maps' current weights and biases into joint tensors and point each parameter at its block. Maps
+        that are not plain ``nn.Linear`` with plain parameters of their own storage (wrapped, sharded, partitioned,
+        or views of another framework's buffer) are left alone, and the joint product is then not used."""
+        linears = self.linears(owner)
+        if self.joined(linears):
+            return
+        weights = [linear.weight for linear in linears] if all(type(linear) is nn.Linear for linear in linears) else []
+        biases = [linear.bias for linear in linears if linear.bias is not None]
+        if not weights or not all(self._movable(tensor) and tensor.dtype == weights[0].dtype
+                                  and tensor.device == weights[0].device for tensor in (*weights, *biases)):
+            self.weight = self.bias = None
+            return
+        with torch.no_grad():
+            self.weight = torch.cat(weights)
+            self.bias = torch.cat([_bias_or_zeros(linear) for linear in linears]) if biases else None
+        rows = 0
+        for linear in linears:
+            linear.weight.data = self.weight[rows:rows + linear.out_features]
+            if linear.bias is not None:
+                linear.bias.data = self.bias[rows:rows + linear.out_features]
+            rows += linear.out_features
+
+    def __call__(self, owner: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
+        """x through every map, as one (..., sum of out_features) tensor; None where the maps must run one by one."""
+        if torch.compiler.is_compiling():
+            return None
+        linears = self.linears(owner)
+        if torch.is_grad_enabled() and any(parameter.requires_grad for linear in linears
+                                           for parameter in linear.parameters()):
+            if not all(_whole_plain_linear(linear) for linear in linears):
+                return None
+            bias = None
+            if any(linear.bias is not None for linear in linears):
+                bias = torch.cat([_bias_or_zeros(linear) for linear in linears])
+            return F.linear(x, torch.cat([linear.weight for linear in linears]), bias)
+        if not self.joined(linears):
+            return None
+        return F.linear(x, self.weight, self.bias)
+
+    def joined(self, linears: list[nn.Module]) -> bool:
+        """Whether every map's weight and bias are still their blocks of the joint tensors."""
+        if self.weight is None:
+            return False
+        rows = 0
+        for linear in linears:
+            width = linear.out_features
+            if type(linear) is not nn.Linear or not _is_block(linear.weight, self.weight, rows, width):
+                return False
+            if linear.bias is not None and (self.bias is None or not _is_block(linear.bias, self.bias, rows, width)):
+                return False
+            rows += linear.out_features
+        return True
+
+    def _movable(self, tensor: torch.Tensor) -> bool:
+        """A plain parameter whose storage is its own or a block of the joint tensors (not a block of a framework's
+        flat buffer)."""
+        return (type(tensor) is nn.Parameter and tensor.is_contiguous() and tensor.device.type != "meta"
+                and (tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size()
+                     or _shares(tensor, self.weight) or _shares(tensor, self.bias)))
+
+    def cloned_blocks(self, owner: nn.Module, state_dict: dict, prefix: str) -> None:
+        """Give the maps' entries of ``state_dict`` (keys under ``prefix``) storage of their own."""
+        if self.weight is None:
+            return
+        for name in self.names:
+            for suffix in ("weight", "bias"):
+                key = f"{prefix}{name}.{suffix}"
+                if key in state_dict and _shares(state_dict[key], self.weight if suffix == "weight" else self.bias):
+                    state_dict[key] = state_dict[key].clone()
+
+
+def _whole_plain_linear(linear: nn.Module) -> bool:
+    """A plain ``nn.Linear`` whose weight is a plain tensor of its full shape here (not a DTensor shard, not a
+    parameter DeepSpeed has partitioned away until the module's own forward gathers it)."""
+    return (type(linear) is nn.Linear and type(linear.weight) is nn.Parameter
+            and linear.weight.shape == (linear.out_features, linear.in_features))
+
+
+def _bias_or_zeros(linear: nn.Linear) -> torch.Tensor:
+    if linear.bias is not None:
+        return linear.bias
+    return torch.zeros(linear.out_features, dtype=linear.weight.dtype, device=linear.weight.device)
+
+
+def _is_block(tensor: torch.Tensor, joint: torch.Tensor, row: int, rows: int) -> bool:
+    """Whether ``tensor`` is the block of ``rows`` rows of ``joint`` that starts at ``row`` (read off the data
+    pointer: slicing ``joint`` would cost an operator call per map and step)."""
+    return (type(tensor) is nn.Parameter and tensor.device == joint.device and tensor.dtype == joint.dtype
+            and tensor.shape[0] == rows and tensor.shape[1:] == joint.shape[1:] and tensor.is_contiguous()
+            and tensor.data_ptr() == joint.data_ptr() + row * joint.stride(0) * joint.element_size())
+
+
+def _shares(tensor: torch.Tensor | None, joint: torch.Tensor | None) -> bool:
+    return (tensor is not None and joint is not None and tensor.device == joint.device
+            and tensor.untyped_storage().data_ptr() == joint.untyped_storage().data_ptr())
