@@ -264,7 +264,7 @@ def _config_fields(assignments: list[str]) -> dict:
 
 
 def _bench(args) -> int:
-    from .eval.speed import BenchSettings, benched_architectures, format_table, profile_tables, run_bench
+    from .eval.speed import BenchSettings, benched_architectures, format_table, profile_split, profile_table, run_bench
 
     _available_device(args.device)
     overrides = {key: value for key, value in (("prior", args.prior), ("kernel", args.kernel)) if value}
@@ -277,18 +277,21 @@ def _bench(args) -> int:
     if args.profile:
         if args.all:
             raise UserError("--profile takes one NAME, not --all")
-        print(profile_tables(args.name or "fem", args.profile, settings, baseline=args.baseline))
+        result = profile_split(args.name or "fem", args.profile, settings, baseline=args.baseline)
+        output = "profile.json" if args.output is None else args.output
+        _print_and_save(f"{result['tables']}\n\n{profile_table(result)}", result, output)
         return 0
+    output = "bench.json" if args.output is None else args.output
     if args.all:
         if args.name or args.baseline or args.sweep:
             raise UserError("--all benches every architecture against its own baseline: drop NAME, --baseline "
                              "and --sweep")
         results = [run_bench(name, settings) for name in benched_architectures()]
-        _print_and_save("\n\n".join(format_table(result) for result in results), results, args.output)
+        _print_and_save("\n\n".join(format_table(result) for result in results), results, output)
         return 0
     result = run_bench(args.name or "fem", settings, baseline=args.baseline,
                        sweep=tuple(args.sweep) if args.sweep else None)
-    _print_and_save(format_table(result), result, args.output)
+    _print_and_save(format_table(result), result, output)
     return 0
 
 
@@ -460,7 +463,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="cores the run is pinned to, with as many torch threads (default 1: two back-to-back "
                             "runs then agree; 0 leaves the process's cores and threads as they are)")
     bench.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    bench.add_argument("--output", default="bench.json", help="JSON file for the results ('' to skip)")
+    bench.add_argument("--output", default=None,
+                       help="JSON file for the results (default: bench.json, with --profile profile.json; '' to skip)")
     bench.add_argument("--prior", default=None, metavar="PRIOR", choices=ReadWhenUsed(_fem_priors),
                        help="FEM: the measured presets' prior, one of %(choices)s (default: the preset's)")
     bench.add_argument("--kernel", default=None, metavar="KERNEL", choices=ReadWhenUsed(_fem_kernels),

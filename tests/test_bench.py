@@ -167,18 +167,31 @@ def test_bench_all_measures_every_benched_architecture_at_its_own_shape(tmp_path
     assert [result["title"] for result in json.loads(output.read_text())] == names
 
 
-def test_profile_lists_the_operators_of_one_call_per_model(capsys):
-    """One forward of each looped model (T = 25 block applications, each with one GELU) after the warm-up call."""
-    assert main(["bench", "eer-induction", "--profile", "forward", "--batch-size", "2", "--seq-len", "8"]) == 0
+def test_profile_lists_the_operators_of_one_call_per_model(capsys, tmp_path):
+    """One forward of each looped model (T = 25 block applications, each with one GELU) after the warm-up call; the
+    summary counts the operators the call issued, as torch.profiler records them here apart."""
+    output = tmp_path / "profile.json"
+    assert main(["bench", "eer-induction", "--profile", "forward", "--batch-size", "2", "--seq-len", "8",
+                 "--output", str(output)]) == 0
     shown = capsys.readouterr().out.split("== ")[1:]
     assert [section.split(",")[0] for section in shown] == ["eer-looped-gpt2 (baseline)", "eer-induction"]
-    every_operator = speed.profile_tables("eer-induction", "forward", BenchSettings(batch_size=2, seq_len=8),
-                                          row_limit=-1)
-    for section in every_operator.split("== ")[1:]:
+    result = speed.profile_split("eer-induction", "forward", BenchSettings(batch_size=2, seq_len=8), row_limit=-1)
+    for section in result["tables"].split("== ")[1:]:
         (gelu,) = [line.split() for line in section.splitlines() if line.strip().startswith("aten::gelu ")]
         assert int(gelu[-1]) == 25
+    saved = json.loads(output.read_text())
+    assert [entry["model"] for entry in saved["models"]] == ["eer-looped-gpt2 (baseline)", "eer-induction"]
+    model = model_from_preset("eer-induction").eval()
+    ids = torch.randint(0, model.config.vocab_size, (2, 8))
+    with torch.no_grad():
+        model(ids, use_cache=False)
+        with torch.profiler.profile() as profiler:
+            model(ids, use_cache=False)
+    issued = [event for event in profiler.events() if event.name.startswith("aten::")
+              and (event.cpu_parent is None or not event.cpu_parent.name.startswith("aten::"))]
+    assert saved["models"][1]["operators"] == len(issued)
     with pytest.raises(ValueError, match="--profile peak_memory: eer-looped times forward, train_step, decode$"):
-        speed.profile_tables("eer-looped", "peak_memory")
+        speed.profile_split("eer-looped", "peak_memory")
 
 
 def test_bench_times_image_classifiers_on_images_of_their_size(monkeypatch):

@@ -32,8 +32,9 @@ train step of flash softmax attention.
 inductor backend, also inside the memory probe) and warms every workload up before timing, so compilation and
 recompilation for new shapes are not timed.
 
-`profile_tables` (`energyzoo bench NAME --profile WORKLOAD`) lists the top operators of one call per model, to say
-where a missed target's time goes.
+`profile_split` (`energyzoo bench NAME --profile WORKLOAD`) says where a missed target's time goes: per model, the
+operators issued per generated token (or call), and the share of a profiled call's time in projections, attention,
+the other operators and between operators (Python and dispatch), with the top operators of one call.
 
 An entry may sweep the sequence length (``Bench.sweep = ("seq_len", lengths)``, FEM's length scaling): the forward
 workload then runs every preset and the baseline at each length, each preset against the baseline at its length, and
@@ -464,10 +465,33 @@ def _with_entry_shape(entry: Bench, settings: BenchSettings | None) -> BenchSett
                    seq_len=(settings and settings.seq_len) or entry.seq_len)
 
 
-def profile_tables(name: str, workload: str, settings: BenchSettings | None = None, baseline: str | None = None,
-                   row_limit: int = 12) -> str:
-    """Where a ratio's time goes: torch.profiler's top operators by self time over one call of ``workload`` (after a
-    warm-up call) for the baseline and each measured preset at its own settings, at the entry's shape."""
+# What a profiled call's top-level operators are counted as (`profile_split`); every other operator is "other".
+PROFILE_GROUPS = {"projections": ("aten::linear", "aten::addmm", "aten::mm", "aten::matmul", "aten::bmm"),
+                  "attention": ("aten::scaled_dot_product_attention",)}
+
+
+def _top_level_operators(profiler) -> list:
+    """The aten operators a call issued itself (not those an operator called): what dispatch pays for."""
+    return [event for event in profiler.events() if event.name.startswith("aten::")
+            and (event.cpu_parent is None or not event.cpu_parent.name.startswith("aten::"))]
+
+
+def _split(operators: list, wall_us: float) -> dict[str, float]:
+    """Shares of a profiled call's wall time: each group's operators (their whole CPU time), the other operators, and
+    the time between operators (Python, dispatch)."""
+    times = dict.fromkeys((*PROFILE_GROUPS, "other operators"), 0.0)
+    for event in operators:
+        group = next((name for name, members in PROFILE_GROUPS.items() if event.name in members), "other operators")
+        times[group] += event.cpu_time_total
+    times["between operators"] = max(wall_us - sum(times.values()), 0.0)
+    return {group: time / wall_us for group, time in times.items()}
+
+
+def profile_split(name: str, workload: str, settings: BenchSettings | None = None, baseline: str | None = None,
+                  row_limit: int = 12) -> dict:
+    """Where a ratio's time goes, for the baseline and each measured preset at its own settings, at the entry's shape:
+    the operators issued per unit (a generated token when decoding, else a call), the unprofiled seconds per unit,
+    the profiled call's time split (`_split`), and torch.profiler's top operators by self time (``tables``)."""
     entry, presets = bench_entry(name)
     if workload not in entry.workloads or workload not in TIMED:
         timed = [item for item in entry.workloads if item in TIMED]
@@ -476,24 +500,54 @@ def profile_tables(name: str, workload: str, settings: BenchSettings | None = No
     baseline = baseline or default_baseline(entry, presets)
     on_cuda = settings.device.startswith("cuda")
     activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if on_cuda else [])]
-    sections = []
+    per_unit = settings.decode_tokens * WORKLOADS[workload].sequences if WORKLOADS[workload].rate else 1
+    models, sections = [], []
     torch.set_grad_enabled(True)
     with pinned_threads(settings.threads):
-        # each preset at its own settings
         for arm in bench_arms(replace(entry, sweep=None), presets, baseline, workload):
             model = _build(arm, settings)
             call = WORKLOADS[workload].build(model, _inputs(model, settings), arm.call, settings)
             call()
+            seconds = Timer("call()", globals={"call": call}).blocked_autorange(min_run_time=MIN_SAMPLE_SECONDS)
+            start = time.perf_counter()
             with profile(activities=activities) as profiler:
                 call()
-            _synchronize(settings.device)
+                _synchronize(settings.device)
+            wall_us = (time.perf_counter() - start) * 1e6
+            operators = _top_level_operators(profiler)
+            models.append({"model": arm.label, "operators": len(operators) / per_unit,
+                           "seconds": seconds.median / per_unit, "split": _split(operators, wall_us)})
             averages = profiler.key_averages()
             total = sum(event.self_cpu_time_total for event in averages) / 1e6
             sections.append(f"== {arm.label}, {workload}: {total:.3f} s self CPU time\n" + averages.table(
                 sort_by="self_device_time_total" if on_cuda else "self_cpu_time_total", row_limit=row_limit,
                 max_name_column_width=48))
             del model, call
-    return "\n".join(sections)
+    unit = "generated token" if WORKLOADS[workload].rate else "call"
+    return {"name": name, "presets": list(presets), "workload": workload, "unit": unit, "torch": torch.__version__,
+            "title": f"{name}, {workload} ({_shape(settings, workload, presets[0])}; per {unit})", "models": models,
+            "tables": "\n".join(sections)}
+
+
+def profile_table(result: dict) -> str:
+    """The operators, seconds and time split per unit of each profiled model, against the first (the baseline)."""
+    groups = (*PROFILE_GROUPS, "other operators", "between operators")
+    lines = [result["title"], "| model | operators | ms | " + " | ".join(groups) + " |",
+             "|---|---|---|" + "---|" * len(groups)]
+    for entry in result["models"]:
+        shares = " | ".join(f"{entry['split'][group]:.0%}" for group in groups)
+        lines.append(f"| {entry['model']} | {entry['operators']:.0f} | {entry['seconds'] * 1e3:.2f} | {shares} |")
+    return "\n".join(lines)
+
+
+def _shape(settings: BenchSettings, workload: str, preset: str) -> str:
+    where = f"{settings.dtype} on {settings.device}"
+    if WORKLOADS[workload].rate:
+        batch = WORKLOADS[workload].sequences
+        return (f"batch {batch}{', left-padded' * (batch > 1)}, a {DECODE_PROMPT}-token prompt + "
+                f"{settings.decode_tokens} tokens, {where}")
+    length = f", seq {settings.seq_len}" if preset_card(preset)["task"] == "causal-lm" else ""
+    return f"batch {settings.batch_size}{length}, {where}"
 
 
 def run_bench(name: str, settings: BenchSettings | None = None, baseline: str | None = None,

@@ -6,18 +6,22 @@ reproduce all --quick`), both shipped here. A document marks each rendered block
     ... (written by `render_document`) ...
     <!-- end rendered -->
 
-Blocks: ``bench MODEL_TYPE...`` (each bench table of those architectures), ``speed-summary`` (a row per bench
-table), ``ledger EXPERIMENT...`` (each experiment's verdicts), ``ledger-summary`` (a row per experiment),
-``reference-differences FAMILY`` (the family's differences from its authors' public code, as its model card has).
+Blocks: ``bench MODEL_TYPE...`` (each bench table of those architectures), ``profiles MODEL_TYPE...`` (their
+operator counts and time splits, ``profiles.json`` from `energyzoo bench NAME --profile WORKLOAD`), ``speed-summary``
+(a row per bench table), ``ledger EXPERIMENT...`` (each experiment's verdicts), ``ledger-summary`` (a row per
+experiment), ``reference-differences FAMILY`` (the family's differences from its authors' public code, as its model
+card has).
 ``python -m energyzoo.hub_cards.docs FILE...`` rewrites the blocks of each file; a test checks they are current.
 """
 
+import json
 import re
 import sys
 from collections import Counter
+from importlib import resources
 from pathlib import Path
 
-from ..eval.speed import format_table
+from ..eval.speed import format_table, profile_table
 from ..presets import config_from_preset
 from ..reproduce.experiments import EXPERIMENTS
 from ..reproduce.report import headline, primary_table
@@ -36,6 +40,16 @@ def _architecture(result: dict) -> str:
 
 def bench_tables(model_types: list[str]) -> str:
     return "\n\n".join(format_table(result) for result in measured_speed() if _architecture(result) in model_types)
+
+
+def measured_profiles() -> list[dict]:
+    """`energyzoo bench NAME --profile WORKLOAD` as measured for the documents (``hub_cards/profiles.json``)."""
+    return json.loads((resources.files("energyzoo") / "hub_cards" / "profiles.json").read_text())
+
+
+def profile_tables(model_types: list[str]) -> str:
+    return "\n\n".join(profile_table(result) for result in measured_profiles()
+                        if _architecture(result) in model_types)
 
 
 def speed_summary() -> str:
@@ -86,7 +100,7 @@ def ledger_summary() -> str:
     return "\n".join(lines)
 
 
-RENDERERS = {"bench": bench_tables, "speed-summary": lambda names: speed_summary(),
+RENDERERS = {"bench": bench_tables, "profiles": profile_tables, "speed-summary": lambda names: speed_summary(),
              "ledger": ledger_tables, "ledger-summary": lambda names: ledger_summary(),
              "reference-differences": lambda names: "\n\n".join(map(reference_differences, names))}
 
