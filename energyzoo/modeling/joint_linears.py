@@ -32,12 +32,13 @@ class JointLinears:
         self.names = list(names)
         self.weight: torch.Tensor | None = None  # (sum of out_features, in_features), the blocks in ``names`` order
         self.bias: torch.Tensor | None = None  # None when no map has a bias; zero rows for maps without one
+        self.widths: list[int] = []  # the maps' output widths when joined
+        # per map: the data pointers its weight and bias (or None) have as blocks of the joint tensors
+        self.blocks: list[tuple[int, int | None]] = []
 
     def linears(self, owner: nn.Module) -> list[nn.Module]:
-        return [getattr(owner, name) for name in self.names]
-
-    def widths(self, owner: nn.Module) -> list[int]:
-        return [linear.out_features for linear in self.linears(owner)]
+        """The owner's current maps (read from its module table: a map may have been replaced or wrapped)."""
+        return [owner._modules[name] for name in self.names]
 
     def join(self, owner: nn.Module) -> None:
         """Move the maps' current weights and biases into joint tensors and point each parameter at its block. Maps
@@ -48,19 +49,23 @@ class JointLinears:
             return
         weights = [linear.weight for linear in linears] if all(type(linear) is nn.Linear for linear in linears) else []
         biases = [linear.bias for linear in linears if linear.bias is not None]
-        if not weights or not all(self._movable(tensor) and tensor.dtype == weights[0].dtype
-                                  and tensor.device == weights[0].device for tensor in (*weights, *biases)):
-            self.weight = self.bias = None
+        movable = weights and all(_movable(tensor, (self.weight, self.bias)) and tensor.dtype == weights[0].dtype
+                                  and tensor.device == weights[0].device for tensor in (*weights, *biases))
+        self.weight = self.bias = None
+        self.blocks = []
+        if not movable:
             return
         with torch.no_grad():
-            self.weight = torch.cat(weights)
-            self.bias = torch.cat([_bias_or_zeros(linear) for linear in linears]) if biases else None
+            weight = torch.cat(weights)
+            bias = torch.cat([_bias_or_zeros(linear) for linear in linears]) if biases else None
         rows = 0
         for linear in linears:
-            linear.weight.data = self.weight[rows:rows + linear.out_features]
+            linear.weight.data = weight[rows:rows + linear.out_features]
             if linear.bias is not None:
-                linear.bias.data = self.bias[rows:rows + linear.out_features]
+                linear.bias.data = bias[rows:rows + linear.out_features]
+            self.blocks.append((linear.weight.data_ptr(), None if linear.bias is None else linear.bias.data_ptr()))
             rows += linear.out_features
+        self.weight, self.bias, self.widths = weight, bias, [linear.out_features for linear in linears]
 
     def __call__(self, owner: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
         """x through every map, as one (..., sum of out_features) tensor; None where the maps must run one by one."""
@@ -80,25 +85,20 @@ class JointLinears:
         return F.linear(x, self.weight, self.bias)
 
     def joined(self, linears: list[nn.Module]) -> bool:
-        """Whether every map's weight and bias are still their blocks of the joint tensors."""
+        """Whether every map's weight and bias are still their blocks of the joint tensors. A data pointer inside the
+        joint storage, which this object keeps alive, is that storage: nothing else can be allocated there."""
         if self.weight is None:
             return False
-        rows = 0
-        for linear in linears:
-            width = linear.out_features
-            if type(linear) is not nn.Linear or not _is_block(linear.weight, self.weight, rows, width):
+        for linear, (weight_at, bias_at) in zip(linears, self.blocks, strict=True):
+            if type(linear) is not nn.Linear:
                 return False
-            if linear.bias is not None and (self.bias is None or not _is_block(linear.bias, self.bias, rows, width)):
+            weight, bias = linear._parameters["weight"], linear._parameters["bias"]
+            if type(weight) is not nn.Parameter or weight.data_ptr() != weight_at:
                 return False
-            rows += linear.out_features
+            if (bias is None) != (bias_at is None) or (bias is not None and (
+                    type(bias) is not nn.Parameter or bias.data_ptr() != bias_at)):
+                return False
         return True
-
-    def _movable(self, tensor: torch.Tensor) -> bool:
-        """A plain parameter whose storage is its own or a block of the joint tensors (not a block of a framework's
-        flat buffer)."""
-        return (type(tensor) is nn.Parameter and tensor.is_contiguous() and tensor.device.type != "meta"
-                and (tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size()
-                     or _shares(tensor, self.weight) or _shares(tensor, self.bias)))
 
     def cloned_blocks(self, owner: nn.Module, state_dict: dict, prefix: str) -> None:
         """Give the maps' entries of ``state_dict`` (keys under ``prefix``) storage of their own."""
@@ -109,6 +109,14 @@ class JointLinears:
                 key = f"{prefix}{name}.{suffix}"
                 if key in state_dict and _shares(state_dict[key], self.weight if suffix == "weight" else self.bias):
                     state_dict[key] = state_dict[key].clone()
+
+
+def _movable(tensor: torch.Tensor, joint: tuple[torch.Tensor | None, ...]) -> bool:
+    """A plain parameter whose storage is its own or one of the ``joint`` tensors (not a block of a framework's flat
+    buffer)."""
+    return (type(tensor) is nn.Parameter and tensor.is_contiguous() and tensor.device.type != "meta"
+            and (tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size()
+                 or any(_shares(tensor, held) for held in joint)))
 
 
 def _whole_plain_linear(linear: nn.Module) -> bool:
@@ -122,14 +130,6 @@ def _bias_or_zeros(linear: nn.Linear) -> torch.Tensor:
     if linear.bias is not None:
         return linear.bias
     return torch.zeros(linear.out_features, dtype=linear.weight.dtype, device=linear.weight.device)
-
-
-def _is_block(tensor: torch.Tensor, joint: torch.Tensor, row: int, rows: int) -> bool:
-    """Whether ``tensor`` is the block of ``rows`` rows of ``joint`` that starts at ``row`` (read off the data
-    pointer: slicing ``joint`` would cost an operator call per map and step)."""
-    return (type(tensor) is nn.Parameter and tensor.device == joint.device and tensor.dtype == joint.dtype
-            and tensor.shape[0] == rows and tensor.shape[1:] == joint.shape[1:] and tensor.is_contiguous()
-            and tensor.data_ptr() == joint.data_ptr() + row * joint.stride(0) * joint.element_size())
 
 
 def _shares(tensor: torch.Tensor | None, joint: torch.Tensor | None) -> bool:

@@ -101,6 +101,8 @@ class FEMAttention(nn.Module):
         self.prior = PRIOR_CODE[config.prior]
         self.head_dim = config.head_dim
         self.value_head_dim = config.value_head_dim
+        # read on every call: a config's attribute lookup costs a decoding step more than a module's
+        self.use_lse, self.rms_norm_eps = config.use_lse, config.rms_norm_eps
         # read by transformers' attention functions
         self.is_causal = True
         self.num_key_value_groups = 1
@@ -185,14 +187,14 @@ class FEMAttention(nn.Module):
         with torch.autocast(device, enabled=False) if torch.is_autocast_enabled(device) else nullcontext():
             read = self.prior.read(
                 projected["v_proj"].view(heads),
-                self.beta_max() if self.config.use_lse else None,
+                self.beta_max() if self.use_lse else None,
                 *selection,
                 state=cache_layer.prior_state if cache_layer is not None else None,
                 **options,
             )
         if cache_layer is not None:
             cache_layer.advance(read.state, length)
-        f_max = read.f_max if self.config.use_lse else None  # the recurrent reads give one at beta = 1 without
+        f_max = read.f_max if self.use_lse else None  # the recurrent reads give one at beta = 1 without
         gate_logits = [projected[name].view(heads) if name in projected else None for name in GATES]
         output, temperature_gate = self._recomputed_in_backward(self._gated_output, read.mu, f_max, *gate_logits)
         if recording_energies():
@@ -206,7 +208,7 @@ class FEMAttention(nn.Module):
         if joint is not None:
             if features is not None:
                 joint = self.time_decay.modulate_joint(joint, features)
-            return list(joint.split(self.joint_projections.widths(self), dim=-1))
+            return list(joint.split(self.joint_projections.widths, dim=-1))
         linears = self.joint_projections.linears(self)
         projections = [linear(hidden_states) for linear in linears]
         return projections if features is None else self.time_decay.modulate(projections, features, linears)
@@ -223,7 +225,7 @@ class FEMAttention(nn.Module):
         """mu and f_max, (batch, seq, heads, value_head_dim), gated into the output (FEM eq. 10-11); also
         returns the temperature gate lambda (None without one)."""
         temperature_gate = None if temperature_logits is None else torch.sigmoid(temperature_logits)
-        outer_gate = None if outer_logits is None else outer_gate_activation(outer_logits, self.config.rms_norm_eps)
+        outer_gate = None if outer_logits is None else outer_gate_activation(outer_logits, self.rms_norm_eps)
         return gated_free_energy(mu, f_max, temperature_gate, outer_gate), temperature_gate
 
     @torch.no_grad()
