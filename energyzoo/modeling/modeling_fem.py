@@ -30,6 +30,8 @@ from .fem_free_energy import (
     inverse_softplus,
     outer_gate_activation,
 )
+from .fem_joint_linears import JointLinears
+from .fem_parameter_cache import ParameterCache
 from .fem_prior_aft import FEMAFTCacheLayer, add_aft_modules, aft_free_energy_read, aft_selection
 from .fem_prior_gla import FEMGLACacheLayer, add_gla_modules, gla_free_energy_read, gla_selection
 from .fem_prior_softmax import (
@@ -42,7 +44,6 @@ from .fem_prior_softmax import (
 from .fem_prior_ssm import FEMSSMCacheLayer, add_ssm_modules, init_ssm_parameters, ssm_free_energy_read, ssm_selection
 from .fem_time_decay import TimeDecayConditioner
 from .inputs import CausalLMLossMixin, check_classifier_labels, check_labels, check_token_inputs
-from .joint_linears import JointLinears
 from .numerics import widened
 from .outputs import (
     BaseModelOutputWithEnergies,
@@ -52,7 +53,6 @@ from .outputs import (
     recording_energies,
     records_energies,
 )
-from .parameter_cache import ParameterCache
 from .positions import positions_from_mask, real_tokens
 from .transformers_compat import CACHE_FIELD, cache_of, takes_cache, with_cache
 
@@ -139,7 +139,7 @@ class FEMAttention(nn.Module):
 
     def _apply(self, fn, recurse=True):
         """As `nn.Module._apply` (``.to()``, ``.double()``, ...), then the projections joined again: converting gives
-        each parameter a tensor of its own (`joint_linears`)."""
+        each parameter a tensor of its own (`fem_joint_linears`)."""
         result = super()._apply(fn, recurse)
         self.joint_projections.join(self)
         if self.beta_max_raw is not None:
@@ -148,7 +148,7 @@ class FEMAttention(nn.Module):
 
     def beta_max(self) -> torch.Tensor:
         """Per-channel maximum inverse temperature, (heads, value_head_dim) (FEM eq. 9, App. K); computed again
-        only when its parameter changed, where no gradient is wanted (`parameter_cache`)."""
+        only when its parameter changed, where no gradient is wanted (`fem_parameter_cache`)."""
         return self.beta_max_cache(self.beta_max_raw)
 
     def _beta_max_of(self, raw: torch.Tensor) -> torch.Tensor:
@@ -203,7 +203,7 @@ class FEMAttention(nn.Module):
 
     def _projections(self, hidden_states, features) -> list[torch.Tensor]:
         """Every projection of the layer's input, modulated by the conditioner's ``features`` (None: none): one
-        product of the joint matrix where the maps allow it (`joint_linears`), else map by map."""
+        product of the joint matrix where the maps allow it (`fem_joint_linears`), else map by map."""
         joint = self.joint_projections(self, hidden_states)
         if joint is not None:
             if features is not None:
@@ -246,7 +246,7 @@ class FEMAttention(nn.Module):
 
 
 def _projections_cloned(module: FEMAttention, state_dict: dict, prefix: str, local_metadata) -> None:
-    """`FEMAttention`'s state-dict hook: the joint projections' blocks as tensors of their own (`joint_linears`)."""
+    """`FEMAttention`'s state-dict hook: the joint projections' blocks as tensors of their own (`fem_joint_linears`)."""
     module.joint_projections.cloned_blocks(module, state_dict, prefix)
 
 
@@ -294,7 +294,7 @@ class FEMPreTrainedModel(PreTrainedModel):
             init.zeros_(module.out_proj)
 
     def tie_weights(self, *args, **kwargs):
-        """transformers' tying, then every layer's projections joined again (`joint_linears`): transformers ties
+        """transformers' tying, then every layer's projections joined again (`fem_joint_linears`): transformers ties
         after loading, which gives each parameter a tensor of its own."""
         super().tie_weights(*args, **kwargs)
         for module in self.modules():

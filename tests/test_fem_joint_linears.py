@@ -1,7 +1,7 @@
-"""FEM's projections as one matrix multiply (`joint_linears`): the joint product equals the maps one by one, it never
-reads a weight that was replaced or edited, and the joint storage survives what a user does to a model (``.to()``,
-loading, an optimiser step, saving) without changing a checkpoint. (The layer's values and gradients against the
-float64 reference, every prior and switch, are `test_fem.test_fem_layer_matches_the_float64_reference_...`.)"""
+"""FEM's projections as one matrix multiply (`fem_joint_linears`): the joint product equals the maps one by one, it
+never reads a weight that was replaced or edited, and the joint storage survives what a user does to a model
+(``.to()``, loading, an optimiser step, saving) without changing a checkpoint. (The layer's values and gradients
+against the float64 reference, every prior and switch, are `test_fem.test_fem_layer_matches_the_float64_...`.)"""
 
 import pytest
 import torch

@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from test_fem import tiny_fem
 from torch import nn
 
-from energyzoo.modeling.parameter_cache import ParameterCache
+from energyzoo.modeling.fem_parameter_cache import ParameterCache
 
 
 def counted_square():
