@@ -63,3 +63,36 @@ def test_stage1_datasets_are_the_embedded_ones():
     assert load_task("s_curve").kind == "reconstruction" and load_task("s_curve").features.shape[1] == 3
     with pytest.raises(ValueError, match="unknown Stage I dataset"):
         load_task("mnist")
+
+
+def test_a_stopped_run_resumes_at_its_unfinished_cells_and_reports_what_an_uninterrupted_one_does(
+        tmp_path, monkeypatch):
+    """The finished cells of a run stopped after two cells are read back (their settings and code unchanged); the
+    others are trained; the report's records equal those of a run that was never stopped."""
+    from energyzoo.reproduce import tel_stage1
+
+    settings = tel_stage1.Settings(datasets=("wine",), widths=(8, 16), seeds=2, selection_seeds=1, max_epochs=4,
+                                   learning_rates=(3e-3,), dropouts=(0.0,), weight_decays=(0.01,), workers=1)
+    whole = tel_stage1.run(settings, tmp_path / "whole", progress=lambda line: None)
+    cell, calls = tel_stage1._cell, []
+
+    def stopping_cell(*args):
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # the session's end
+        calls.append(args)
+        return cell(*args)
+
+    monkeypatch.setattr(tel_stage1, "_cell", stopping_cell)
+    with pytest.raises(KeyboardInterrupt):
+        tel_stage1.run(settings, tmp_path / "stopped", progress=lambda line: None)
+    monkeypatch.setattr(tel_stage1, "_cell", lambda *args: calls.append(args) or cell(*args))
+    lines = []
+    resumed = tel_stage1.run(settings, tmp_path / "stopped", progress=lines.append)
+    assert lines[0].startswith("tel-stage1: 2 of 6 cells read back")
+    assert [args[2:] for args in calls] == [("wine", 8, "linear"), ("wine", 8, "mlp"), ("wine", 8, "tel"),
+                                            ("wine", 16, "linear"), ("wine", 16, "mlp"), ("wine", 16, "tel")]
+    assert resumed["records"] == whole["records"] and resumed["traces"] == whole["traces"]
+    other_lines = []
+    other = tel_stage1.run(tel_stage1.Settings(**{**settings.__dict__, "max_epochs": 3}), tmp_path / "stopped",
+                           progress=other_lines.append)  # other settings: nothing is read back
+    assert not any("read back" in line for line in other_lines) and other["records"] != whole["records"]

@@ -71,7 +71,7 @@ class Experiment:
 
     @property
     def trains_models(self) -> bool:
-        """Whether ``run`` keeps trained models in an ``output_dir`` it takes."""
+        """Whether ``run`` keeps files (trained models, finished parts) in an ``output_dir`` it takes."""
         return "output_dir" in inspect.signature(self.code().run).parameters
 
 
@@ -102,7 +102,8 @@ EXPERIMENTS = {
     "tel-stage1": Experiment("tel_stage1",
                              "tel.txt Stage I: Linear vs MLP vs TEL at matched width on embedded data",
                              ("seeds=3", "selection_seeds=3", "widths=[16,64]", "learning_rates=[3e-3]",
-                              "dropouts=[0.0]", "weight_decays=[0.01]", "max_epochs=60"), inputs=WORKERS,
+                              "dropouts=[0.0]", "weight_decays=[0.01]", "max_epochs=60"),
+                             inputs=(*WORKERS, "reproduce/parts.py"),
                              cut=("G.1's grid picked on 3 of the 20 runs; embedded scikit-learn data and two of "
                                   "H.1's five baselines instead of MNIST, CIFAR and UCI against five")),
     "hyperset": Experiment("hyperset",

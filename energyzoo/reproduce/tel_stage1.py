@@ -26,8 +26,7 @@ baselines of H.1's five (Linear and MLP: EBM, DEQ and KAN are not in this zoo), 
 import itertools
 import math
 import statistics
-import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
@@ -39,6 +38,7 @@ from ..extras import needs_extra
 from ..modeling.errors import UserError
 from ..modeling.outputs import tracing_energies
 from ..modeling.tel_layer import TELSettings, ThermodynamicEquilibriumLayer
+from .parts import Parts
 from .processes import runs_mapped
 from .verdict import VERDICTS, Claim, judged, ledger_lines
 
@@ -295,21 +295,38 @@ def _cell_runs(settings: Settings, name: str, width: int, kind: str) -> tuple[li
     return [(chosen, validation, value) for validation, value, _ in runs], runs[0][2]
 
 
-def run(settings: Settings, progress=print) -> dict:
+def _cell(settings: Settings, trace_width: int, name: str, width: int, kind: str) -> tuple[list[tuple], dict | None]:
+    """`_cell_runs` and, for TEL at the traced width, its first model's trace (`tel_trace`): what the report keeps."""
+    rows, first_model = _cell_runs(settings, name, width, kind)
+    trace = tel_trace(first_model, load_task(name), 0) if kind == "tel" and width == trace_width else None
+    return rows, trace
+
+
+def run(settings: Settings, output_dir: str | Path, progress=print) -> dict:
     """Every dataset x width x model x seed, the cells in ``workers`` processes (`runs_mapped`); returns the
-    JSON-ready report."""
-    started = time.perf_counter()
+    JSON-ready report. Each finished cell is kept in ``output_dir/parts`` (`Parts`), so a run that was stopped
+    resumes at the cells it had not finished, with the same settings and code."""
+    parts = Parts("tel-stage1", asdict(replace(settings, workers=1)), output_dir)  # workers change no number
     records, traces, verdicts = [], {}, []
     trace_width = 64 if 64 in settings.widths else settings.widths[0]
     cells = [(name, width, kind) for name in settings.datasets for width in settings.widths for kind in MODELS]
+    finished = {cell: parts.read("-".join(map(str, cell))) for cell in cells}
+    todo = [cell for cell in cells if finished[cell] is None]
+    if len(todo) < len(cells):
+        progress(f"tel-stage1: {len(cells) - len(todo)} of {len(cells)} cells read back from {parts.folder}")
     with runs_mapped(settings.workers) as mapped:
-        for (name, width, kind), (rows, first_model) in zip(cells, mapped(partial(_cell_runs, settings), *zip(*cells))):
+        computed = mapped(partial(_cell, settings, trace_width), *zip(*todo)) if todo else iter(())
+        for name, width, kind in cells:
+            if finished[name, width, kind] is None:
+                finished[name, width, kind] = next(computed)
+                parts.write(f"{name}-{width}-{kind}", finished[name, width, kind])
+            rows, trace = finished[name, width, kind]
             task = load_task(name)
             for seed, (configuration, validation, value) in enumerate(rows):
                 records.append(dict(dataset=name, task=task.kind, metric=task.metric, width=width, model=kind,
                                     seed=seed, **asdict(configuration), validation=validation, value=value))
-            if kind == "tel" and width == trace_width:
-                traces[name] = tel_trace(first_model, task, 0)
+            if trace is not None:
+                traces[name] = trace
             if kind == MODELS[-1]:  # the cell's last model: its verdict
                 verdicts.append(judged(task.claim(width), task.claimed(_values(records, name, width, "tel")),
                                        task.claimed(_values(records, name, width, "mlp")), dataset=name,
@@ -320,7 +337,7 @@ def run(settings: Settings, progress=print) -> dict:
     wins = [float(row["best"] == "tel") for row in summary]
     verdicts.insert(0, judged(COUNT_CLAIM, wins, [0.5] * len(wins)))
     return dict(settings=asdict(settings), records=records, summary=summary, verdicts=verdicts,
-                traces=traces, trace_width=trace_width, seconds=time.perf_counter() - started)
+                traces=traces, trace_width=trace_width, seconds=parts.seconds())
 
 
 def _values(records, dataset, width, kind) -> list[float]:
