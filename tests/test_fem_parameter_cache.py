@@ -65,3 +65,23 @@ def test_fems_beta_max_follows_its_parameter_through_optimiser_steps_and_moves()
         model.double()
         assert layer.beta_max().dtype == torch.float64
         torch.testing.assert_close(layer.beta_max(), eq_9(), rtol=1e-15, atol=0)
+
+
+def test_a_copied_or_pickled_model_computes_what_the_original_does(tmp_path):
+    """The caches and the joint projections travel with `copy.deepcopy` and `torch.save` of the whole model, and a
+    copy never reads the original's tensors."""
+    import copy
+
+    model = tiny_fem()
+    ids = torch.randint(3, 97, (2, 7))
+    with torch.no_grad():
+        expected = model(ids).logits
+        twin = copy.deepcopy(model)
+        torch.save(model, tmp_path / "model.pt")
+        loaded = torch.load(tmp_path / "model.pt", weights_only=False)
+        for other in (twin, loaded):
+            torch.testing.assert_close(other(ids).logits, expected, rtol=0, atol=0)
+        model.model.layers[0].self_attn.beta_max_raw.add_(1.0)
+        model.model.layers[0].self_attn.k_proj.weight.mul_(2.0)
+        assert not torch.allclose(model(ids).logits, expected)
+        torch.testing.assert_close(twin(ids).logits, expected, rtol=0, atol=0)

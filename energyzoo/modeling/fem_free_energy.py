@@ -119,10 +119,18 @@ def read_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype == torch.float16 else dtype
 
 
-def clip_values_for_exp(value: torch.Tensor, beta: torch.Tensor, cap: float = EXP_ARGUMENT_CAP) -> torch.Tensor:
-    """Clip values to |beta * v| <= cap, so that exp(beta v - M) stays within floating-point range."""
-    limit = cast(cap / beta, value.dtype)
-    return torch.clamp(value, -limit, limit)
+def value_limits(beta: torch.Tensor, cap: float = EXP_ARGUMENT_CAP) -> tuple[torch.Tensor, torch.Tensor]:
+    """(-cap / beta, cap / beta): the range `clip_values_for_exp` keeps."""
+    limit = cap / beta
+    return -limit, limit
+
+
+def clip_values_for_exp(value: torch.Tensor, beta: torch.Tensor,
+                        limits: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """Clip values to |beta * v| <= cap, so that exp(beta v - M) stays within floating-point range. ``limits``:
+    `value_limits` of ``beta``, where the caller keeps them between calls (a FEM layer's decoding steps)."""
+    low, high = value_limits(beta) if limits is None else limits
+    return torch.clamp(value, cast(low, value.dtype), cast(high, value.dtype))
 
 
 class ExpStream(NamedTuple):

@@ -33,7 +33,8 @@ class JointLinears:
         self.weight: torch.Tensor | None = None  # (sum of out_features, in_features), the blocks in ``names`` order
         self.bias: torch.Tensor | None = None  # None when no map has a bias; zero rows for maps without one
         self.widths: list[int] = []  # the maps' output widths when joined
-        # per map: the data pointers its weight and bias (or None) have as blocks of the joint tensors
+        # per map: the byte offsets of its weight and bias (or None) in the joint tensors (offsets, not addresses: a
+        # deep copy or a pickled model keeps its parameters' blocks of its own copy of the joint tensors)
         self.blocks: list[tuple[int, int | None]] = []
 
     def linears(self, owner: nn.Module) -> list[nn.Module]:
@@ -63,7 +64,8 @@ class JointLinears:
             linear.weight.data = weight[rows:rows + linear.out_features]
             if linear.bias is not None:
                 linear.bias.data = bias[rows:rows + linear.out_features]
-            self.blocks.append((linear.weight.data_ptr(), None if linear.bias is None else linear.bias.data_ptr()))
+            self.blocks.append((linear.weight.data_ptr() - weight.data_ptr(),
+                                None if linear.bias is None else linear.bias.data_ptr() - bias.data_ptr()))
             rows += linear.out_features
         self.weight, self.bias, self.widths = weight, bias, [linear.out_features for linear in linears]
 
@@ -89,14 +91,16 @@ class JointLinears:
         joint storage, which this object keeps alive, is that storage: nothing else can be allocated there."""
         if self.weight is None:
             return False
+        weight_base = self.weight.data_ptr()
+        bias_base = None if self.bias is None else self.bias.data_ptr()
         for linear, (weight_at, bias_at) in zip(linears, self.blocks, strict=True):
             if type(linear) is not nn.Linear:
                 return False
             weight, bias = linear._parameters["weight"], linear._parameters["bias"]
-            if type(weight) is not nn.Parameter or weight.data_ptr() != weight_at:
+            if type(weight) is not nn.Parameter or weight.data_ptr() != weight_base + weight_at:
                 return False
             if (bias is None) != (bias_at is None) or (bias is not None and (
-                    type(bias) is not nn.Parameter or bias.data_ptr() != bias_at)):
+                    type(bias) is not nn.Parameter or bias.data_ptr() != bias_base + bias_at)):
                 return False
         return True
 

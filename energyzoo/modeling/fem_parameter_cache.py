@@ -10,6 +10,7 @@ trace the check, and fuses the arithmetic itself) the value is computed on every
 """
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -17,13 +18,13 @@ import torch
 class ParameterCache:
     """``fn(parameter)``, recomputed only when ``parameter`` was written or replaced since the last call."""
 
-    def __init__(self, fn: Callable[[torch.Tensor], torch.Tensor]):
+    def __init__(self, fn: Callable[[torch.Tensor], Any]):
         self.fn = fn
         self.source: torch.Tensor | None = None  # a detached alias of the parameter the value was computed from
         self.version = -1
-        self.value: torch.Tensor | None = None
+        self.value: Any = None
 
-    def __call__(self, parameter: torch.Tensor) -> torch.Tensor:
+    def __call__(self, parameter: torch.Tensor) -> Any:
         if torch.compiler.is_compiling() or (torch.is_grad_enabled() and parameter.requires_grad):
             return self.fn(parameter)
         source = self.source

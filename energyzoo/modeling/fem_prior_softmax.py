@@ -86,7 +86,8 @@ def softmax_selection(layer, projected, position_embeddings, attention_mask, pad
     """RoPE'd queries and keys (FEM H.1); the mask is the causal mask transformers builds for the attention
     function, which `attend` runs."""
     query_key = rotated_query_key(projected, position_embeddings, layer.head_dim)
-    return query_key, {"attention_mask": attention_mask, "attention": lambda *args: attend(layer, *args)}
+    return query_key, {"attention_mask": attention_mask, "attention": lambda *args: attend(layer, *args),
+                       "value_limits": layer.value_limits() if layer.use_lse else None}
 
 
 def attend(layer, query, key, value, attention_mask, scale):
@@ -142,6 +143,7 @@ def softmax_free_energy_read(
     state: SoftmaxPriorCache | None = None,
     attention: AttentionFunction = sdpa_attention,
     scale: float | None = None,
+    value_limits: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> FreeEnergyRead:
     """The FEM read under the softmax-attention prior (FEM eq. 4, 6, 9 with H.1's prior; App. F.4 one pass).
 
@@ -157,6 +159,7 @@ def softmax_free_energy_read(
         attention: ``f(query, key, value, mask, scale) -> (out (batch, q_len, heads, dim), weights | None)``;
             FEMAttention passes transformers' attention function of ``config._attn_implementation``.
         scale: score scale, default 1/sqrt(qk_dim).
+        value_limits: `fem_free_energy.value_limits` of ``beta``, where the caller keeps them between calls.
 
     Returns:
         `FreeEnergyRead` whose state is ``state`` itself, extended (at the shift it keeps,
@@ -168,7 +171,7 @@ def softmax_free_energy_read(
     shift = None
     if beta is not None:
         beta = cast(beta, work_dtype(dtype))
-        value = clip_values_for_exp(value, beta)
+        value = clip_values_for_exp(value, beta, value_limits)
         scaled = beta * cast(value, beta.dtype)
         shift = exp_shift(scaled, dim=1) if state is None or state.exp_shift is None else state.exp_shift
         # In place is safe: the shift is detached and exp keeps its own output for backward.

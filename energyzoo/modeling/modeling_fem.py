@@ -29,6 +29,7 @@ from .fem_free_energy import (
     gated_free_energy,
     inverse_softplus,
     outer_gate_activation,
+    value_limits,
 )
 from .fem_joint_linears import JointLinears
 from .fem_parameter_cache import ParameterCache
@@ -117,6 +118,7 @@ class FEMAttention(nn.Module):
             self.beta_max_offset = inverse_softplus(config.beta_max_init)
             self.beta_max_raw = nn.Parameter(torch.zeros(width))
             self.beta_max_cache = ParameterCache(self._beta_max_of)
+            self.value_limits_cache = ParameterCache(self._value_limits_of)
             if config.use_temperature_gate:
                 self.temperature_proj = nn.Linear(hidden, width, bias=bias)
         if config.use_outer_gate:
@@ -135,7 +137,13 @@ class FEMAttention(nn.Module):
                 self._modules[name] = self._modules.pop(name)
         self.joint_projections.join(self)
         self._register_state_dict_hook(_projections_cloned)
-        self.register_load_state_dict_post_hook(lambda module, _: module.joint_projections.join(module))
+        self.register_load_state_dict_post_hook(_projections_joined)
+
+    def __setstate__(self, state):
+        """As `nn.Module.__setstate__` (unpickling, ``copy.deepcopy``), then the projections joined again: a deep copy
+        gives each parameter a tensor of its own."""
+        super().__setstate__(state)
+        self.joint_projections.join(self)
 
     def _apply(self, fn, recurse=True):
         """As `nn.Module._apply` (``.to()``, ``.double()``, ...), then the projections joined again: converting gives
@@ -144,6 +152,7 @@ class FEMAttention(nn.Module):
         self.joint_projections.join(self)
         if self.beta_max_raw is not None:
             self.beta_max_cache.forget()
+            self.value_limits_cache.forget()
         return result
 
     def beta_max(self) -> torch.Tensor:
@@ -153,6 +162,14 @@ class FEMAttention(nn.Module):
 
     def _beta_max_of(self, raw: torch.Tensor) -> torch.Tensor:
         return F.softplus(widened(raw) + self.beta_max_offset).view(-1, self.value_head_dim)
+
+    def value_limits(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The range the values are clipped to before the exp branch (`fem_free_energy.value_limits` of beta_max),
+        kept as beta_max is."""
+        return self.value_limits_cache(self.beta_max_raw)
+
+    def _value_limits_of(self, raw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return value_limits(self._beta_max_of(raw))
 
     @takes_cache
     def forward(
@@ -248,6 +265,11 @@ class FEMAttention(nn.Module):
 def _projections_cloned(module: FEMAttention, state_dict: dict, prefix: str, local_metadata) -> None:
     """`FEMAttention`'s state-dict hook: the joint projections' blocks as tensors of their own (`fem_joint_linears`)."""
     module.joint_projections.cloned_blocks(module, state_dict, prefix)
+
+
+def _projections_joined(module: FEMAttention, incompatible_keys) -> None:
+    """`FEMAttention`'s load-state-dict hook: loading by assignment gives each parameter a tensor of its own."""
+    module.joint_projections.join(module)
 
 
 class FEMDecoderLayer(GradientCheckpointingLayer):
