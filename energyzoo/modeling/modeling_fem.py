@@ -225,7 +225,9 @@ class FEMAttention(nn.Module):
         if joint is not None:
             if features is not None:
                 joint = self.time_decay.modulate_joint(joint, features)
-            return list(joint.split(self.joint_projections.widths, dim=-1))
+            parts = joint.split(self.joint_projections.widths, dim=-1)
+            # under autograd, a saved view would keep the whole joint tensor (queries and keys too) until backward
+            return [part.contiguous() for part in parts] if torch.is_grad_enabled() else list(parts)
         linears = self.joint_projections.linears(self)
         projections = [linear(hidden_states) for linear in linears]
         return projections if features is None else self.time_decay.modulate(projections, features, linears)
