@@ -95,7 +95,9 @@ def test_bench_reports_medians_of_paired_ratios_against_the_targets(monkeypatch)
 
     monkeypatch.setattr(speed, "_paired_times", paired_times)
     monkeypatch.setattr(speed, "measure_peak_memory", lambda arm, settings: 2**21 if arm.baseline else 3 * 2**20)
-    settings = BenchSettings(batch_size=1, seq_len=16, repeats=3, decode_tokens=8)
+    settings = BenchSettings(batch_size=1, seq_len=16, repeats=3, decode_tokens=8,
+                             workloads=("forward", "train_step", "peak_memory", "decode", "decode_static",
+                                        "decode_padded"))
     result = run_bench("fem-lm-tiny", settings)
     rows = {row["workload"]: row for row in result["rows"]}
     assert (rows["forward"]["value"], rows["forward"]["baseline"], rows["forward"]["ratio"]) == (3.0, 1.0, 3.0)

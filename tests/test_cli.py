@@ -146,7 +146,7 @@ def test_bad_paths_are_answered_in_one_line_with_exit_code_2_before_any_network_
     (["bench", "--device", "cuda"], "--device cuda: this torch"),
     (["bench", "--device", "gpu"], "--device 'gpu' is no torch device"),
     (["bench", "tel-vit-tiny", "--workloads", "forward", "decode"],  # a workload, but not one of the entry's
-     "workloads ['decode']: tel-vit-tiny measures forward, train_step, peak_memory"),
+     "workloads ['decode']: tel-vit-tiny can measure forward, train_step, peak_memory"),
     (["bench", "fem-lm-tiny", "--set", "use_time_decay"], "--set 'use_time_decay': expected FIELD=VALUE"),
     (["bench", "fem-lm-tiny", "--set", "use_time_dcay=false"],
      "FEMConfig has no field 'use_time_dcay'; did you mean 'use_time_decay'?"),

@@ -570,11 +570,13 @@ def _measured(name: str, settings: BenchSettings | None, baseline: str | None, s
     elif entry.sweep is not None and entry.sweep[0] == "seq_len" and settings is not None and settings.seq_len:
         entry = replace(entry, sweep=None)  # a length asked for replaces the entry's lengths
     settings = _with_entry_shape(entry, settings)
-    if settings.workloads is not None:
-        unknown = sorted(set(settings.workloads) - set(entry.workloads))
+    if settings.workloads is not None:  # the entry's, or others that apply to its models
+        language_model = preset_card(presets[0])["task"] == "causal-lm"
+        applicable = [key for key, workload in WORKLOADS.items() if language_model or not workload.language_models]
+        unknown = sorted(set(settings.workloads) - set(applicable))
         if unknown:
-            raise UserError(f"workloads {unknown}: {name} measures {', '.join(entry.workloads)}")
-        entry = replace(entry, workloads=tuple(w for w in entry.workloads if w in settings.workloads))
+            raise UserError(f"workloads {unknown}: {name} can measure {', '.join(applicable)}")
+        entry = replace(entry, workloads=tuple(w for w in applicable if w in settings.workloads))
     for preset in presets:  # refuse a field the measured presets do not have before building anything
         config_from_preset(preset, **settings.overrides)
     torch.set_grad_enabled(True)
