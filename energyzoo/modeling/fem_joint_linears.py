@@ -137,5 +137,7 @@ def _bias_or_zeros(linear: nn.Linear) -> torch.Tensor:
 
 
 def _shares(tensor: torch.Tensor | None, joint: torch.Tensor | None) -> bool:
-    return (tensor is not None and joint is not None and tensor.device == joint.device
+    """Whether ``tensor`` lies in ``joint``'s storage; never for a tensor subclass without one of its own (a DTensor
+    shard of FSDP or tensor parallelism, whose state dict this is asked about too)."""
+    return (type(tensor) in (torch.Tensor, nn.Parameter) and joint is not None and tensor.device == joint.device
             and tensor.untyped_storage().data_ptr() == joint.untyped_storage().data_ptr())
