@@ -119,6 +119,39 @@ def test_step_sizes_recomputed_in_backward_give_the_gradients_of_the_plain_produ
         torch.testing.assert_close(recomputed[1][name], gradient, rtol=1e-12, atol=1e-14, msg=name)
 
 
+@pytest.mark.parametrize("use_reentrant", [True, False])
+@pytest.mark.parametrize("update_mode", ["gd", "adam"])
+def test_gradient_checkpointing_gives_the_gradients_of_the_plain_model(use_reentrant, update_mode):
+    """Layer checkpointing (transformers' `activation_checkpointing_enable`, reentrant or not) changes no gradient: an
+    iteration's nested inputs (the step sizes' time embedding and condition, shared by every iteration; depth-wise
+    LoRA; the update rule's moments, carried from iteration to iteration) keep their gradients, in float64, with
+    the step-size head perturbed off zero so that it acts."""
+    torch.manual_seed(0)
+    model = model_from_preset("hyperset-digits-tiny", update_mode=update_mode, lora_rank=2).double().train()
+    with torch.no_grad():
+        model.model.step_sizes.out_proj.weight.normal_(std=0.1)
+        model.model.step_sizes.out_proj.bias.normal_(std=0.1)
+    pixels = torch.randn(3, model.config.num_channels, model.config.image_size, model.config.image_size,
+                         dtype=torch.float64)
+    labels = torch.tensor([0, 1, 2])
+
+    def loss_and_gradients():
+        model.zero_grad()
+        loss = model(pixel_values=pixels, labels=labels).loss
+        loss.backward()
+        return loss.detach(), {name: parameter.grad.clone() for name, parameter in model.named_parameters()
+                               if parameter.grad is not None}
+
+    plain = loss_and_gradients()
+    model.activation_checkpointing_enable({"use_reentrant": use_reentrant})
+    checkpointed = loss_and_gradients()
+    torch.testing.assert_close(checkpointed[0], plain[0], rtol=1e-13, atol=0)
+    assert checkpointed[1].keys() == plain[1].keys()
+    assert any("time_mlp" in name for name in plain[1]) and any("depthwise_lora" in name for name in plain[1])
+    for name, gradient in plain[1].items():
+        torch.testing.assert_close(checkpointed[1][name], gradient, rtol=1e-12, atol=1e-14, msg=name)
+
+
 @pytest.mark.parametrize("intermediate", [WIDTH, 4 * WIDTH])
 def test_each_half_step_lowers_its_energy_and_the_opposite_sign_raises_it(intermediate):
     torch.manual_seed(0)

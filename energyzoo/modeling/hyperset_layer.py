@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils._pytree import TreeSpec, register_dataclass, tree_flatten, tree_unflatten
 from torch.utils.checkpoint import checkpoint
 from transformers.modeling_layers import GradientCheckpointingLayer
 
@@ -200,9 +201,46 @@ class DescentUpdate:
 
 
 class IteratedLayer(GradientCheckpointingLayer):
-    """A layer the model iterates: ``forward(x, steps, lora, with_diagnostics, moments, t) -> (x', diagnostics,
-    moments')`` with the iteration's `StepSizes`; the model records a hidden state after every iteration of every
-    such layer."""
+    """A layer the model iterates: ``iteration(x, steps, lora, with_diagnostics, moments, t) -> (x', diagnostics,
+    moments')`` with the iteration's `StepSizes`, written by a subclass as `iterate`; the model records a hidden
+    state after every iteration of every such layer.
+
+    `forward` takes the iteration's tensors flat and positional and returns them flat, x' first: reentrant
+    checkpointing (``use_reentrant=True``, transformers' default) detaches and returns top-level tensors only, and
+    an iteration's other tensors are nested (the step sizes' time embedding and condition, which every iteration
+    shares; depth-wise LoRA; the update rule's moments, carried between iterations). Nested, their graph would be
+    walked by every iteration's backward (an error the second time) and the moments would come back without one
+    (their gradient silently lost)."""
+
+    def iteration(self, *args, **kwargs):
+        tensors, others = split_tensors((args, kwargs))
+        *outputs, output_others = self(*tensors, others=others)
+        return joined_tensors(outputs, output_others)
+
+    def forward(self, *tensors, others):
+        args, kwargs = joined_tensors(tensors, others)
+        outputs, output_others = split_tensors(self.iterate(*args, **kwargs))
+        return *outputs, output_others
+
+    def iterate(self, x, steps, lora=None, with_diagnostics=False, moments=((), ()), t=1):
+        raise NotImplementedError
+
+
+TENSOR_PLACE = object()  # where `split_tensors` took a tensor out
+
+
+def split_tensors(tree) -> tuple[list[torch.Tensor], tuple[list, TreeSpec]]:
+    """The tensors of a nested structure (tuples, dicts, registered dataclasses), in order, and the rest of it."""
+    leaves, layout = tree_flatten(tree)
+    tensors = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
+    return tensors, ([TENSOR_PLACE if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves], layout)
+
+
+def joined_tensors(tensors, others: tuple[list, TreeSpec]):
+    """The structure `split_tensors` took apart, with ``tensors`` in its tensors' places."""
+    places, layout = others
+    supply = iter(tensors)
+    return tree_unflatten([next(supply) if leaf is TENSOR_PLACE else leaf for leaf in places], layout)
 
 
 class HyperSETLayer(IteratedLayer):
@@ -248,7 +286,7 @@ class HyperSETLayer(IteratedLayer):
         """D act(RMSNorm(D^T x)) (eq. 11; `ff_type` picks act): the step is x + gamma * this."""
         return self.activation(self.ff_norm(F.linear(x, d))) @ d
 
-    def forward(self, x, steps: "StepSizes", lora: tuple[torch.Tensor, torch.Tensor] | None = None,
+    def iterate(self, x, steps: "StepSizes", lora: tuple[torch.Tensor, torch.Tensor] | None = None,
                 with_diagnostics: bool = False, moments: tuple[Moments, Moments] = ((), ()), t: int = 1,
                 ) -> tuple[torch.Tensor, dict[str, torch.Tensor], tuple[Moments, Moments]]:
         """(x after iteration t (one-based) with the iteration's step sizes and depth-wise LoRA updates, its
@@ -304,7 +342,7 @@ class TransformerBaselineLayer(IteratedLayer):
         self.down_proj = nn.Linear(config.intermediate_size, width, bias=False)
         self.activation = {"relu": F.relu, "gelu": F.gelu}[config.hidden_act]
 
-    def forward(self, x, steps=None, lora=None, with_diagnostics: bool = False, moments=((), ()), t=1,
+    def iterate(self, x, steps=None, lora=None, with_diagnostics: bool = False, moments=((), ()), t=1,
                 ) -> tuple[torch.Tensor, dict[str, torch.Tensor], tuple[Moments, Moments]]:
         normed = self.attention_norm(x)
         query, key, value = (split_heads(projection(normed), self.heads)
@@ -423,6 +461,12 @@ class LearnedStepSizes(StepSizes):
     def _recomputed_step(self, x, update, time_embedding, condition, half):
         size = self.head.half(time_embedding, condition, half)
         return torch.addcmul(x, size, update, value=HALF_STEP_SIGNS[half])
+
+
+# step sizes cross `IteratedLayer.forward` as their tensors (the head a constant; `computed` is rebuilt)
+register_dataclass(FixedStepSizes)
+register_dataclass(LearnedStepSizes, field_names=["head", "time_embedding", "condition"],
+                   drop_field_names=["computed"])
 
 
 class DepthwiseLoRA(nn.Module):

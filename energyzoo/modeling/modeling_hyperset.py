@@ -216,9 +216,9 @@ class HyperSETModel(HyperSETPreTrainedModel):
             def step(index, state, layer=layer):
                 current, moments = state
                 lora = self.depthwise_lora(index) if self.depthwise_lora is not None else None
-                updated, diagnostics, moments = layer(current, self.step_sizes_of(times, index, x0, current, layer),
-                                                      lora, with_diagnostics=records is not None, moments=moments,
-                                                      t=index + 1)
+                steps = self.step_sizes_of(times, index, x0, current, layer)
+                updated, diagnostics, moments = layer.iteration(current, steps, lora, moments=moments, t=index + 1,
+                                                                with_diagnostics=records is not None)
                 return (updated, moments), None, diagnostics
 
             refined = refine(step, (x, ((), ())), iterations, records=records)  # the update rule restarts per layer
