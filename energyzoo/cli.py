@@ -298,13 +298,25 @@ def _bench(args) -> int:
 def _doctor(args) -> int:
     from dataclasses import asdict
 
-    from .eval.kernels import format_doctor_table, run_doctor
+    if args.families:
+        from .eval.families import TOLERANCE, format_family_table, run_family_checks
 
-    checks = run_doctor(args.device, tuple(args.dtypes))
-    _print_and_save(format_doctor_table(checks, args.device), [asdict(check) for check in checks], args.output)
-    counts = {status: sum(check.status == status for check in checks) for status in ("pass", "FAIL")}
-    print(f"{counts['pass']} passed, {counts['FAIL']} failed, {len(checks) - sum(counts.values())} not run")
-    return 1 if counts["FAIL"] else 0
+        _available_device(args.device)
+        checks = run_family_checks(args.device, tuple(args.dtypes or TOLERANCE))
+        table = format_family_table(checks, args.device)
+    else:
+        from .eval.kernels import TOLERANCE, format_doctor_table, run_doctor
+
+        if unchecked := sorted(set(args.dtypes or ()) - set(TOLERANCE)):
+            raise UserError(f"--dtypes {' '.join(unchecked)}: the kernels are checked in {' and '.join(TOLERANCE)} "
+                            "(--families checks every dtype)")
+        checks = run_doctor(args.device, tuple(args.dtypes or TOLERANCE))
+        table = format_doctor_table(checks, args.device)
+    _print_and_save(table, [asdict(check) for check in checks], args.output)
+    passed = sum(check.status == "pass" for check in checks)
+    failed = sum(check.status.startswith("FAIL") for check in checks)
+    print(f"{passed} passed, {failed} failed, {len(checks) - passed - failed} not run")
+    return 1 if failed else 0
 
 
 def _setting(args) -> str:
@@ -489,9 +501,14 @@ def build_parser() -> argparse.ArgumentParser:
     bench.set_defaults(run=_bench)
 
     doctor = commands.add_parser("doctor", help="check the GPU kernels (fla, mamba-ssm, flash-attn) against the "
-                                                "PyTorch path, forward, backward and cached decoding")
+                                                "PyTorch path, forward, backward and cached decoding; with "
+                                                "--families, every family on the device against float64")
     doctor.add_argument("--device", default="cuda")
-    doctor.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
+    doctor.add_argument("--dtypes", nargs="+", default=None, choices=["float32", "float16", "bfloat16"],
+                        help="default: float32 and bfloat16 (kernels), all three (--families)")
+    doctor.add_argument("--families", action="store_true",
+                        help="every family and head in each dtype against float64 on the CPU: outputs, gradients, "
+                             "cached decoding (energyzoo/eval/families.py)")
     doctor.add_argument("--output", default="", help="JSON file for the results (default: none)")
     doctor.set_defaults(run=_doctor)
 

@@ -258,6 +258,26 @@ def test_doctor_without_a_gpu_says_what_it_could_not_run_and_why(tmp_path, capsy
     assert "0 passed, 0 failed, 3 not run" in capsys.readouterr().out
 
 
+def test_doctor_families_checks_each_family_against_float64_and_refuses_a_missing_device(tmp_path, capsys,
+                                                                                          monkeypatch):
+    from energyzoo.eval import families
+
+    monkeypatch.setattr(families, "CHECKED", ("eer-induction", "hyperset-digits-tiny"))
+    monkeypatch.setattr(families, "DECODINGS", ("dynamic",))  # no compiling here
+    output = tmp_path / "families.json"
+    assert main(["doctor", "--families", "--device", "cpu", "--dtypes", "float32", "--output", str(output)]) == 0
+    rows = json.loads(output.read_text())
+    assert [(row["preset"], row["dtype"], row["status"]) for row in rows] == [
+        ("eer-induction", "float32", "pass"), ("hyperset-digits-tiny", "float32", "pass")]
+    assert rows[0]["logits_error"] < 1e-5 and set(rows[0]["decoding_errors"]) == {"dynamic"}
+    assert "2 passed, 0 failed, 0 not run" in capsys.readouterr().out
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["doctor", "--families"]) == 2
+    assert "--device cuda" in one_error_line(capsys, "doctor")
+    assert main(["doctor", "--dtypes", "float16"]) == 2
+    assert "float16" in one_error_line(capsys, "doctor")
+
+
 def one_error_line(capsys, command: str) -> str:
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"energyzoo {command}: error: "), lines

@@ -25,6 +25,7 @@ import zoo
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from energyzoo.eval.task_inputs import task_inputs
 from energyzoo.modeling.configuration_fem import FEM_PRIORS
 from energyzoo.presets import config_fields, config_with_overrides
 from energyzoo.registry import ARCHITECTURES
@@ -87,26 +88,6 @@ def config_changes(tester) -> st.SearchStrategy:
     return changes()
 
 
-def inputs_for(task: str, config, generator: torch.Generator, batch: int = 2, length: int = 8) -> dict:
-    """Valid inputs and labels for a model of ``config``: what an accepted config must run on."""
-    if task == "image-classification":
-        size = config.image_size if hasattr(config, "image_size") else 16
-        size = size if isinstance(size, int) else size[0]
-        return {"pixel_values": torch.randn(batch, config.num_channels, size, size, generator=generator),
-                "labels": torch.randint(0, config.num_labels, (batch,), generator=generator)}
-    length = min(length, getattr(config, "max_position_embeddings", length), getattr(config, "n_positions", length))
-    ids = torch.randint(0, config.vocab_size, (batch, length), generator=generator)
-    classes = {"causal-lm": config.vocab_size, "token-classification": config.num_labels,
-               "sequence-classification": config.num_labels,
-               "masked-image-modeling": getattr(config, "codebook_size", 1)}[task]
-    shape = (batch,) if task == "sequence-classification" else (batch, length)
-    labels = ids.clone() if task == "causal-lm" else torch.randint(0, classes, shape, generator=generator)
-    if task == "masked-image-modeling" and config.mask_token_id is not None:
-        masked = torch.rand(batch, length, generator=generator) < 0.5
-        ids, labels = ids.masked_fill(masked, config.mask_token_id), labels.masked_fill(~masked, -100)
-    return {"input_ids": ids, "labels": labels}
-
-
 def assert_refusal_names(error: Exception, names) -> None:
     """A one-line ValueError / TypeError naming one of ``names``."""
     message = str(error)
@@ -141,7 +122,7 @@ def run_accepted(tester, config, changed) -> str:
             assert_refusal_names(error, changed)
             return "refused by the model class"
         tester.perturb(model)
-        inputs = inputs_for(tester.task, config, torch.Generator().manual_seed(1))
+        inputs = task_inputs(tester.task, config, torch.Generator().manual_seed(1))
         if model_class is not tester.head_class:
             inputs = tester.without_labels(inputs)
         try:

@@ -203,6 +203,11 @@ def _inputs(model, settings: BenchSettings) -> dict[str, torch.Tensor]:
     return {"input_ids": ids.to(settings.device), "labels": ids.to(settings.device)}
 
 
+def device_name(device: str) -> str:
+    """``device`` as a table names it: a GPU by its model (the rows of different GPUs differ), else as given."""
+    return f"{torch.cuda.get_device_name(device)} ({device})" if device.startswith("cuda") else device
+
+
 def _synchronize(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
@@ -541,7 +546,7 @@ def profile_table(result: dict) -> str:
 
 
 def _shape(settings: BenchSettings, workload: str, preset: str) -> str:
-    where = f"{settings.dtype} on {settings.device}"
+    where = f"{settings.dtype} on {device_name(settings.device)}"
     if WORKLOADS[workload].rate:
         batch = WORKLOADS[workload].sequences
         return (f"batch {batch}{', left-padded' * (batch > 1)}, a {DECODE_PROMPT}-token prompt + "
@@ -612,7 +617,7 @@ def _measured(name: str, settings: BenchSettings | None, baseline: str | None, s
     decodes = any(WORKLOADS[workload].rate for workload in entry.workloads)
     shape = (f"batch {settings.batch_size}" + (f", seq {settings.seq_len}" if "input_ids" in next(iter(inputs.values()))
                                                   else "")
-             + f", {settings.dtype} on {settings.device}" + pinned_description(settings.threads)
+             + f", {settings.dtype} on {device_name(settings.device)}" + pinned_description(settings.threads)
              + (", torch.compile" if settings.compile else "")
              + (f"; decoding: batch 1, a {DECODE_PROMPT}-token prompt + {settings.decode_tokens} tokens"
                 + (f" (decode_padded: batch {DECODE_PADDED_BATCH}, left-padded)"
