@@ -78,6 +78,22 @@ def test_bisoftmax_keeps_no_n_by_n_tensor_for_backward():
     assert saved_shapes(bisoftmax) == []
 
 
+def seeded_loss_and_gradients(model):
+    """A function giving the model's float64 loss and every parameter's gradient on one seeded batch of 3 images."""
+    pixels = torch.randn(3, model.config.num_channels, model.config.image_size, model.config.image_size,
+                         dtype=torch.float64)
+    labels = torch.tensor([0, 1, 2])
+
+    def loss_and_gradients():
+        model.zero_grad()
+        loss = model(pixel_values=pixels, labels=labels).loss
+        loss.backward()
+        return loss.detach(), {name: parameter.grad.clone() for name, parameter in model.named_parameters()
+                               if parameter.grad is not None}
+
+    return loss_and_gradients
+
+
 @pytest.mark.parametrize("options", [{}, {"step_head_per_layer": True, "step_condition": "current"}],
                          ids=["shared-network", "per-layer-heads"])
 def test_step_sizes_recomputed_in_backward_give_the_gradients_of_the_plain_products(monkeypatch, options):
@@ -93,16 +109,7 @@ def test_step_sizes_recomputed_in_backward_give_the_gradients_of_the_plain_produ
         for head in heads:
             head.out_proj.weight.normal_(std=0.1)
             head.out_proj.bias.normal_(std=0.1)
-    pixels = torch.randn(3, model.config.num_channels, model.config.image_size, model.config.image_size,
-                         dtype=torch.float64)
-    labels = torch.tensor([0, 1, 2])
-
-    def loss_and_gradients():
-        model.zero_grad()
-        loss = model(pixel_values=pixels, labels=labels).loss
-        loss.backward()
-        return loss.detach(), {name: parameter.grad.clone() for name, parameter in model.named_parameters()
-                               if parameter.grad is not None}
+    loss_and_gradients = seeded_loss_and_gradients(model)
 
     recomputed = loss_and_gradients()
 
@@ -131,16 +138,7 @@ def test_gradient_checkpointing_gives_the_gradients_of_the_plain_model(use_reent
     with torch.no_grad():
         model.model.step_sizes.out_proj.weight.normal_(std=0.1)
         model.model.step_sizes.out_proj.bias.normal_(std=0.1)
-    pixels = torch.randn(3, model.config.num_channels, model.config.image_size, model.config.image_size,
-                         dtype=torch.float64)
-    labels = torch.tensor([0, 1, 2])
-
-    def loss_and_gradients():
-        model.zero_grad()
-        loss = model(pixel_values=pixels, labels=labels).loss
-        loss.backward()
-        return loss.detach(), {name: parameter.grad.clone() for name, parameter in model.named_parameters()
-                               if parameter.grad is not None}
+    loss_and_gradients = seeded_loss_and_gradients(model)
 
     plain = loss_and_gradients()
     model.activation_checkpointing_enable({"use_reentrant": use_reentrant})
