@@ -10,3 +10,5 @@ sys.path.insert(0, str(Path(__file__).parent / "support"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# FEM decodes eagerly here (compiling costs seconds per model); tests/test_fem_compiled_decoding.py turns it back on
+os.environ.setdefault("ENERGYZOO_EAGER_DECODING", "1")

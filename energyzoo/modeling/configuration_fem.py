@@ -103,6 +103,10 @@ class FEMConfig(OwnCacheLayerTypes, PreTrainedConfig):
             length. Naming a kernel that cannot run is an error. The AFT prior has only "torch" (see
             `fem_prior_aft`); the softmax prior's kernel is ``attn_implementation``'s ("sdpa", which is PyTorch's
             flash/memory-efficient kernels on CUDA, or "flash_attention_2"), so it takes only "auto".
+        compile_decoding: run each layer's single-token decoding step (no autograd) as one ``torch.compile`` region
+            (`fem_compiled_decoding`; speed only): at batch 1 a FEM step is dispatch-bound, and the region fuses its
+            small operators. The first step of a process compiles (about 20 s for the table5 shape on 2 CPU cores,
+            once per model shape and batch size); False decodes eagerly.
         feature_eps: the eps of the nonnegative features ReLU(.) + eps (H.2).
         qk_ratio: total Q (and K) width / hidden_size. Per-head width must be even (RoPE).
         value_ratio: value-path width d / hidden_size; also the width of lambda, g and beta_max.
@@ -164,6 +168,7 @@ class FEMConfig(OwnCacheLayerTypes, PreTrainedConfig):
     decay_normalizer: float = 16.0
     ssm_state_size: int = 16
     prior_chunk_size: int = 64
+    compile_decoding: bool = True
     feature_eps: float = 1e-6
     layer_types: list[str] | None = None
 

@@ -132,6 +132,9 @@ class TimeDecayConditioner(nn.Module):
                 log_decay = log_decay * keep
                 inputs = inputs * keep
             states, final_state = decayed_cumsum(log_decay, inputs, initial_state, self.chunk_size)
+            # a tensor of its own, laid out as a decoding step's: a cache keeping the strided view would keep every
+            # position's state, and compiled decoding would compile again for the other strides
+            final_state = final_state.clone(memory_format=torch.contiguous_format)
         shortcut = F.rms_norm(F.softplus(widened(shortcut_logits)), (self.rank,), eps=self.eps)
         if self.activation is not None:
             shortcut = self.activation(shortcut)

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 from transformers import initialization as init
-from transformers.cache_utils import Cache, DynamicCache
+from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache
 from transformers.generation import GenerationMixin
 from transformers.masking_utils import create_causal_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
@@ -24,6 +24,7 @@ from transformers.utils.output_capturing import capture_outputs
 from .caches import CacheKindsMixin, own_cache_layer
 from .configuration_fem import PRIORS, FEMConfig
 from .errors import UserError, UserTypeError
+from .fem_compiled_decoding import CompiledDecoding
 from .fem_free_energy import (
     PriorCode,
     gated_free_energy,
@@ -179,11 +180,17 @@ class FEMAttention(nn.Module):
         attention_mask: torch.Tensor | None = None,
         padding_mask: torch.Tensor | None = None,
         cache: Cache | None = None,
+        cache_layer: CacheLayerMixin | None = None,
+        recording: bool | None = None,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Returns the block output and the prior's probabilities (eager softmax prior only, else None)."""
+        """Returns the block output and the prior's probabilities (eager softmax prior only, else None). The layer
+        reads and updates its own layer of ``cache``, or ``cache_layer`` where the caller looked it up
+        (`own_cache_layer`); ``recording``: whether to add its `EnergyTrace` entry (None: as the forward in progress
+        says, `recording_energies`)."""
         batch, length, _ = hidden_states.shape
-        cache_layer = own_cache_layer(cache, self.layer_idx, self.prior.cache_layers, "FEM")
+        if cache_layer is None:
+            cache_layer = self.own_cache_layer(cache)
         if self.time_decay is None:
             projections = self._projections(hidden_states, None)
         else:
@@ -214,9 +221,13 @@ class FEMAttention(nn.Module):
         f_max = read.f_max if self.use_lse else None  # the recurrent reads give one at beta = 1 without
         gate_logits = [projected[name].view(heads) if name in projected else None for name in GATES]
         output, temperature_gate = self._recomputed_in_backward(self._gated_output, read.mu, f_max, *gate_logits)
-        if recording_energies():
+        if recording_energies() if recording is None else recording:
             record_energies(self._energy_record(read.mu, f_max, temperature_gate))
         return self.o_proj(output.reshape(batch, length, -1)), read.weights
+
+    def own_cache_layer(self, cache: Cache | None) -> CacheLayerMixin | None:
+        """This layer's own layer of ``cache`` (None without a cache)."""
+        return own_cache_layer(cache, self.layer_idx, self.prior.cache_layers, "FEM")
 
     def _projections(self, hidden_states, features) -> list[torch.Tensor]:
         """Every projection of the layer's input, modulated by the conditioner's ``features`` (None: none): one
@@ -282,10 +293,27 @@ class FEMDecoderLayer(GradientCheckpointingLayer):
         self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
-    def forward(self, hidden_states: torch.Tensor, **kwargs) -> torch.Tensor:
-        mixed, _ = self.self_attn(self.input_layernorm(hidden_states), **kwargs)
-        hidden_states = hidden_states + mixed
-        return hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
+    @takes_cache
+    def forward(self, hidden_states: torch.Tensor, cache: Cache | None = None, output_attentions: bool = False,
+                **kwargs) -> torch.Tensor:
+        """The block; a decoding step runs it compiled where `COMPILED_DECODING` applies (``compile_decoding``)."""
+        cache_layer = self.self_attn.own_cache_layer(cache)
+        recording = recording_energies()
+        if COMPILED_DECODING.applies(self.self_attn.config, hidden_states, cache_layer, output_attentions, recording):
+            return COMPILED_DECODING(self, hidden_states, cache_layer=cache_layer, recording=False, **kwargs)
+        return decoder_block(self, hidden_states, cache_layer=cache_layer, recording=recording,
+                             output_attentions=output_attentions, **kwargs)
+
+
+def decoder_block(layer: FEMDecoderLayer, hidden_states: torch.Tensor, **kwargs) -> torch.Tensor:
+    """RMSNorm -> FEM -> residual -> RMSNorm -> SwiGLU -> residual (FEM §3): a function of the layer, so that one
+    compiled copy serves every layer (`fem_compiled_decoding`)."""
+    mixed, _ = layer.self_attn(layer.input_layernorm(hidden_states), **kwargs)
+    hidden_states = hidden_states + mixed
+    return hidden_states + layer.mlp(layer.post_attention_layernorm(hidden_states))
+
+
+COMPILED_DECODING = CompiledDecoding(decoder_block)
 
 
 class FEMPreTrainedModel(PreTrainedModel):
@@ -383,7 +411,8 @@ class FEMModel(FEMPreTrainedModel):
                            self.embed_tokens.num_embeddings, self.config.hidden_size, cache)
         if kwargs.get("refinement_steps") is not None:
             raise UserTypeError("FEM-LM has no iterative refinement: refinement_steps does not apply to it")
-        if kwargs.get("output_attentions", self.config.output_attentions) and (
+        output_attentions = kwargs.get("output_attentions", self.config.output_attentions)
+        if output_attentions and (
             not PRIORS[self.config.prior].attention_function or self.config._attn_implementation != "eager"
         ):
             raise UserError(
@@ -424,6 +453,7 @@ class FEMModel(FEMPreTrainedModel):
                 position_embeddings=position_embeddings,
                 attention_mask=causal_mask,
                 padding_mask=padding_mask,
+                output_attentions=output_attentions,
                 **with_cache(cache),  # the release's name: GradientCheckpointingLayer drops it when checkpointing
             )
         return BaseModelOutputWithEnergies(last_hidden_state=self.norm(hidden_states), **with_cache(cache))

@@ -1,0 +1,72 @@
+"""A FEM layer's decoding step as one compiled region (``FEMConfig.compile_decoding``).
+
+At batch 1 a decoding step is dispatch-bound: the gated free energy (FEM eq. 10-11), the conditioner (App. I) and the
+prior's cache update are some hundred small operators per layer, each a Python call and a dispatch, so the step's time
+is the number of operators, not their arithmetic (docs/speed.md has the profile). The eager layer has as few operators
+as its arithmetic allows; what remains is removed by compiling the layer's block (norm, mixer, MLP) for single-token
+steps without autograd, which fuses the elementwise tails into a few loops and leaves dispatch to one call.
+
+One compiled function serves every layer of every FEM model in the process: the block is a plain function of the layer
+and its own cache layer (dynamo takes a module's parameters as graph inputs, so two layers of one shape share a graph),
+and the cache's length is a dynamic size, so decoding compiles once per model shape and batch size. The first
+compiled step of a process pays that compile (about 20 s for the table5 shape on 2 CPU cores); later steps, calls of
+``generate`` and models of the same shape reuse it.
+
+Everything else runs eagerly, as before: prompts and any step of more than one token, training and autograd, energy
+traces, ``output_attentions``, and steps already under a compiler (``torch.compile`` of the whole model, transformers'
+static-cache compile). Where compiling is impossible (no C++ compiler, an unsupported Python), the first step says so
+in one warning and the process decodes eagerly. ``ENERGYZOO_EAGER_DECODING=1`` turns the region off in a whole
+process, whatever the configs say (the test suite sets it; the region has tests of its own).
+"""
+
+import os
+import platform
+from collections.abc import Callable
+
+import torch
+from torch._dynamo.exc import TorchDynamoException
+from torch._inductor.exc import InductorError
+from transformers.utils import logging
+
+logger = logging.get_logger(__name__)
+
+EAGER_DECODING_ENV = "ENERGYZOO_EAGER_DECODING"
+
+
+class CompiledDecoding:
+    """``block(layer, hidden_states, **kwargs)`` compiled (``dynamic=True``: the cache's length varies), built on
+    first use; after a failed compile, the eager ``block`` with one warning."""
+
+    def __init__(self, block: Callable[..., torch.Tensor]):
+        self.block = block
+        self.compiled: Callable[..., torch.Tensor] | None = None
+        self.unavailable: str | None = None
+
+    def applies(self, config, hidden_states: torch.Tensor, cache_layer, output_attentions: bool, recording: bool
+                ) -> bool:
+        """Whether a call is a decoding step the region takes: one token per sequence, a cache, no autograd, nothing
+        recorded, not already compiling, the config's switch on and the process's not off."""
+        return (
+            config.compile_decoding
+            and hidden_states.shape[1] == 1
+            and cache_layer is not None
+            and not torch.is_grad_enabled()
+            and not output_attentions
+            and not recording
+            and not torch.compiler.is_compiling()
+            and self.unavailable is None
+            and os.environ.get(EAGER_DECODING_ENV, "0") in ("", "0")
+        )
+
+    def __call__(self, *args, **kwargs) -> torch.Tensor:
+        try:
+            if self.compiled is None:
+                if not torch._dynamo.is_dynamo_supported():
+                    raise TorchDynamoException(f"torch.compile does not support Python {platform.python_version()}")
+                self.compiled = torch.compile(self.block, dynamic=True)
+            return self.compiled(*args, **kwargs)
+        except (TorchDynamoException, InductorError) as error:  # compiling failed before the step ran
+            self.unavailable = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            logger.warning(f"FEM: compiled decoding is unavailable ({self.unavailable}); decoding eagerly. "
+                           "FEMConfig(compile_decoding=False) skips the attempt.")
+            return self.block(*args, **kwargs)
