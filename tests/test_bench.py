@@ -16,6 +16,7 @@ from energyzoo.eval import speed
 from energyzoo.eval.speed import (
     Arm,
     BenchSettings,
+    _first_calls,
     _paired_times,
     format_table,
     measure_peak_memory,
@@ -28,8 +29,8 @@ from energyzoo.registry import ARCHITECTURES
 
 def test_paired_times_measure_each_function_in_rotating_order(monkeypatch):
     """On a scripted clock (torch.utils.benchmark's Timer reads the bench's clock): each call advances it by its
-    function's seconds, so the samples are exact. Each function is warmed up once; a sample is blocked_autorange's:
-    one call to size the block, then blocks until ``min_seconds`` have passed, whose median is the sample."""
+    function's seconds, so the samples are exact. A sample is blocked_autorange's: one call to size the block, then
+    blocks until ``min_seconds`` have passed, whose median is the sample. The warm-up calls are timed on their own."""
     calls, now = [], [0.0]
     monkeypatch.setattr(speed, "time", SimpleNamespace(perf_counter=lambda: now[0]))
 
@@ -41,16 +42,18 @@ def test_paired_times_measure_each_function_in_rotating_order(monkeypatch):
             now[0] += next(durations) if durations else seconds
         return run
 
+    assert _first_calls({"compiling": taking("compiling", [20.0, 1.0]), "fast": taking("fast", 1.0)}, "cpu") == {
+        "compiling": 20.0, "fast": 1.0}
+    calls.clear()
     times = _paired_times({"slow": taking("slow", 3.0), "fast": taking("fast", 1.0)}, repeats=3, device="cpu",
                           min_seconds=0.0)
-    # warm-up, then per repeat (rotated: slow first, fast first, slow first) two calls of each
-    assert calls == ["slow", "fast", *["slow"] * 2, *["fast"] * 2, *["fast"] * 2, *["slow"] * 2, *["slow"] * 2,
-                     *["fast"] * 2]
+    # per repeat (rotated: slow first, fast first, slow first) two calls of each
+    assert calls == [*["slow"] * 2, *["fast"] * 2, *["fast"] * 2, *["slow"] * 2, *["slow"] * 2, *["fast"] * 2]
     assert times == {"slow": [3.0, 3.0, 3.0], "fast": [1.0, 1.0, 1.0]}
-    calls.clear()  # warm-up, sizing call, then blocks until 5 s have passed (2, 2, 9 s): their median, not mean
-    times = _paired_times({"jittery": taking("jittery", [2.0, 2.0, 2.0, 2.0, 9.0])}, repeats=1, device="cpu",
+    calls.clear()  # sizing call, then blocks until 5 s have passed (2, 2, 9 s): their median, not mean
+    times = _paired_times({"jittery": taking("jittery", [2.0, 2.0, 2.0, 9.0])}, repeats=1, device="cpu",
                           min_seconds=5.0)
-    assert calls == ["jittery"] * 5 and times == {"jittery": [2.0]}
+    assert calls == ["jittery"] * 4 and times == {"jittery": [2.0]}
 
 
 def test_pinned_threads_run_on_the_last_cores_and_restore_the_process(monkeypatch):

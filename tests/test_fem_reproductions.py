@@ -239,9 +239,14 @@ def test_the_standard_library_corpus_holds_out_validation_and_test_files():
 
 
 @pytest.mark.slow
-def test_fem_lm_picks_each_arms_learning_rate_on_validation_and_judges_on_the_test_files(tmp_path):
+def test_fem_lm_picks_each_arms_learning_rate_on_validation_and_judges_on_the_test_files(tmp_path, monkeypatch):
+    from energyzoo.data.text import python_stdlib_test_documents
+    from energyzoo.reproduce import fem_lm
     from energyzoo.reproduce.fem_lm import ARMS, Settings, run
 
+    # the selection and the judging, not the corpus: a few files validate and test (the full parts take minutes)
+    monkeypatch.setattr(fem_lm, "CORPUS", (*fem_lm.CORPUS[:-1], "data.validation_fraction=0.005"))
+    monkeypatch.setattr(fem_lm, "python_stdlib_test_documents", lambda: python_stdlib_test_documents()[:8])
     settings = Settings(seeds=[0, 1], steps=4, evaluations=2, learning_rates=[1e-3, 3e-2], grid_seeds=1)
     report = run(settings, tmp_path, progress=lambda message: None)
     for arm in ARMS:

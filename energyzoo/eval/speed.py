@@ -383,16 +383,25 @@ def _memory_probe(payload: str) -> None:
     print(_status_bytes("VmHWM") - before)
 
 
+def _first_calls(fns: dict, device: str) -> dict[str, float]:
+    """Seconds of each function's first call, the warm-up the samples exclude: compiling (FEM's decoding step,
+    ``--compile``, the static cache's) and the allocator's first requests."""
+    clock, seconds = _clock(device), {}
+    for key, fn in fns.items():
+        start = clock()
+        fn()
+        seconds[key] = clock() - start
+    return seconds
+
+
 def _paired_times(fns: dict, repeats: int, device: str, min_seconds: float = MIN_SAMPLE_SECONDS
                   ) -> dict[str, list[float]]:
-    """Seconds per call of each function: one warm-up call each, then ``repeats`` samples of each, back to back in
+    """Seconds per call of each function, warmed up (`_first_calls`): ``repeats`` samples of each, back to back in
     an order that rotates every repeat so no model always runs first. A sample is `Timer.blocked_autorange`'s median
     over blocks of calls lasting ``min_seconds`` in all (a single call of a few milliseconds would be dominated by
     timer and scheduler jitter), with torch's thread count as it is."""
     timers = {key: Timer("fn()", globals={"fn": fn}, timer=_clock(device), num_threads=torch.get_num_threads())
               for key, fn in fns.items()}
-    for fn in fns.values():
-        fn()
     keys = list(fns)
     times = {key: [] for key in keys}
     for repeat in range(repeats):
@@ -592,10 +601,12 @@ def _measured(name: str, settings: BenchSettings | None, baseline: str | None, s
     models = {preset: _build(Arm(preset, preset, baseline=preset == baseline), longest)
               for preset in dict.fromkeys((baseline, *presets))}
     inputs = {length: _inputs(models[baseline], replace(settings, seq_len=length)) for length in lengths}
-    times = {workload: _paired_times({arm.label: WORKLOADS[workload].build(
-                 models[arm.preset], inputs[arm.seq_len or settings.seq_len], arm.call, settings)
-                 for arm in arms[workload]}, settings.repeats, settings.device)
-             for workload in entry.workloads if workload in TIMED}
+    times, first_calls = {}, {}
+    for workload in (workload for workload in entry.workloads if workload in TIMED):
+        fns = {arm.label: WORKLOADS[workload].build(models[arm.preset], inputs[arm.seq_len or settings.seq_len],
+                                                    arm.call, settings) for arm in arms[workload]}
+        first_calls[workload] = _first_calls(fns, settings.device)
+        times[workload] = _paired_times(fns, settings.repeats, settings.device)
     configs = {preset: model.config for preset, model in models.items()}
     del models
     rows = []
@@ -625,6 +636,9 @@ def _measured(name: str, settings: BenchSettings | None, baseline: str | None, s
                 if decodes else ""))
     title = f"{', '.join(presets)} vs {baseline} ({shape}, median of {settings.repeats} paired repeats)"
     notes = [note for note in [sweep_fit(entry, rows)] if note]
+    notes += [f"first call of {workload}, not timed: " + ", ".join(f"{arm} {value:.1f} s" for arm, value in
+                                                                  seconds.items())
+              for workload, seconds in first_calls.items() if WORKLOADS[workload].rate]  # what compiling costs once
     return {"title": title, "settings": asdict(settings), "baseline": baseline, "presets": list(presets),
             "torch": torch.__version__, "threads": torch.get_num_threads(), "rows": [asdict(row) for row in rows],
             "notes": notes, "raw_seconds": times}
