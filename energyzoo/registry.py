@@ -178,7 +178,8 @@ ARCHITECTURES = {
         "fem-lm-tiny",
         card_facts=lambda config: dict(prior=config.prior),
         # fem.txt Table 7's GPT-2 size is `energyzoo bench fem-lm-table7` (against llama-table7)
-        bench=Bench(("fem-lm-table5",), ("forward", "train_step", "peak_memory", "decode", "decode_static"),
+        bench=Bench(("fem-lm-table5",), ("forward", "train_step", "peak_memory", "decode", "decode_static",
+                                         "decode_padded"),
                     targets=_fem_targets, sweep=("seq_len", (1024, 4096))),
     ),
     "tel-gpt2": Architecture(TELGPT2Config, TELGPT2Model, {"causal-lm": TELGPT2LMHeadModel}, "tel.md", "tel-gpt2-tiny",

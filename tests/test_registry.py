@@ -10,6 +10,7 @@ import zoo
 from contract import ModelContract
 from transformers import AutoConfig, AutoModel
 
+from energyzoo.eval.speed import WORKLOADS
 from energyzoo.hub_cards import export_model
 from energyzoo.hub_cards.export import measured_speed, render_card
 from energyzoo.hub_cards.ledger import measured_ledger
@@ -68,9 +69,9 @@ def test_every_bench_preset_is_the_architecture_and_names_a_baseline(model_type)
         assert {preset_card(preset).get("baseline", entry.baseline) for preset in entry.presets} == baselines
     for preset in entry.presets:
         assert type(config_from_preset(preset)) is ARCHITECTURES[model_type].config_class
-    assert set(entry.workloads) <= {"forward", "train_step", "peak_memory", "decode", "decode_static"}
+    assert set(entry.workloads) <= set(WORKLOADS)
     assert all({own, reference} <= set(entry.presets) for own, reference in entry.contrasts)
-    decodes = {"decode", "decode_static"} & set(entry.workloads)
+    decodes = [workload for workload in entry.workloads if WORKLOADS[workload].language_models]
     assert not decodes or preset_card(entry.presets[0])["task"] == "causal-lm"
 
 

@@ -9,8 +9,8 @@ steps without autograd, which fuses the elementwise tails into a few loops and l
 One compiled function serves every layer of every FEM model in the process: the block is a plain function of the layer
 and its own cache layer (dynamo takes a module's parameters as graph inputs, so two layers of one shape share a graph),
 and the cache's length is a dynamic size, so decoding compiles once per model shape and batch size. The first
-compiled step of a process pays that compile (about 20 s for the table5 shape on 2 CPU cores); later steps, calls of
-``generate`` and models of the same shape reuse it.
+compiled step of a process pays that compile (docs/models/fem.md's speed table gives it as the first call of decode);
+later steps, calls of ``generate`` and models of the same shape reuse it.
 
 Everything else runs eagerly, as before: prompts and any step of more than one token, training and autograd, energy
 traces, ``output_attentions``, and steps already under a compiler (``torch.compile`` of the whole model, transformers'
