@@ -4,7 +4,7 @@
 # run there, and the versions with what broke. Run it before raising a pin or when a release lands:
 #
 #     bash scripts/check_upstream.sh            # a fresh venv under a temporary folder, removed afterwards
-#     CANARY_VENV=/tmp/canary bash scripts/check_upstream.sh   # keep (and reuse) the venv
+#     CANARY_VENV=~/.cache/zoo-canary bash scripts/check_upstream.sh   # keep (and reuse) the venv
 #
 # The newest torch on the package index may be a CUDA build of several GB (it runs on CPU too). The model code refuses
 # transformers releases outside its tested range (energyzoo/modeling/transformers_compat.py); the canary lets it run

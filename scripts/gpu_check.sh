@@ -4,7 +4,7 @@
 # training with validation and eval, FSDP2 and ZeRO-3 stopped and resumed, compiled decoding, the bench
 # (`energyzoo/eval/gpu_check.py` says what each section checks). Install first (README, "Installing on a GPU").
 #   bash scripts/gpu_check.sh                    # into ./gpu-check
-#   OUT=/tmp/check bash scripts/gpu_check.sh --sections families kernels
+#   OUT=gpu-check-quick bash scripts/gpu_check.sh --sections families kernels
 set -euo pipefail
 python -c "import energyzoo" 2>/dev/null || { echo "energyzoo is not installed: pip install -e '.[all,cuda]'"; exit 2; }
 exec python -m energyzoo.eval.gpu_check --output "${OUT:-gpu-check}" "$@"

@@ -4,7 +4,7 @@
 # bf16, 2 micro-batches per step, once uninterrupted and once stopped after step 6 and resumed; the resumed weights
 # against the uninterrupted ones (the `sharded` section of `energyzoo/eval/gpu_check.py`).
 #   bash scripts/gpu_smoke.sh              # every visible GPU
-#   GPUS=2 OUT=/tmp/smoke bash scripts/gpu_smoke.sh
+#   GPUS=2 OUT=runs/gpu-smoke-2 bash scripts/gpu_smoke.sh
 set -euo pipefail
 GPUS=${GPUS:-$(python -c "import torch; print(torch.cuda.device_count())")}
 [ "$GPUS" -ge 1 ] || { echo "no CUDA GPU visible"; exit 2; }

@@ -144,7 +144,8 @@ OUTSIDE_PATH = re.compile(r"\.\./|(?<![\w.])(?:shared|specs)/|/(?:work|home|root
                           r"|\b(?:DESIGN|HF_NOTES)\.md")
 ROOT = PACKAGE.parent
 CITING_FILES = sorted([*(p for p in PACKAGE.rglob("*") if p.suffix in {".py", ".md", ".yaml", ".json"}),
-                       ROOT / "README.md", *(ROOT / "docs").rglob("*.md"), *(ROOT / "tests").rglob("*.py")])
+                       ROOT / "README.md", *(ROOT / "docs").rglob("*.md"), *(ROOT / "tests").rglob("*.py"),
+                       ROOT / ".ci" / "run", *(ROOT / "scripts").iterdir()])
 
 
 @pytest.mark.parametrize("path", CITING_FILES, ids=lambda path: str(path.relative_to(ROOT)))

@@ -67,9 +67,8 @@ class HyperSETConfig(PreTrainedConfig):
         step_net_rmsnorm: RMSNorms inside the t-path MLP (IC code). step_head_rmsnorm: an RMSNorm before the
             head's GELU (IC "Basic" and MIM code).
         step_zero_init: "all" zero-initialises every Linear of the network (the paper's ReZero init; the code's):
-            the model starts as the identity, and the t-path then never receives a gradient (its second Linear sees
-            only zeros), so the
-            steps depend on the conditioning only. "output" zero-initialises the last Linear alone, so t
+            the model starts as the identity, and the t-path then never receives a gradient (its second Linear sees only
+            zeros), so the steps depend on the conditioning only. "output" zero-initialises the last Linear alone, so t
             matters (on 4x4 Sudoku it trained worse when measured: board accuracy 0.09 against 0.97, same seed).
     Update rule (the public code's ``adaptive_mode``; the paper describes only "gd"):
         update_mode: how each half-step turns its descent direction g (the attention or feed-forward term of eq. 9,

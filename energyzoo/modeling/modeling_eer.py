@@ -15,12 +15,11 @@ with F_tau the causal cross-attention from Z to X and E_tau its negative log-par
 form, these are the simplest that fit it).
 
 Causal (the paper never says; the induction task reads only the past), so each loop's keys and values are cached per
-loop (cache layer t; the Hamiltonian
-dynamics cache X's once, in layer 0) and decoding is exact. The cache fits the loop count it was filled with: decode
-with the same ``refinement_steps``. The attention output comes from the configured implementation; eager (the
-default here: every training forward reads the maps) also gives the probabilities and log-partition that the loss
-(`EERForCausalLM`), ``output_energies`` and ``output_attentions`` read, which other implementations compute in a
-second pass over the logits (`eer_energy.attention_probabilities`) when asked.
+loop (cache layer t; the Hamiltonian dynamics cache X's once, in layer 0) and decoding is exact. The cache fits the loop
+count it was filled with: decode with the same ``refinement_steps``. The attention output comes from the configured
+implementation; eager (the default here: every training forward reads the maps) also gives the probabilities and
+log-partition that the loss (`EERForCausalLM`), ``output_energies`` and ``output_attentions`` read, which other
+implementations compute in a second pass over the logits (`eer_energy.attention_probabilities`) when asked.
 """
 
 import math
