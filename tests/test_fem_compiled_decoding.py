@@ -95,8 +95,8 @@ def recording_region(region: CompiledDecoding) -> list[int]:
 
 
 def test_the_region_takes_single_token_steps_without_autograd_only(region, monkeypatch):
-    """generate: every layer of every step after the prompt, and the same tokens; a forward under autograd, one
-    recording energies, one returning attentions, a config with the switch off and a process with it off: none."""
+    """generate: every layer of every step after the prompt, and the same tokens; a forward under autograd, a config
+    with the switch off, one process of several and a process with it off: none (energies and attentions: below)."""
     model = perturbed_fem(attn_implementation="eager")
     calls = recording_region(region)
     expected = eager_greedy(model, monkeypatch)
@@ -119,6 +119,15 @@ def test_the_region_takes_single_token_steps_without_autograd_only(region, monke
         model(**step, cache=model(ids, attention_mask=mask).past_key_values)
     assert calls == []
     model.config.compile_decoding = True
+    with monkeypatch.context() as patch:
+        patch.setattr(torch.distributed, "is_initialized", lambda: True)
+        with torch.no_grad():
+            model(**step, cache=model(ids, attention_mask=mask).past_key_values)
+    assert calls == []
+    with torch.no_grad():  # the region again, as a control
+        model(**step, cache=model(ids, attention_mask=mask).past_key_values)
+    assert calls == [1] * layers
+    calls.clear()
     monkeypatch.setenv(EAGER_DECODING_ENV, "1")
     with torch.no_grad():
         model(**step, cache=model(ids, attention_mask=mask).past_key_values)

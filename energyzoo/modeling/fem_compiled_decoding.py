@@ -10,13 +10,15 @@ One compiled function serves every layer of every FEM model in the process: the 
 and its own cache layer (dynamo takes a module's parameters as graph inputs, so two layers of one shape share a graph),
 and the cache's length is a dynamic size, so decoding compiles once per model shape and batch size. The first
 compiled step of a process pays that compile (docs/models/fem.md's speed table gives it as the first call of decode);
-later steps, calls of ``generate`` and models of the same shape reuse it.
+later steps, calls of ``generate`` and models of the same shape reuse it. Dynamo keeps a function's graphs up to
+``torch._dynamo.config.recompile_limit`` (eight): a process decoding more model shapes and batch sizes than that
+decodes the others eagerly, with torch's warning.
 
 Everything else runs eagerly, as before: prompts and any step of more than one token, training and autograd, energy
-traces, ``output_attentions``, and steps already under a compiler (``torch.compile`` of the whole model, transformers'
-static-cache compile). Where compiling is impossible (no C++ compiler, an unsupported Python), the first step says so
-in one warning and the process decodes eagerly. ``ENERGYZOO_EAGER_DECODING=1`` turns the region off in a whole
-process, whatever the configs say (the test suite sets it; the region has tests of its own).
+traces, ``output_attentions``, steps already under a compiler (``torch.compile`` of the whole model, transformers'
+static-cache compile) and distributed processes. Where compiling is impossible (no C++ compiler, an unsupported Python),
+the first step says so in one warning and the process decodes eagerly. ``ENERGYZOO_EAGER_DECODING=1`` turns the region
+off in a whole process, whatever the configs say (the test suite sets it; the region has tests of its own).
 """
 
 import os
@@ -45,7 +47,8 @@ class CompiledDecoding:
     def applies(self, config, hidden_states: torch.Tensor, cache_layer, output_attentions: bool, recording: bool
                 ) -> bool:
         """Whether a call is a decoding step the region takes: one token per sequence, a cache, no autograd, nothing
-        recorded, not already compiling, the config's switch on and the process's not off."""
+        recorded, not already compiling, not one process of several (whose weights may be sharded: tensor parallelism,
+        FSDP), the config's switch on and the process's not off."""
         return (
             config.compile_decoding
             and hidden_states.shape[1] == 1
@@ -54,6 +57,7 @@ class CompiledDecoding:
             and not output_attentions
             and not recording
             and not torch.compiler.is_compiling()
+            and not (torch.distributed.is_available() and torch.distributed.is_initialized())
             and self.unavailable is None
             and os.environ.get(EAGER_DECODING_ENV, "0") in ("", "0")
         )
