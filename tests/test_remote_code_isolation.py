@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import zoo
+from contract import fresh_process_env
 
 from energyzoo.hub_cards import export_model
 
@@ -44,8 +45,7 @@ def test_two_copies_of_every_lm_export_and_the_package_generate_and_train_side_b
     payload = {name: case(tester, tmp_path / name) for name, tester in LANGUAGE_MODELS.items()}
     torch.save(payload, tmp_path / "payload.pt")
     done = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "payload.pt")], capture_output=True, text=True,
-                          timeout=600, cwd=tmp_path, env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin",
-                                                          "HF_MODULES_CACHE": str(tmp_path / "modules")})
+                          timeout=600, cwd=tmp_path, env=fresh_process_env(tmp_path))
     assert done.returncode == 0 and f"SIDE_BY_SIDE_OK {3 * len(LANGUAGE_MODELS)}" in done.stdout, done.stderr[-4000:]
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from contract import REMOTE_LOAD_SCRIPT, fresh_process_env
 from huggingface_hub import ModelCard
 from huggingface_hub.repocard_data import model_index_to_eval_results
 from safetensors.torch import load_file
@@ -34,7 +35,6 @@ from energyzoo.training.recipe_files import shipped_recipe_path
 from energyzoo.training.run import run_training
 from energyzoo.training.schedule import BatchSchedule
 
-REMOTE_LOAD_SCRIPT = Path(__file__).parent / "support" / "remote_load_check.py"
 CONFIGS = Path(shipped_recipe_path("fem-lm-tiny")).parent
 TINY = ["training.steps=6", "training.save_every=3", "training.eval_every=3", "training.log_every=1",
         "training.warmup_steps=2", "training.batch_size=4", "model.overrides.hidden_size=32",
@@ -356,8 +356,7 @@ def test_exported_folder_loads_and_generates_without_energyzoo(trained_model, tm
     torch.save(payload, tmp_path / "payload.pt")
     done = subprocess.run([sys.executable, str(REMOTE_LOAD_SCRIPT), str(folder), str(tmp_path / "payload.pt")],
                           capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                          env={"HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules"),
-                               "PATH": "/usr/bin:/bin"})
+                          env=fresh_process_env(tmp_path))
     assert done.returncode == 0 and "REMOTE_OK transformers_modules" in done.stdout, done.stdout + done.stderr
 
 

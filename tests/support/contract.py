@@ -24,6 +24,7 @@ import transformers
 from transformers import AutoConfig, AutoModel, Trainer, TrainingArguments
 
 from energyzoo.hub_cards import export_model
+from energyzoo.modeling.fem_compiled_decoding import EAGER_DECODING_ENV
 from energyzoo.modeling.outputs import COMMON_ENERGY_KEYS, EnergyTrace
 from energyzoo.modeling.transformers_compat import cache_of
 from energyzoo.registry import ARCHITECTURES, TASKS
@@ -33,6 +34,14 @@ REMOTE_LOAD_SCRIPT = Path(__file__).with_name("remote_load_check.py")
 # transformers range when ENERGYZOO_OTHER_END_PYTHON names its python (.ci/run sets it both ways).
 OTHER_END_PYTHON = os.environ.get("ENERGYZOO_OTHER_END_PYTHON")
 RUNTIMES = {"this-release": sys.executable, **({"other-end-of-range": OTHER_END_PYTHON} if OTHER_END_PYTHON else {})}
+
+
+def fresh_process_env(tmp_path: Path) -> dict[str, str]:
+    """The environment of a process that loads exported folders as a new user would: offline, its own remote-code
+    module cache, nothing of this one's but the decoding switch the suite runs with (`fem_compiled_decoding`: compiled
+    decoding has tests of its own, and the wheel check loads an export with it on)."""
+    return {"HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules"), "PATH": "/usr/bin:/bin",
+            EAGER_DECODING_ENV: os.environ.get(EAGER_DECODING_ENV, "0")}
 
 
 def output_tensor(outputs) -> torch.Tensor:
@@ -183,7 +192,7 @@ class ModelContract:
             capture_output=True,
             text=True,
             cwd=tmp_path,
-            env={"HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules"), "PATH": "/usr/bin:/bin"},
+            env=fresh_process_env(tmp_path),
             timeout=300,
         )
         assert result.returncode == 0, result.stdout + result.stderr
