@@ -118,7 +118,7 @@ def _suites() -> list[str]:
 
 
 def _workloads(timed_only: bool = False) -> list[str]:
-    from .eval.speed import TIMED, WORKLOADS
+    from .eval.bench_table import TIMED, WORKLOADS
 
     return list(TIMED if timed_only else WORKLOADS)
 
@@ -264,7 +264,8 @@ def _config_fields(assignments: list[str]) -> dict:
 
 
 def _bench(args) -> int:
-    from .eval.speed import BenchSettings, benched_architectures, format_table, profile_split, profile_table, run_bench
+    from .eval.bench_table import format_table, profile_table
+    from .eval.speed import BenchSettings, benched_architectures, profile_split, run_bench
 
     _available_device(args.device)
     overrides = {key: value for key, value in (("prior", args.prior), ("kernel", args.kernel)) if value}

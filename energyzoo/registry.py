@@ -77,7 +77,7 @@ class Bench:
     """What `energyzoo bench` measures for an architecture, and the performance targets it is held to.
 
     presets: measured together, in one paired run, against the one baseline their cards name (or ``baseline``).
-    workloads: names in `eval.speed.WORKLOADS` ("forward", "train_step", "peak_memory"; for language models
+    workloads: names in `eval.bench_table.WORKLOADS` ("forward", "train_step", "peak_memory"; for language models
     "decode" and "decode_static").
     targets(config, call): the bound on each workload's ratio (arm / baseline) for a model of that config run with
     the forward keywords ``call`` (and ``seq_len`` in a length sweep): an upper bound, a lower one for a rate

@@ -13,12 +13,12 @@ import torch
 from energyzoo import model_from_preset
 from energyzoo.cli import main
 from energyzoo.eval import speed
+from energyzoo.eval.bench_table import format_table
 from energyzoo.eval.speed import (
     Arm,
     BenchSettings,
     _first_calls,
     _paired_times,
-    format_table,
     measure_peak_memory,
     pinned_threads,
     run_bench,

@@ -10,7 +10,7 @@ import zoo
 from contract import ModelContract
 from transformers import AutoConfig, AutoModel
 
-from energyzoo.eval.speed import WORKLOADS
+from energyzoo.eval.bench_table import WORKLOADS
 from energyzoo.hub_cards import export_model
 from energyzoo.hub_cards.export import measured_speed, render_card
 from energyzoo.hub_cards.ledger import measured_ledger

@@ -60,13 +60,12 @@ from transformers import CompileConfig
 from ..modeling.errors import UserError
 from ..presets import config_from_preset, model_from_preset, preset_card
 from ..registry import ARCHITECTURES, Bench
+from .bench_table import BUSY_IQR, DECODE_PADDED_BATCH, PROFILE_GROUPS, TIMED, WORKLOADS
 
 MIN_SAMPLE_SECONDS = 0.25  # a timed sample's blocks of calls last at least this long in all
 # glibc: buffers of 64 KiB and more are mapped and unmapped one by one (no dynamic threshold, no retained heap)
 PROBE_ENVIRONMENT = {"MALLOC_MMAP_THRESHOLD_": "65536"}
-BUSY_IQR = 0.10  # IQR / median of the per-repeat ratios above which a run is flagged (quiet pinned runs: <= 7 %)
 DECODE_PROMPT = 32  # tokens of the one prompt the decode workloads continue (batch 1: the latency case)
-DECODE_PADDED_BATCH = 8  # prompts of the padded decode workload, left-padded to DECODE_PROMPT tokens
 
 
 @dataclass
@@ -303,35 +302,16 @@ def _decode_fn(model, inputs: dict, call: dict, tokens: int, static: bool = Fals
     return decode
 
 
-@dataclass(frozen=True)
-class Workload:
-    """One thing `energyzoo bench` measures: its unit; whether it is a ``rate`` (tokens/s: the ratio is baseline /
-    arm and a target bounds it from below) or a cost (time, memory: arm / baseline, bounded from above); ``build(model,
-    inputs, call, settings)`` -> the function timed, or None for a workload measured apart (peak memory, in a process
-    of its own); ``language_models``: only for causal LMs."""
-
-    name: str
-    unit: str
-    rate: bool = False
-    build: Callable | None = None
-    language_models: bool = False
-    sequences: int = 1  # sequences a call decodes (a rate counts the tokens of all)
-
-
-WORKLOADS = {workload.name: workload for workload in (
-    Workload("forward", "s", build=lambda model, inputs, call, settings: _forward_fn(model, inputs, call)),
-    Workload("train_step", "s", build=lambda model, inputs, call, settings: _train_step_fn(model, inputs, call)),
-    Workload("peak_memory", "MiB"),
-    Workload("decode", "tok/s", rate=True, language_models=True,
-             build=lambda model, inputs, call, settings: _decode_fn(model, inputs, call, settings.decode_tokens)),
-    Workload("decode_static", "tok/s", rate=True, language_models=True,
-             build=lambda model, inputs, call, settings: _decode_fn(model, inputs, call, settings.decode_tokens,
-                                                                     static=True)),
-    Workload("decode_padded", "tok/s", rate=True, language_models=True, sequences=DECODE_PADDED_BATCH,
-             build=lambda model, inputs, call, settings: _decode_fn(model, inputs, call, settings.decode_tokens,
-                                                                     sequences=DECODE_PADDED_BATCH)),
-)}
-TIMED = tuple(name for name, workload in WORKLOADS.items() if workload.build is not None)
+# The function each timed workload (`bench_table.TIMED`) times: ``build(model, inputs, call, settings)`` -> a call.
+BUILDERS = {
+    "forward": lambda model, inputs, call, settings: _forward_fn(model, inputs, call),
+    "train_step": lambda model, inputs, call, settings: _train_step_fn(model, inputs, call),
+    "decode": lambda model, inputs, call, settings: _decode_fn(model, inputs, call, settings.decode_tokens),
+    "decode_static": lambda model, inputs, call, settings: _decode_fn(model, inputs, call, settings.decode_tokens,
+                                                                      static=True),
+    "decode_padded": lambda model, inputs, call, settings: _decode_fn(model, inputs, call, settings.decode_tokens,
+                                                                      sequences=DECODE_PADDED_BATCH),
+}
 
 
 def _status_bytes(field_name: str) -> int:
@@ -479,11 +459,6 @@ def _with_entry_shape(entry: Bench, settings: BenchSettings | None) -> BenchSett
                    seq_len=(settings and settings.seq_len) or entry.seq_len)
 
 
-# What a profiled call's top-level operators are counted as (`profile_split`); every other operator is "other".
-PROFILE_GROUPS = {"projections": ("aten::linear", "aten::addmm", "aten::mm", "aten::matmul", "aten::bmm"),
-                  "attention": ("aten::scaled_dot_product_attention",)}
-
-
 def _top_level_operators(profiler) -> list:
     """The aten operators a call issued itself (not those an operator called): what dispatch pays for."""
     return [event for event in profiler.events() if event.name.startswith("aten::")
@@ -520,7 +495,7 @@ def profile_split(name: str, workload: str, settings: BenchSettings | None = Non
     with pinned_threads(settings.threads):
         for arm in bench_arms(replace(entry, sweep=None), presets, baseline, workload):
             model = _build(arm, settings)
-            call = WORKLOADS[workload].build(model, _inputs(model, settings), arm.call, settings)
+            call = BUILDERS[workload](model, _inputs(model, settings), arm.call, settings)
             call()
             seconds = Timer("call()", globals={"call": call}).blocked_autorange(min_run_time=MIN_SAMPLE_SECONDS)
             start = time.perf_counter()
@@ -541,17 +516,6 @@ def profile_split(name: str, workload: str, settings: BenchSettings | None = Non
     return {"name": name, "presets": list(presets), "workload": workload, "unit": unit, "torch": torch.__version__,
             "title": f"{name}, {workload} ({_shape(settings, workload, presets[0])}; per {unit})", "models": models,
             "tables": "\n".join(sections)}
-
-
-def profile_table(result: dict) -> str:
-    """The operators, seconds and time split per unit of each profiled model, against the first (the baseline)."""
-    groups = (*PROFILE_GROUPS, "other operators", "between operators")
-    lines = [result["title"], "| model | operators | ms | " + " | ".join(groups) + " |",
-             "|---|---|---|" + "---|" * len(groups)]
-    for entry in result["models"]:
-        shares = " | ".join(f"{entry['split'][group]:.0%}" for group in groups)
-        lines.append(f"| {entry['model']} | {entry['operators']:.0f} | {entry['seconds'] * 1e3:.2f} | {shares} |")
-    return "\n".join(lines)
 
 
 def _shape(settings: BenchSettings, workload: str, preset: str) -> str:
@@ -603,7 +567,7 @@ def _measured(name: str, settings: BenchSettings | None, baseline: str | None, s
     inputs = {length: _inputs(models[baseline], replace(settings, seq_len=length)) for length in lengths}
     times, first_calls = {}, {}
     for workload in (workload for workload in entry.workloads if workload in TIMED):
-        fns = {arm.label: WORKLOADS[workload].build(models[arm.preset], inputs[arm.seq_len or settings.seq_len],
+        fns = {arm.label: BUILDERS[workload](models[arm.preset], inputs[arm.seq_len or settings.seq_len],
                                                     arm.call, settings) for arm in arms[workload]}
         first_calls[workload] = _first_calls(fns, settings.device)
         times[workload] = _paired_times(fns, settings.repeats, settings.device)
@@ -642,26 +606,6 @@ def _measured(name: str, settings: BenchSettings | None, baseline: str | None, s
     return {"title": title, "settings": asdict(settings), "baseline": baseline, "presets": list(presets),
             "torch": torch.__version__, "threads": torch.get_num_threads(), "rows": [asdict(row) for row in rows],
             "notes": notes, "raw_seconds": times}
-
-
-def format_table(result: dict) -> str:
-    """The one bench table: a row per arm and workload, then the notes and a warning for a busy machine."""
-    lines = [result["title"],
-             "| model | metric | value | baseline | ratio | IQR of the ratios | target | ok |",
-             "|---|---|---|---|---|---|---|---|"]
-    for row in result["rows"]:
-        rate = WORKLOADS[row["workload"]].rate
-        bound = "" if row["target"] is None else f"{'>=' if rate else '<='} {row['target']:.2f}"
-        ok = row["decision"] or ""
-        low, high = row["iqr"]
-        lines.append(f"| {row['arm']} | {row['workload']} ({row['unit']}) | {row['value']:.4g} | {row['baseline']:.4g} "
-                     f"| {row['ratio']:.3f} | {low:.3f}-{high:.3f} | {bound} | {ok} |")
-    lines += result["notes"]
-    busy = sorted({f"{row['arm']} {row['workload']}" for row in result["rows"] if row["busy"]})
-    if busy:
-        lines.append(f"WARNING: the IQR of the per-repeat ratios is wider than {BUSY_IQR:.0%} of the ratio ("
-                     f"{', '.join(busy)}): the machine was busy; rerun on a quiet machine before quoting the ratios")
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":

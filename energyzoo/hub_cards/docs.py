@@ -21,7 +21,7 @@ from collections import Counter
 from importlib import resources
 from pathlib import Path
 
-from ..eval.speed import format_table, profile_table
+from ..eval.bench_table import format_table, profile_table
 from ..presets import config_from_preset
 from ..reproduce.experiments import EXPERIMENTS
 from ..reproduce.report import headline, primary_table

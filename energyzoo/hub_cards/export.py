@@ -28,8 +28,8 @@ from huggingface_hub.errors import HFValidationError, HTTPError, LocalTokenNotFo
 from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerFast
 
 from ..data.images import image_processor_for
+from ..eval.bench_table import format_table
 from ..eval.harness import scores
-from ..eval.speed import format_table
 from ..files import MANIFEST, edited_files, write_manifest
 from ..modeling.errors import UserError
 from ..modeling.transformers_compat import TESTED_TRANSFORMERS
