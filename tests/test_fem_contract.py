@@ -54,6 +54,7 @@ class FEMTester:
         ("value_ratio", 0.0),
         ("qk_ratio", -1.0),
         ("beta_max_init", 0.0),
+        ("public_reference_eps", -1e-6),
         ("beta_max_init", float("inf")),
         ("prior", "cosine"),
         ("hidden_act", "not-an-activation"),

@@ -124,6 +124,12 @@ class FEMConfig(OwnCacheLayerTypes, PreTrainedConfig):
             (the public reference layer's, which has no SiLU), for weights ported from that layer.
         time_decay_bias: biases on the conditioner's W_f, W_x, W_s (App. I has none; the public reference layer
             has them), for weights ported from that layer.
+        public_reference_eps: None (the paper's numerics), or the ``eps`` of the public reference layer
+            (LJC-FVNR/FreeEnergyMixer) whose weights this model holds: its outer gate softplus(g) + eps, l2-normalised
+            with eps 1e-5, times sqrt(d_v); its conditioner's shortcut softplus(a) + 1e-8, l2-normalised with eps
+            1e-8, times sqrt(H_c); and its envelope floor h~_t = D_t sum_{i<=t} u_i / (D_i + 1e-12) in place of
+            eq. 33, which it leaves once the decay passes about 28 nats. `fem_public_reference` sets it: without
+            it converted weights compute a different function past a few dozen tokens.
         layer_types: set from ``prior``: every layer's cache-layer type, which `DynamicCache(config=...)` reads. Not
             saved; a given list (an older saved config's) must be the prior's.
     Switching modules off removes their parameters; widths stay as the ratios say (re-budget with them).
@@ -163,6 +169,7 @@ class FEMConfig(OwnCacheLayerTypes, PreTrainedConfig):
     time_decay_chunk_size: int = 8
     time_decay_activation: str = "silu"
     time_decay_bias: bool = False
+    public_reference_eps: float | None = None
     gla_decay: str = "head"
     aft_decay: bool = False
     decay_normalizer: float = 16.0

@@ -285,8 +285,16 @@ def gated_free_energy(
     return out if outer_gate is None else outer_gate * out
 
 
-def outer_gate_activation(logits: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+REFERENCE_GATE_NORM_EPS = 1e-5  # the public reference layer l2-normalises its outer gate with eps 1e-5
+
+
+def outer_gate_activation(logits: torch.Tensor, eps: float = 1e-6, reference_eps: float | None = None) -> torch.Tensor:
     """g = RMSNorm(softplus(logits)) over the last (per-head channel) dimension, without gain (FEM §2.3.2):
-    strictly positive and of unit RMS per head, so it rescales channels without distorting the norm of o."""
+    strictly positive and of unit RMS per head, so it rescales channels without distorting the norm of o.
+    ``reference_eps``: the public reference layer's form instead, softplus(logits) + reference_eps l2-normalised
+    (eps 1e-5) times sqrt(d_v) (`FEMConfig.public_reference_eps`)."""
     gate = F.softplus(widened(logits))
-    return cast(F.rms_norm(gate, gate.shape[-1:], eps=eps), logits.dtype)
+    if reference_eps is None:
+        return cast(F.rms_norm(gate, gate.shape[-1:], eps=eps), logits.dtype)
+    gate = F.normalize(gate + reference_eps, dim=-1, eps=REFERENCE_GATE_NORM_EPS) * gate.shape[-1] ** 0.5
+    return cast(gate, logits.dtype)

@@ -1,20 +1,22 @@
 """Weights of the public FEM reference layer (LJC-FVNR/FreeEnergyMixer, fem.py @ c617a95: `FreeEnergyMixer`) as an
-energyzoo `FEMAttention`.
+energyzoo `FEMAttention` that computes that layer's function.
 
 The reference is a layer, not a model; where it and the paper differ, energyzoo follows the paper (the FEM model
-card's "Differences from the public reference layer" table). What carries over exactly is converted; what does not
-is refused with the reason:
+card's "Differences from the public reference layer" table). A converted layer keeps the reference's own terms where
+its weights would otherwise mean something else, through config switches that are off by default:
+``time_decay_activation="identity"`` and ``time_decay_bias=True`` (its conditioner has no SiLU and has biases), and
+``public_reference_eps`` (its outer-gate and shortcut normalisations and its envelope floor D + 1e-12, which makes
+it a different function from eq. 33 past a few dozen tokens). What has no energyzoo equivalent is refused with the
+reason, in one line:
 - priors: "softmax" (H.1) and "rnn_softmax" (the AFT prior, H.3) when its query weights are zero: its query gate
   softplus(q), which H.3 does not have, is then the constant 1. "linear", "gla" and "mamba" are parametrised
   differently (see the table) and are refused.
-- the reference's flags must be those of FEM (use_temperature, use_lse); its outer gate may be on or off.
-- its conditioner (use_conv, one direction) maps onto `TimeDecayConditioner` with ``time_decay_activation="identity"``
-  and ``time_decay_bias=True`` (no SiLU, biases: App. I has neither): W_f = in_f, W_x = x_f, W_s = shortcut, stacked
-  in that order, and the columns of W_c reordered from the reference's [v, q, k, lambda, g] to energyzoo's
-  [q, k, v, lambda, g]. Its LayerNorms' eps (1e-5) becomes ``rms_norm_eps``; its shortcut's l2 normalisation
-  (eps 1e-8) against energyzoo's RMS one (eps ``rms_norm_eps``) differs by about 5e-6 / mean(softplus(s)^2)
-  relative: small unless the shortcut logits s are very negative. The AFT prior with a conditioner is refused (its key
-  modulation has the query width).
+- the reference's flags must be those of FEM (use_temperature, use_lse); its outer gate may be on or off, and its
+  ``bias`` too (its LayerNorms without a bias are energyzoo's with a zero one).
+- its conditioner (use_conv, one direction) maps onto `TimeDecayConditioner`: W_f = in_f, W_x = x_f, W_s = shortcut,
+  stacked in that order, and the columns of W_c reordered from the reference's [v, q, k, lambda, g] to energyzoo's
+  [q, k, v, lambda, g]; its LayerNorms' eps (1e-5) becomes ``rms_norm_eps``. The AFT prior with a conditioner is
+  refused (its key modulation has the query width).
 - beta_max: the reference's softplus(p) + eps becomes softplus(raw + softplus^-1(beta_max_init)):
   raw = softplus^-1(softplus(p) + eps) - softplus^-1(beta_max_init).
 - RoPE: the reference's `SimpleRoPE` is not a rotation. A layer trained with it has no energyzoo equivalent; a
@@ -33,6 +35,7 @@ RENAMES = {"W_q": "q_proj", "W_k": "k_proj", "W_v": "v_proj", "W_o": "o_proj", "
            "W_gate": "outer_gate_proj", "tdc.fwd.norm": "time_decay.input_norm", "tdc.fwd.ln": "time_decay.state_norm"}
 CONDITIONER_INPUTS = ("in_f", "x_f", "shortcut")  # W_f, W_x, W_s: the order of `TimeDecayConditioner.in_proj`
 CONDITIONER_MODULES = {*(f"tdc.fwd.{name}" for name in CONDITIONER_INPUTS), "tdc.fwd"}  # "tdc.fwd": its out_proj
+REFERENCE_LAYER_NORM_EPS = 1e-5  # nn.LayerNorm's default, which the reference's conditioner keeps
 
 
 def _softplus_inverse(value: torch.Tensor) -> torch.Tensor:
@@ -46,13 +49,18 @@ def reference_config(state: dict[str, torch.Tensor], n_head: int, prior_type: st
     if prior_type not in REFERENCE_PRIORS:
         raise UserError(f"fem reference: prior_type={prior_type!r} is parametrised differently from energyzoo's; "
                         f"energyzoo converts {sorted(REFERENCE_PRIORS)}")
+    conditioner = "tdc.fwd.in_f.weight" in state
+    read_here = ["W_v.weight", "W_q.weight", "W_k.weight", *(["tdc.fwd.out_proj"] if conditioner else [])]
+    if absent := [key for key in read_here if key not in state]:
+        raise UserError(f"fem reference: the state dict has no {', '.join(absent)}: a damaged or partial layer, "
+                        f"refused")
     if "W_lambda.weight" not in state:
         raise UserError("fem reference: the layer has no W_lambda (use_temperature and use_lse off); energyzoo "
                         "converts layers with FEM's temperature gate and log-sum-exp branch")
     if any(key.startswith("tdc.bwd.") for key in state):
         raise UserError("fem reference: a bidirectional conditioner (conv_bidirectional) is not causal; refused")
     values, hidden = state["W_v.weight"].shape
-    conditioner = "tdc.fwd.in_f.weight" in state
+    conditioner_bias = any(f"tdc.fwd.{name}.bias" in state for name in CONDITIONER_INPUTS)
     if prior_type == "rnn_softmax":
         query = [state["W_q.weight"], state.get("W_q.bias", torch.zeros(1))]
         if any(tensor.count_nonzero() for tensor in query):
@@ -71,8 +79,9 @@ def reference_config(state: dict[str, torch.Tensor], n_head: int, prior_type: st
                      qk_ratio=queries / hidden, value_ratio=values / hidden, attention_bias="W_v.bias" in state,
                      use_time_decay=conditioner, use_outer_gate="W_gate.weight" in state,
                      time_decay_rank=state["tdc.fwd.in_f.weight"].shape[0] if conditioner else None,
-                     time_decay_activation="identity", time_decay_bias="tdc.fwd.in_f.bias" in state,
-                     rms_norm_eps=1e-5 if conditioner else eps, num_hidden_layers=1, vocab_size=8)
+                     time_decay_activation="identity", time_decay_bias=conditioner_bias,
+                     public_reference_eps=eps, rms_norm_eps=REFERENCE_LAYER_NORM_EPS, num_hidden_layers=1,
+                     vocab_size=8)
 
 
 def reference_weights(state: dict[str, torch.Tensor], config: FEMConfig, eps: float = 1e-6) -> dict[str, torch.Tensor]:
@@ -99,10 +108,17 @@ def reference_weights(state: dict[str, torch.Tensor], config: FEMConfig, eps: fl
             unknown.append(key)
     if unknown:
         raise UserError(f"fem reference: keys of no FEM module, refused: {', '.join(sorted(unknown))}")
+    for norm in ("input_norm", "state_norm"):  # a LayerNorm built with bias=False: energyzoo's with a zero bias
+        weight = weights.get(f"time_decay.{norm}.weight")
+        if weight is not None:
+            weights.setdefault(f"time_decay.{norm}.bias", torch.zeros_like(weight))
     if config.use_time_decay:
         for attribute in ("weight", "bias") if config.time_decay_bias else ("weight",):
-            weights[f"time_decay.in_proj.{attribute}"] = torch.cat(
-                [state[f"tdc.fwd.{name}.{attribute}"] for name in CONDITIONER_INPUTS])
+            keys = [f"tdc.fwd.{name}.{attribute}" for name in CONDITIONER_INPUTS]
+            if absent := [key for key in keys if key not in state]:
+                raise UserError(f"fem reference: the conditioner lacks {', '.join(absent)} beside "
+                                f"{', '.join(sorted(set(keys) - set(absent)))}: a damaged or partial layer, refused")
+            weights[f"time_decay.in_proj.{attribute}"] = torch.cat([state[key] for key in keys])
         out = state["tdc.fwd.out_proj"]
         values, queries = config.value_width, state["W_q.weight"].shape[0]
         widths = [values, queries, queries, values * (1 + config.use_outer_gate)]  # v, q, k, lambda [, g]
@@ -122,5 +138,12 @@ def fem_attention_from_reference(state: dict[str, torch.Tensor], n_head: int, pr
     config = reference_config(state, n_head, prior_type, eps)
     config._attn_implementation = "sdpa"  # a standalone layer: no model dispatches it
     attention = FEMAttention(config, layer_idx=0).to(state["W_v.weight"].dtype)
-    attention.load_state_dict(reference_weights(state, config, eps), strict=True)
+    weights = reference_weights(state, config, eps)
+    expected = attention.state_dict().keys()
+    missing, extra = sorted(expected - weights.keys()), sorted(weights.keys() - expected)
+    if missing or extra:
+        raise UserError(f"fem reference: the state dict does not hold one layer of the kind its keys imply (under "
+                        f"energyzoo's names, missing: {', '.join(missing) or 'none'}; left over: "
+                        f"{', '.join(extra) or 'none'}); a damaged or partial layer, refused")
+    attention.load_state_dict(weights, strict=True)
     return attention

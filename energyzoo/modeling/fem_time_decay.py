@@ -10,7 +10,11 @@ Choices where the paper leaves room: norm(a) rescales to unit RMS (unit l2 norm 
 public reference does) so SiLU sees O(1) inputs; the decayed sum is evaluated chunkwise in log space
 (App. I "implementation notes") instead of the f_t^-1 division, which overflows for long sequences. For weights
 ported from the public reference layer, `FEMConfig.time_decay_activation` = "identity" drops the SiLU and
-`time_decay_bias` adds biases to W_f, W_x, W_s, as that layer has them (App. I has neither).
+`time_decay_bias` adds biases to W_f, W_x, W_s, as that layer has them (App. I has neither), and
+`FEMConfig.public_reference_eps` computes that layer's own numerics: norm(a) as softplus(a) + 1e-8 l2-normalised
+(eps 1e-8) times sqrt(H_c), and eq. 33 as h~_t = D_t sum_{i<=t} u_i / (D_i + 1e-12) with D_t = exp(-sum_{i<=t} s_i)
+(`floored_envelope`): the floor makes it a different function once the decay passes about 28 nats, so converted
+weights keep their meaning only with it.
 """
 
 import torch
@@ -18,6 +22,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from .numerics import cast, widened, work_dtype
+
+REFERENCE_ENVELOPE_FLOOR = 1e-12  # the public reference layer's D + 1e-12
+REFERENCE_SHORTCUT_EPS = 1e-8  # its softplus(a) + 1e-8, l2-normalised with eps 1e-8
 
 
 def decayed_cumsum(
@@ -84,6 +91,25 @@ def decayed_step(decay_logits: torch.Tensor, inputs: torch.Tensor, state: torch.
     return torch.addcmul(inputs, decay, cast(state, work)[:, None])
 
 
+def floored_envelope(log_decay: torch.Tensor, inputs: torch.Tensor, initial_state: torch.Tensor | None,
+                     floor: float = REFERENCE_ENVELOPE_FLOOR) -> tuple[torch.Tensor, torch.Tensor]:
+    """The public reference layer's evaluation of eq. 33: D_t = exp(sum_{i<=t} log_decay_i) and
+    h~_t = D_t sum_{i<=t} inputs_i / (D_i + floor). It equals eq. 33 while D_t is far above ``floor``; past that the
+    floor caps 1 / D_i and old inputs fade faster than eq. 33 says. Any length: the state carried between calls is
+    (the cumulative log decay, the running sum), (batch, 2, channels), so a decoding step continues the same sums.
+
+    Returns ``(states, final_state)`` as `decayed_cumsum` does."""
+    work = work_dtype(inputs.dtype)
+    log_decay, inputs = cast(log_decay, work), cast(inputs, work)
+    if initial_state is None:
+        initial_state = inputs.new_zeros(inputs.shape[0], 2, inputs.shape[-1])
+    log_start, sum_start = cast(initial_state, work).unbind(dim=1)
+    cumulative = log_start[:, None] + log_decay.cumsum(dim=1)
+    envelope = torch.exp(cumulative)
+    sums = sum_start[:, None] + (inputs / (envelope + floor)).cumsum(dim=1)
+    return envelope * sums, torch.stack([cumulative[:, -1], sums[:, -1]], dim=1)
+
+
 def held_output_columns(linear: nn.Linear) -> tuple[int, slice]:
     """The full output width of ``linear`` and the columns of it this process computes: all of them, or under
     tensor parallelism (a weight sharded on its rows, as a DTensor) this process's contiguous shard."""
@@ -96,15 +122,18 @@ def held_output_columns(linear: nn.Linear) -> tuple[int, slice]:
 
 
 class TimeDecayConditioner(nn.Module):
-    """FEM App. I time-decay conditioner, producing ``out_features`` modulation channels per token."""
+    """FEM App. I time-decay conditioner, producing ``out_features`` modulation channels per token;
+    ``reference_numerics``: the public reference layer's shortcut normalisation and envelope floor (module
+    docstring)."""
 
     def __init__(self, hidden_size: int, rank: int, out_features: int, chunk_size: int = 8, eps: float = 1e-6,
-                 activation: str = "silu", bias: bool = False):
+                 activation: str = "silu", bias: bool = False, reference_numerics: bool = False):
         super().__init__()
         self.activation = F.silu if activation == "silu" else None  # None: the public reference's, no SiLU
         self.rank = rank
         self.chunk_size = chunk_size
         self.eps = eps
+        self.reference_numerics = reference_numerics
         self.input_norm = nn.LayerNorm(hidden_size, eps=eps)
         self.in_proj = nn.Linear(hidden_size, 3 * rank, bias=bias)  # [W_f | W_x | W_s] in one matmul
         self.state_norm = nn.LayerNorm(rank, eps=eps)
@@ -118,12 +147,13 @@ class TimeDecayConditioner(nn.Module):
         initial_state: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns ``(h, final_state)``: the features h (batch, seq, rank) with c = h W_c, and the O(H_c)
-        streaming state h~ at the last position (Prop. I.1), (batch, rank). Padded positions
+        streaming state h~ at the last position (Prop. I.1), (batch, rank) (with the reference's numerics
+        `floored_envelope`'s (batch, 2, rank)). Padded positions
         (``padding_mask`` False) neither decay nor feed the state, so a left-padded sequence conditions like
         the unpadded one."""
         decay_logits, inputs, shortcut_logits = self.in_proj(self.input_norm(hidden_states)).chunk(3, dim=-1)
         keep = None if padding_mask is None else padding_mask[..., None]
-        if hidden_states.shape[1] == 1 and initial_state is not None:
+        if hidden_states.shape[1] == 1 and initial_state is not None and not self.reference_numerics:
             states = decayed_step(decay_logits, inputs, initial_state, keep)
             final_state = states[:, 0]
         else:
@@ -131,15 +161,25 @@ class TimeDecayConditioner(nn.Module):
             if keep is not None:
                 log_decay = log_decay * keep
                 inputs = inputs * keep
-            states, final_state = decayed_cumsum(log_decay, inputs, initial_state, self.chunk_size)
+            if self.reference_numerics:
+                states, final_state = floored_envelope(log_decay, inputs, initial_state)
+            else:
+                states, final_state = decayed_cumsum(log_decay, inputs, initial_state, self.chunk_size)
             # a tensor of its own, laid out as a decoding step's: a cache keeping the strided view would keep every
             # position's state, and compiled decoding would compile again for the other strides
             final_state = final_state.clone(memory_format=torch.contiguous_format)
-        shortcut = F.rms_norm(F.softplus(widened(shortcut_logits)), (self.rank,), eps=self.eps)
+        shortcut = self._normalised_shortcut(F.softplus(widened(shortcut_logits)))
         if self.activation is not None:
             shortcut = self.activation(shortcut)
         features = cast(shortcut, hidden_states.dtype) * self.state_norm(cast(states, hidden_states.dtype))
         return features, final_state
+
+    def _normalised_shortcut(self, shortcut: torch.Tensor) -> torch.Tensor:
+        """norm(a_t) of eq. 33: unit RMS, or the reference's l2 normalisation times sqrt(H_c) of softplus + 1e-8."""
+        if not self.reference_numerics:
+            return F.rms_norm(shortcut, (self.rank,), eps=self.eps)
+        shortcut = shortcut + REFERENCE_SHORTCUT_EPS
+        return F.normalize(shortcut, dim=-1, eps=REFERENCE_SHORTCUT_EPS) * self.rank**0.5
 
     def modulate(
         self, tensors: list[torch.Tensor], features: torch.Tensor, projections: list[nn.Linear] | None = None

@@ -105,6 +105,7 @@ class FEMAttention(nn.Module):
         self.value_head_dim = config.value_head_dim
         # read on every call: a config's attribute lookup costs a decoding step more than a module's
         self.use_lse, self.rms_norm_eps = config.use_lse, config.rms_norm_eps
+        self.public_reference_eps = config.public_reference_eps
         # read by transformers' attention functions
         self.is_causal = True
         self.num_key_value_groups = 1
@@ -130,7 +131,8 @@ class FEMAttention(nn.Module):
             modulated = sum(getattr(self, name).out_features for name in self.projection_names)
             self.time_decay = TimeDecayConditioner(hidden, config.time_decay_rank, modulated,
                                                    config.time_decay_chunk_size, config.rms_norm_eps,
-                                                   config.time_decay_activation, config.time_decay_bias)
+                                                   config.time_decay_activation, config.time_decay_bias,
+                                                   reference_numerics=config.public_reference_eps is not None)
         # post_init draws the weights in module order: keep the order of the layers saved before the prior table
         # (the decay projection after the gates), so that a seed gives the same model as it did
         for name in ("decay_proj", "time_decay"):
@@ -255,7 +257,8 @@ class FEMAttention(nn.Module):
         """mu and f_max, (batch, seq, heads, value_head_dim), gated into the output (FEM eq. 10-11); also
         returns the temperature gate lambda (None without one)."""
         temperature_gate = None if temperature_logits is None else torch.sigmoid(temperature_logits)
-        outer_gate = None if outer_logits is None else outer_gate_activation(outer_logits, self.rms_norm_eps)
+        outer_gate = None if outer_logits is None else outer_gate_activation(
+            outer_logits, self.rms_norm_eps, self.public_reference_eps)
         return gated_free_energy(mu, f_max, temperature_gate, outer_gate), temperature_gate
 
     @torch.no_grad()

@@ -219,9 +219,10 @@ def fem_layer_reference(layer, hidden, valid=None, positions=None):
 def public_reference_layer(state: dict, x: torch.Tensor, heads: int, prior: str = "softmax", eps: float = 1e-6,
                            cap: float = 40.0) -> torch.Tensor:
     """The public reference layer's forward (LJC-FVNR/FreeEnergyMixer `FreeEnergyMixer`, RoPE off), written from its
-    equations in float64 with its key names: the conditioner without SiLU and with biases, the l2-normalised
-    shortcut and gate, beta = softplus(p) + eps, values clipped to |beta v| <= cap, and the causal softmax prior or
-    (zero queries) the AFT prior's per-channel weights exp(k) of the query width repeated over the value width."""
+    equations in float64 with its key names: the conditioner without SiLU, with biases where the layer has them and
+    with its envelope floor D + 1e-12, the l2-normalised shortcut and gate, beta = softplus(p) + eps, values clipped
+    to |beta v| <= cap, and the causal softmax prior or (zero queries) the AFT prior's per-channel weights exp(k) of
+    the query width repeated over the value width."""
     import torch.nn.functional as F
 
     def linear(name, inputs):
@@ -234,13 +235,13 @@ def public_reference_layer(state: dict, x: torch.Tensor, heads: int, prior: str 
     v, q, k = (split(linear(name, x)) for name in ("W_v", "W_q", "W_k"))
     lam, gate = linear("W_lambda", x), linear("W_gate", x) if "W_gate.weight" in state else None
     if "tdc.fwd.in_f.weight" in state:
-        normed = F.layer_norm(x, x.shape[-1:], state["tdc.fwd.norm.weight"], state["tdc.fwd.norm.bias"], 1e-5)
+        normed = F.layer_norm(x, x.shape[-1:], state["tdc.fwd.norm.weight"], state.get("tdc.fwd.norm.bias"), 1e-5)
         shortcut = F.softplus(linear("tdc.fwd.shortcut", normed)) + 1e-8
         shortcut = F.normalize(shortcut, dim=-1, eps=1e-8) * math.sqrt(shortcut.shape[-1])
         decay = torch.exp(torch.cumsum(-F.softplus(linear("tdc.fwd.in_f", normed)), 1))
-        state_ = torch.cumsum(linear("tdc.fwd.x_f", normed) / decay, 1) * decay
+        state_ = torch.cumsum(linear("tdc.fwd.x_f", normed) / (decay + 1e-12), 1) * decay
         hidden = shortcut * F.layer_norm(state_, state_.shape[-1:], state["tdc.fwd.ln.weight"],
-                                         state["tdc.fwd.ln.bias"], 1e-5)
+                                         state.get("tdc.fwd.ln.bias"), 1e-5)
         c = hidden @ state["tdc.fwd.out_proj"]
         widths = [v.shape[-2] * v.shape[-1], q.shape[-2] * q.shape[-1], k.shape[-2] * k.shape[-1], lam.shape[-1]]
         c_v, c_q, c_k, c_lam, *c_gate = c.split(widths + ([gate.shape[-1]] if gate is not None else []), -1)
