@@ -110,11 +110,11 @@ LINEAR_GROWTH_SLACK = 1.125  # an O(T) prior's forward may grow 4.5x from 1024 t
 
 def _fem_targets(config, call) -> dict[str, float]:
     """FEM_TARGETS against the baseline; a length sweep's growth from the shortest to the longest length bounded by
-    1.125x the length ratio for the O(T) priors, unbounded for softmax's O(T^2)."""
+    1.125x the length ratio for the O(T) priors, unbounded for an O(T^2) one (softmax's)."""
     if "reference_seq_len" not in call:
         return FEM_TARGETS
     growth = call["seq_len"] / call["reference_seq_len"]
-    return {} if config.prior == "softmax" else {"forward": LINEAR_GROWTH_SLACK * growth}
+    return {} if config.prior_spec.quadratic else {"forward": LINEAR_GROWTH_SLACK * growth}
 
 
 @dataclass(frozen=True)

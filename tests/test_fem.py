@@ -1,5 +1,8 @@
 """FEM-LM beyond the shared contract: Llama equivalence, presets, initialisation, ablations, bad input."""
 
+import importlib
+from pathlib import Path
+
 import pytest
 import test_fem_contract
 import torch
@@ -8,8 +11,9 @@ from test_fem_contract import perturb_fem, without_lse_branch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, StaticCache
 
 from energyzoo import FEMConfig, FEMForCausalLM, config_from_preset, model_from_preset, preset_names
+from energyzoo.modeling import configuration_fem
 from energyzoo.modeling.configuration_fem import FEM_PRIORS, PRIORS
-from energyzoo.modeling.modeling_fem import GATES, PRIOR_CODE, FEMAttention
+from energyzoo.modeling.modeling_fem import GATES, FEMAttention
 from energyzoo.modeling.transformers_compat import cache_of, with_cache
 
 ALL_OFF = dict(use_time_decay=False, use_lse=False, use_temperature_gate=False, use_outer_gate=False)
@@ -478,6 +482,16 @@ def test_each_priors_data_row_names_the_modules_and_parameters_its_code_builds(p
     assert modules == set(spec.layer_projections(config))
     assert {name for name, _ in layer.named_parameters(recurse=False)} == {
         *spec.parameters, *(["beta_max_raw"] if config.use_lse else [])}
-    assert set(PRIOR_CODE) == set(PRIORS) and layer.prior is PRIOR_CODE[prior]
+    assert spec.name == prior and layer.prior is config.prior_spec is spec
     # what DynamicCache(config=...) and StaticCache(config=...) build
     assert all(config.layer_types[0] == cache_layer._layer_type for cache_layer in layer.prior.cache_layers)
+
+
+def test_the_prior_table_lists_the_row_of_every_prior_file():
+    """Each ``fem_prior_<name>.py`` exports its own row (``PRIOR``), under the name its file carries; the table lists
+    every one, so a prior file the table forgot, or a row under another file's name, fails here."""
+    files = sorted(Path(configuration_fem.__file__).parent.glob("fem_prior_*.py"))
+    rows = {path.stem.removeprefix("fem_prior_"): importlib.import_module(
+        f"energyzoo.modeling.{path.stem}").PRIOR for path in files}
+    assert {name: row.name for name, row in rows.items()} == {name: name for name in rows}
+    assert set(PRIORS) == set(rows) and all(PRIORS[name] is row for name, row in rows.items())

@@ -231,10 +231,10 @@ def test_random_inputs_are_refused_by_name_or_give_finite_outputs(tester, dtype)
         for model_class in (ARCHITECTURES[tester.model_type].base_model, tester.head_class)
     ]
     config = models[0].config
-    if tester.task == "image-classification":
+    if tester.head_class.main_input_name == "pixel_values":
         strategy = image_inputs(config)
     else:
-        strategy = token_inputs(config, tester.task, takes_mask=tester.model_type != "hyperset")
+        strategy = token_inputs(config, tester.task, takes_mask=tester in zoo.padded_testers([tester]))
 
     outcomes = Counter()
 

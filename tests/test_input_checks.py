@@ -12,7 +12,7 @@ from energyzoo.registry import ARCHITECTURES
 
 TOKEN_MODELS = zoo.token_testers(zoo.HEADS_AND_PRIORS)
 IMAGE_MODELS = zoo.image_testers(zoo.HEADS_AND_PRIORS)
-PADDED = [tester for tester in TOKEN_MODELS if tester.model_type != "hyperset"]  # Hyper-SET has no padding mask
+PADDED = zoo.padded_testers(zoo.HEADS_AND_PRIORS)
 
 
 def model_classes(tester) -> list[type]:
@@ -121,7 +121,7 @@ def test_images_of_no_batch_other_channels_or_another_size_are_refused(tester):
         refused(model, "pixel_values must be a float tensor of shape", pixel_values=pixels[:, :1].repeat(1, 4, 1, 1))
         refused(model, "pixel_values must be a float tensor of shape", pixel_values=pixels[0])
         refused(model, "pixel_values must be a float tensor of shape", pixel_values=pixels.long())
-        if tester.model_type != "tel-resnet":  # ResNet pools any size
+        if not tester.takes_any_image_size:
             refused(model, "pixel_values must be a float tensor of shape", pixel_values=pixels[..., :-1, :-1])
     model = tester.build()
     inputs = tester.make_inputs(model.config)

@@ -5,66 +5,31 @@ caches and EqT's assisted decoding are refused before anything runs; compiled st
 padded batch compiles once. (Compiled decoding is also checked by transformers' own generation tests,
 `tests/test_transformers_common.py`.)"""
 
-from functools import partial
-
 import pytest
 import torch
 import zoo
 from transformers import StaticCache
 
 from energyzoo.modeling.caches import CacheStatesMixin
-from energyzoo.modeling.configuration_eer import EERConfig
-from energyzoo.modeling.configuration_eqt import EqTLlamaConfig
-from energyzoo.modeling.configuration_fem import FEM_PRIORS, FEMConfig
-from energyzoo.modeling.configuration_tel import TELGPT2Config
 from energyzoo.modeling.eqt_cache import EqTStaticWindowLayer
 from energyzoo.modeling.fem_prior_softmax import FEMSoftmaxStaticCacheLayer
-from energyzoo.modeling.modeling_eer import EERForCausalLM
-from energyzoo.modeling.modeling_eqt import EqTLlamaForCausalLM
-from energyzoo.modeling.modeling_fem import FEMForCausalLM
-from energyzoo.modeling.modeling_tel import TELGPT2LMHeadModel
 from energyzoo.modeling.transformers_compat import cache_of
 
-VOCAB = 61
-SMALL = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_attention_heads=4, pad_token_id=0,
-             bos_token_id=1, eos_token_id=2)
-
-
-def fem(prior):
-    return FEMForCausalLM(FEMConfig(**SMALL, num_hidden_layers=2, prior=prior, time_decay_rank=4))
-
-
-def eqt():
-    return EqTLlamaForCausalLM(EqTLlamaConfig(
-        **SMALL, num_hidden_layers=2, num_key_value_heads=2, erm_num_steps=2, erm_rev_window=4, erm_rev_num_layers=1,
-        erm_rev_num_heads=2, erm_memory_size=16, erm_memory_topk=2))
-
-
-def eer():
-    return EERForCausalLM(EERConfig(**{**SMALL, "num_attention_heads": 1}, num_loops=3))
-
-
-def tel_gpt2():
-    return TELGPT2LMHeadModel(TELGPT2Config(vocab_size=VOCAB, n_embd=32, n_inner=48, n_head=4, n_layer=2,
-                                            pad_token_id=0, bos_token_id=1, eos_token_id=2, tel_placement="full"))
-
-
-# named as tests/zoo.py names the zoo's language models (FEM by prior), which they must all be
-MODELS = {"fem": lambda: fem("softmax"), **{f"fem-{prior}": partial(fem, prior) for prior in FEM_PRIORS[1:]},
-          "eqt-llama": eqt, "eer-looped": eer, "tel-gpt2": tel_gpt2}
+# every zoo language model, FEM by prior, as its contract tester builds it (tests/zoo.py names them)
+MODELS = {zoo.name_of(tester): tester for tester in zoo.causal_lm_testers(zoo.HEADS_AND_PRIORS)}
 
 
 def build(name):
-    torch.manual_seed(0)
-    return MODELS[name]().eval()
+    return MODELS[name].build().eval()
 
 
-def left_padded_batch():
-    ids = torch.randint(3, VOCAB, (3, 9), generator=torch.Generator().manual_seed(1))
+def left_padded_batch(model):
+    vocab = model.config.vocab_size
+    ids = torch.randint(3, vocab, (3, 9), generator=torch.Generator().manual_seed(1))
     mask = torch.ones_like(ids)
     mask[0, :4] = 0
     mask[1, :1] = 0
-    ids[0, :4] = 17  # ordinary tokens under the mask: they must not count
+    ids[0, :4] = 3  # ordinary tokens under the mask: they must not count
     return ids, mask
 
 
@@ -72,7 +37,7 @@ def left_padded_batch():
 @pytest.mark.parametrize("name", MODELS)
 def test_static_cache_generates_the_dynamic_caches_tokens_and_scores(name, num_beams):
     model = build(name)
-    ids, mask = left_padded_batch()
+    ids, mask = left_padded_batch(model)
     settings = dict(attention_mask=mask, max_new_tokens=8, do_sample=False, num_beams=num_beams,
                     return_dict_in_generate=True, output_scores=True, pad_token_id=0, eos_token_id=None)
     dynamic = model.generate(ids, **settings)
@@ -90,7 +55,7 @@ def test_static_cache_built_from_the_config_holds_the_models_own_layers(name, ow
     """`StaticCache(config=...)` builds the layers that keep the states (every FEM layer; EqT's first, which keeps the
     token window), and a hand-written cached loop over it gives the logits of one forward."""
     model = build(name)
-    ids, mask = left_padded_batch()
+    ids, mask = left_padded_batch(model)
     cache = StaticCache(config=model.config, max_cache_len=ids.shape[1])
     assert isinstance(cache.layers[0], own_layer)
     assert all(isinstance(layer, CacheStatesMixin) == (name == "fem" or index == 0)
@@ -109,12 +74,13 @@ def test_static_cache_built_from_the_config_holds_the_models_own_layers(name, ow
 def test_other_cache_kinds_are_refused_before_generating(name, kind):
     model = build(name)
     with pytest.raises(ValueError, match=f"supports cache_implementation=None, 'dynamic' or 'static', got '{kind}'"):
-        model.generate(torch.randint(3, VOCAB, (1, 4)), max_new_tokens=2, cache_implementation=kind, pad_token_id=0)
+        model.generate(torch.randint(3, model.config.vocab_size, (1, 4)), max_new_tokens=2, cache_implementation=kind,
+                       pad_token_id=0)
 
 
 def test_eqt_refuses_assisted_decoding_up_front_and_its_window_cannot_be_cropped():
     model = build("eqt-llama")
-    ids = torch.randint(3, VOCAB, (1, 5))
+    ids = torch.randint(3, model.config.vocab_size, (1, 5))
     with pytest.raises(ValueError, match="assisted generation is not supported with stateful models"):
         model.generate(ids, max_new_tokens=3, assistant_model=build("eqt-llama"), pad_token_id=0)
     with pytest.raises(ValueError, match="assisted generation is not supported with stateful models"):
@@ -134,7 +100,7 @@ def test_compiled_static_decoding_of_an_unpadded_then_a_padded_batch_compiles_on
     from transformers.generation.configuration_utils import CompileConfig
 
     model = build(name)
-    ids, padded = left_padded_batch()
+    ids, padded = left_padded_batch(model)
     compile_config = CompileConfig(fullgraph=True, dynamic=False)
     compile_config._compile_all_devices = True  # compile on CPU too
     settings = dict(max_new_tokens=4, do_sample=False, pad_token_id=0, eos_token_id=None)
@@ -150,4 +116,4 @@ def test_compiled_static_decoding_of_an_unpadded_then_a_padded_batch_compiles_on
 
 
 def test_every_registered_language_model_and_prior_is_decoded_with_a_static_cache():
-    assert set(MODELS) == {zoo.name_of(tester) for tester in zoo.causal_lm_testers(zoo.HEADS_AND_PRIORS)}
+    assert zoo.missing_coverage(list(MODELS.values()), tasks={"causal-lm"}) == []

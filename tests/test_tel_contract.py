@@ -93,6 +93,7 @@ class TestTELViTContract(VisionContract):
     checkpointed_block = "ViTLayer"
     lora_target_modules = ["q_proj", "v_proj", "fc1", "fc2"]
     invalid_config_values = INVALID_TEL_VALUES + [("tel_placement", [2])]
+    trainer_overrides = {"tel_placement": "full", "tel_entropy_pooling": "token"}  # "batch" pools over micro-batches
 
     def make_config(self, **overrides):
         fields = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, image_size=32,
@@ -108,6 +109,8 @@ class TestTELResNetContract(VisionContract):
     attention_implementations = ("eager",)  # no attention: transformers refuses sdpa and flash for ResNet
     has_attentions = False
     lora_target_modules = ["convolution"]
+    takes_any_image_size = True  # its pooler takes any size
+    accumulation_left_out = "ResNet's BatchNorm pools statistics over the batch, so each micro-batch has its own"
     invalid_config_values = INVALID_TEL_VALUES + [("tel_placement", [4])]
 
     def make_config(self, **overrides):

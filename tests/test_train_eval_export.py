@@ -25,7 +25,7 @@ from energyzoo.cli import main
 from energyzoo.eval.harness import evaluate_folder, local_task_documents, write_local_tasks
 from energyzoo.eval.speed import timed_row
 from energyzoo.hub_cards import export, export_folder
-from energyzoo.modeling import modeling_fem
+from energyzoo.modeling import configuration_fem
 from energyzoo.modeling.errors import UserError
 from energyzoo.presets import preset_names
 from energyzoo.quickstart import run_quickstart
@@ -184,8 +184,8 @@ def test_bf16_mixed_precision_training_follows_fp32_closer_than_the_lse_branch(t
     settings = (f"model.preset={preset}", "training.steps=3", "training.save_every=3")
     fp32 = torch.tensor(tiny_run(tmp_path / "fp32", *settings).losses)
     bf16 = torch.tensor(tiny_run(tmp_path / "bf16", *settings, "training.mixed_precision=bf16").losses)
-    for prior, code in dict(modeling_fem.PRIOR_CODE).items():
-        monkeypatch.setitem(modeling_fem.PRIOR_CODE, prior, replace(code, read=f_max_collapsed_to_mu(code.read)))
+    for name, prior in dict(configuration_fem.PRIORS).items():
+        monkeypatch.setitem(configuration_fem.PRIORS, name, replace(prior, read=f_max_collapsed_to_mu(prior.read)))
     collapsed = torch.tensor(tiny_run(tmp_path / "collapsed", *settings).losses)
     lse_effect = (collapsed - fp32).abs().mean()
     assert lse_effect > 1e-4

@@ -6,91 +6,41 @@ micro-batches must move every parameter as one step on the 4 examples does. Head
 averages the micro-batches; causal LMs that normalise by ``num_items_in_batch`` get it from `Trainer`, which
 keeps the step exact even when the micro-batches hold different numbers of labelled tokens.
 
-Left out by design: a training forward that pools statistics over the batch, TEL's default "batch" entropy
-pooling (tel.txt D.4) and ResNet's BatchNorm, gives each micro-batch its own statistics, as BatchNorm does."""
+The cases are the zoo's heads (`zoo.ONE_PER_HEAD`), each built by its contract tester with its
+``trainer_overrides`` on a batch of four of its inputs; where the loss takes ``num_items_in_batch``, the first
+micro-batch holds fewer labelled tokens than the second. Left out by design, with the reason in the tester's
+``accumulation_left_out``: a training forward that pools statistics over the batch (ResNet's BatchNorm) gives each
+micro-batch its own statistics; TEL's default "batch" entropy pooling (tel.txt D.4) likewise, so its testers train
+with "token" pooling here."""
 
 import copy
 
 import pytest
 import torch
+import zoo
 from datasets import Dataset
-from test_eer_contract import tiny_eer_config
-from test_eqt_contract import tiny_eqt_config
-from test_hyperset_heads import CODEBOOK, GRID, image_classifier, maskgit, sudoku
-from test_tel_models import GPT2_FIELDS, VIT_FIELDS
 from transformers import Trainer, TrainingArguments
 
-from energyzoo import (
-    EERForCausalLM,
-    FEMConfig,
-    FEMForCausalLM,
-    FEMForSequenceClassification,
-    TELGPT2LMHeadModel,
-    TELViTForImageClassification,
-)
-from energyzoo.modeling.configuration_tel import TELGPT2Config, TELViTConfig
-from energyzoo.modeling.modeling_eqt import EqTLlamaForCausalLM
-from energyzoo.registry import ARCHITECTURES
-
-LENGTH = 12
-
-
-def token_batch(vocab: int, label_vocab: int | None = None, uneven: bool = False, length: int = LENGTH) -> dict:
-    """Four rows of ids with per-token labels (ids themselves when ``label_vocab`` is None); ``uneven`` leaves the
-    first micro-batch with fewer labelled tokens than the second."""
-    generator = torch.Generator().manual_seed(1)
-    ids = torch.randint(3, vocab, (4, length), generator=generator)
-    labels = ids.clone() if label_vocab is None else torch.randint(0, label_vocab, ids.shape, generator=generator)
-    if uneven:
-        labels[0, : length // 2] = -100
-    return {"input_ids": ids.tolist(), "labels": labels.tolist()}
-
-
-def fem_classifier():
-    return FEMForSequenceClassification(FEMConfig(vocab_size=97, hidden_size=32, intermediate_size=64,
-                                                  num_hidden_layers=2, num_attention_heads=4, time_decay_rank=4,
-                                                  pad_token_id=0, num_labels=3))
-
-
-def fem_lm():
-    return FEMForCausalLM(FEMConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                    num_attention_heads=4, time_decay_rank=4, pad_token_id=0))
-
-
-def image_batch(size: int = 32) -> dict:
-    generator = torch.Generator().manual_seed(1)
-    return {"pixel_values": torch.randn(4, 3, size, size, generator=generator).tolist(), "labels": [0, 2, 1, 2]}
-
-
-def hyperset_images():
-    return image_classifier(num_labels=3)
-
-
-WITHOUT_DROPOUT = dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)  # GPT-2's default draws differ per run
-# case: (the registered architecture and head it covers, model, batch)
-CASES = {
-    "eer": ("eer-looped", "causal-lm", lambda: EERForCausalLM(tiny_eer_config(num_loops=3)), lambda: token_batch(16)),
-    "eqt-llama": ("eqt-llama", "causal-lm", lambda: EqTLlamaForCausalLM(tiny_eqt_config()), lambda: token_batch(97)),
-    "hyperset-sudoku": ("hyperset", "token-classification", lambda: sudoku(max_position_embeddings=LENGTH),
-                        lambda: token_batch(10, label_vocab=9)),
-    "hyperset-maskgit": ("hyperset", "masked-image-modeling", maskgit,
-                         lambda: token_batch(CODEBOOK, label_vocab=CODEBOOK, length=GRID)),
-    "hyperset-images": ("hyperset", "image-classification", hyperset_images, lambda: image_batch(size=8)),
-    "fem-classifier": ("fem", "sequence-classification", fem_classifier,
-                       lambda: {**token_batch(97), "labels": [0, 2, 1, 2]}),
-    "fem-lm, uneven labels": ("fem", "causal-lm", fem_lm, lambda: token_batch(97, uneven=True)),
-    "tel-gpt2, uneven labels": ("tel-gpt2", "causal-lm", lambda: TELGPT2LMHeadModel(TELGPT2Config(
-        **GPT2_FIELDS, **WITHOUT_DROPOUT, tel_placement="full")), lambda: token_batch(97, uneven=True)),
-    "tel-vit, token pooling": ("tel-vit", "image-classification", lambda: TELViTForImageClassification(TELViTConfig(
-        **VIT_FIELDS, tel_placement="full", tel_entropy_pooling="token")), image_batch),
-}
-LEFT_OUT = {("tel-resnet", "image-classification"): "ResNet's BatchNorm pools statistics over the batch (above)"}
+CASES = [tester for tester in zoo.ONE_PER_HEAD if tester.accumulation_left_out is None]
 
 
 def test_every_registered_head_takes_the_whole_batch_step_or_says_why_not():
-    covered = {(architecture, task) for architecture, task, _, _ in CASES.values()}
-    registered = {(name, task) for name, entry in ARCHITECTURES.items() for task in entry.heads}
-    assert registered == covered | set(LEFT_OUT) and not covered & set(LEFT_OUT)
+    assert zoo.missing_coverage(zoo.ONE_PER_HEAD, priors=False) == []
+    left_out = [tester for tester in zoo.ONE_PER_HEAD if tester not in CASES]
+    assert all(isinstance(tester.accumulation_left_out, str) and tester.accumulation_left_out for tester in left_out)
+
+
+def trainer_batch(tester, model) -> dict:
+    """Four rows of the tester's inputs, as lists. Where the loss takes `Trainer`'s ``num_items_in_batch`` (a causal
+    LM that accepts loss kwargs), the first row has half its labels masked, so the two micro-batches hold different
+    numbers of labelled tokens; where it is a per-batch mean, rows (a, b, b, a), so that both hold as many."""
+    if tester.causal_lm and getattr(model, "accepts_loss_kwargs", True):
+        inputs = tester.make_inputs(model.config, batch_size=4, seed=1)
+        inputs["labels"] = inputs["labels"].clone()
+        inputs["labels"][0, : inputs["labels"].shape[1] // 2] = -100
+    else:
+        inputs = {name: value[[0, 1, 1, 0]] for name, value in tester.make_inputs(model.config, seed=1).items()}
+    return {name: value.tolist() for name, value in inputs.items()}
 
 
 def one_step_update(model, dataset: Dataset, batch_size: int, accumulation: int, directory) -> torch.Tensor:
@@ -104,12 +54,10 @@ def one_step_update(model, dataset: Dataset, batch_size: int, accumulation: int,
     return torch.cat([parameter.detach().flatten() for parameter in model.parameters()]) - before
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_accumulated_step_is_the_whole_batch_step(case, tmp_path):
-    _, _, build, batch = CASES[case]
-    torch.manual_seed(0)
-    model = build()
-    dataset = Dataset.from_dict(batch())
+@pytest.mark.parametrize("tester", CASES, ids=zoo.name_of)
+def test_accumulated_step_is_the_whole_batch_step(tester, tmp_path):
+    model = tester.build(**tester.trainer_overrides)
+    dataset = Dataset.from_dict(trainer_batch(tester, model))
     whole = one_step_update(model, dataset, batch_size=4, accumulation=1, directory=tmp_path)
     accumulated = one_step_update(model, dataset, batch_size=2, accumulation=2, directory=tmp_path)
     assert whole.norm() > 0

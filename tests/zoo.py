@@ -4,7 +4,8 @@ classes of tests/test_*_contract.py), and the groups the other suites draw from.
 - `ONE_PER_HEAD`: one tester per registered (architecture, head), the first its module defines with FEM's default prior;
   `HEADS_AND_PRIORS` adds FEM's language model with each further prior of `FEM_PRIORS`: the set a suite covering
   "every model" runs.
-- `token_testers` / `image_testers` / `causal_lm_testers` pick from a list by what the head reads and predicts.
+- `token_testers` / `image_testers` / `causal_lm_testers` / `padded_testers` pick from a list by what the head reads
+  and predicts (an attention mask: its forward's signature).
 - `missing_coverage(testers)` names each registered head and each FEM prior the list lacks; every suite that draws from
   here asserts it is empty, so a sixth architecture or a fifth prior without testers fails them all.
 
@@ -13,6 +14,7 @@ run there again).
 """
 
 import importlib
+import inspect
 from pathlib import Path
 
 from energyzoo.modeling.configuration_fem import FEM_PRIORS
@@ -55,6 +57,12 @@ def token_testers(testers: list) -> list:
 
 def image_testers(testers: list) -> list:
     return [tester for tester in testers if tester.head_class.main_input_name == "pixel_values"]
+
+
+def padded_testers(testers: list) -> list:
+    """The token testers whose head takes an attention mask."""
+    return [tester for tester in token_testers(testers)
+            if "attention_mask" in inspect.signature(tester.head_class.forward).parameters]
 
 
 def causal_lm_testers(testers: list) -> list:

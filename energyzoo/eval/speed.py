@@ -176,7 +176,8 @@ def _build(arm: Arm, settings: BenchSettings):
     if preset_card(arm.preset)["task"] == "causal-lm" and limit is not None:
         overrides["max_position_embeddings"] = max(settings.seq_len + settings.decode_tokens, limit)
     model = model_from_preset(arm.preset, **overrides)
-    if settings.attn_implementation != "sdpa" and getattr(model.config, "prior", "softmax") == "softmax":
+    prior = getattr(model.config, "prior_spec", None)  # FEM: a recurrent prior runs its own read, not attention
+    if settings.attn_implementation != "sdpa" and (prior is None or prior.attention_function):
         model.set_attn_implementation(settings.attn_implementation)
     model = model.to(device=settings.device, dtype=getattr(torch, settings.dtype))
     if settings.compile:  # the forward, so that generate() and train steps run the compiled model too

@@ -1,8 +1,6 @@
 """Configuration of FEM-LM, the decoder LM whose attention is the Free Energy Mixer (fem.txt)."""
 
 import math
-from dataclasses import dataclass
-from dataclasses import field as dataclass_field
 
 from transformers import PreTrainedConfig
 from transformers.utils import logging
@@ -16,6 +14,12 @@ from .checks import (
     set_cache_layer_types,
     strict_config,
 )
+from .fem_cache import fem_layer_type
+from .fem_free_energy import PriorSpec
+from .fem_prior_aft import PRIOR as AFT
+from .fem_prior_gla import PRIOR as GLA
+from .fem_prior_softmax import PRIOR as SOFTMAX
+from .fem_prior_ssm import PRIOR as SSM
 from .transformers_compat import CACHE_FIELD
 
 logger = logging.get_logger(__name__)
@@ -24,55 +28,10 @@ OWNER = "FEMConfig"
 DEFAULT_ROPE = {"rope_type": "default", "rope_theta": 10000.0}
 GLA_DECAY_KINDS = ("head", "channel")
 
-
-@dataclass(frozen=True)
-class PriorSpec:
-    """What a selection prior adds to a FEM layer, as data (its code is the model file's `PRIOR_CODE` row and its
-    ``fem_prior_<name>.py``).
-
-    paper: the section of fem.txt App. H that defines it.
-    projections: the layer's projections of the token that feed the selection (beside v_proj and the gates).
-    queries_and_keys: whether it reads RoPE'd queries and keys (without them, rope_parameters have no effect).
-    kernels: the read implementations ``FEMConfig.kernel`` may name.
-    switched: projection -> the boolean config field without which a layer has none.
-    attention_function: whether it reads through transformers' attention functions (``attn_implementation``, and
-        the causal mask they take); the others are causal by construction and read the padding mask.
-    replicated: its projections kept whole on every process under tensor parallelism (the SSM's B / C, shared by
-        all channels); its other projections are split by output columns.
-    parameters: its per-channel parameters (split by output columns under tensor parallelism).
-    """
-
-    paper: str
-    projections: tuple[str, ...]
-    queries_and_keys: bool
-    kernels: tuple[str, ...]
-    switched: dict[str, str] = dataclass_field(default_factory=dict)
-    attention_function: bool = False
-    replicated: tuple[str, ...] = ()
-    parameters: tuple[str, ...] = ()
-
-    def layer_projections(self, config: "FEMConfig") -> tuple[str, ...]:
-        """The projections a layer of ``config`` has."""
-        return tuple(name for name in self.projections if getattr(config, self.switched.get(name, ""), True))
-
-
-# The selection priors p_t of FEM App. H. The softmax prior's kernel is attn_implementation's, so it takes "auto".
-PRIORS = {
-    "softmax": PriorSpec("H.1", ("q_proj", "k_proj"), queries_and_keys=True, kernels=("auto",),
-                         attention_function=True),
-    "gla": PriorSpec("H.2", ("q_proj", "k_proj", "decay_proj"), queries_and_keys=True,
-                     kernels=("auto", "torch", "fla")),
-    "aft": PriorSpec("H.3", ("k_proj", "decay_proj"), queries_and_keys=False, kernels=("auto", "torch"),
-                     switched={"decay_proj": "aft_decay"}),
-    "ssm": PriorSpec("H.4", ("dt_proj", "bc_proj"), queries_and_keys=False, kernels=("auto", "torch", "mamba"),
-                     replicated=("bc_proj",), parameters=("dt_bias", "ssm_generator_raw", "ssm_skip_raw")),
-}
+# The selection priors p_t of FEM App. H, each its own file's row (`fem_free_energy.PriorSpec`); the first is the
+# default. The softmax prior's kernel is attn_implementation's, so it takes "auto".
+PRIORS = {prior.name: prior for prior in (SOFTMAX, GLA, AFT, SSM)}
 FEM_PRIORS = tuple(PRIORS)
-
-
-def fem_layer_type(prior: str) -> str:
-    """Cache-layer type name of a FEM layer with this prior (registered by fem_cache)."""
-    return f"fem_{prior}"
 
 
 @strict_config
@@ -184,7 +143,7 @@ class FEMConfig(OwnCacheLayerTypes, PreTrainedConfig):
         self._check_fem_fields()
         if self.rope_parameters is None:
             self.rope_parameters = dict(DEFAULT_ROPE)
-        elif not PRIORS[self.prior].queries_and_keys and self.rope_parameters != DEFAULT_ROPE:
+        elif not self.prior_spec.queries_and_keys and self.rope_parameters != DEFAULT_ROPE:
             logger.warning_once(
                 f"FEMConfig: rope_parameters={self.rope_parameters} have no effect with prior={self.prior!r}, which "
                 "has no queries or keys to rotate (FEM App. H.3 / H.4)."
@@ -200,7 +159,7 @@ class FEMConfig(OwnCacheLayerTypes, PreTrainedConfig):
         """Every FEM field against its allowed range (run once, from ``__post_init__``, before derived values
         such as the default conditioner rank are computed from them)."""
         require(OWNER, self.prior in FEM_PRIORS, "prior", f"one of {FEM_PRIORS}", self.prior)
-        kernels = PRIORS[self.prior].kernels
+        kernels = self.prior_spec.kernels
         require(OWNER, self.kernel in kernels, "kernel", f"one of {kernels} for prior {self.prior!r}", self.kernel)
         for field in ("qk_ratio", "value_ratio"):
             value = getattr(self, field)
@@ -236,7 +195,7 @@ class FEMConfig(OwnCacheLayerTypes, PreTrainedConfig):
         by input rows. Every FEM read is independent across heads (softmax, GLA) or channels (AFT, SSM), so a
         process reads its own heads exactly. Replicated: the SSM's B / C projection (shared by all channels) and
         the time-decay conditioner (low-rank; each process takes the modulator columns of its shards)."""
-        prior = PRIORS[self.prior]
+        prior = self.prior_spec
         columns = [name for name in prior.layer_projections(self) if name not in prior.replicated]
         columns += ["v_proj", *prior.parameters]
         columns += ["temperature_proj"] if self.use_lse and self.use_temperature_gate else []
@@ -248,6 +207,11 @@ class FEMConfig(OwnCacheLayerTypes, PreTrainedConfig):
         plan.update({"layers.*.mlp.gate_proj": "colwise", "layers.*.mlp.up_proj": "colwise",
                      "layers.*.mlp.down_proj": "rowwise"})
         return plan
+
+    @property
+    def prior_spec(self) -> PriorSpec:
+        """Everything about the selection prior ``prior`` (its own file's row)."""
+        return PRIORS[self.prior]
 
     @property
     def head_dim(self) -> int:

@@ -8,6 +8,11 @@ from transformers.cache_utils import STATIC_LAYER_TYPE_MAPPING, CacheLayerMixin
 from .caches import CacheStatesMixin
 
 
+def fem_layer_type(prior: str) -> str:
+    """Cache-layer type name of a FEM layer with this prior (each prior's cache layer registers its own)."""
+    return f"fem_{prior}"
+
+
 class FEMRecurrentCacheLayer(CacheStatesMixin, CacheLayerMixin):
     """Fixed-size decoding state of one FEM layer with a recurrent prior (FEM App. H.2-H.4): the prior's
     state (for GLA the decayed sums of k~ [v, exp(beta v - M)] and their shift M), the conditioner's

@@ -39,7 +39,7 @@ import functools
 import importlib.util
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import torch
@@ -64,24 +64,56 @@ class FreeEnergyRead(NamedTuple):
 
 
 @dataclass(frozen=True)
-class PriorCode:
-    """A selection prior's code (its data is `configuration_fem.PRIORS`), all in its ``fem_prior_<name>.py``; the
-    model file's ``PRIOR_CODE`` holds one per prior.
+class PriorSpec:
+    """A selection prior of FEM App. H, everything about it in one row: each ``fem_prior_<name>.py`` exports its own
+    (``PRIOR``) and `configuration_fem.PRIORS` lists them, so a layer, the config's checks, the tensor-parallel plan,
+    the bench and the tests read a prior's facts here and never test its name.
 
-    add_modules(layer, config): sets the layer's projections and parameters of `PriorSpec.projections`.
+    name: ``FEMConfig.prior``'s value. paper: the section of fem.txt App. H that defines it.
+    projections: the layer's projections of the token that feed the selection (beside v_proj and the gates).
+    queries_and_keys: whether it reads RoPE'd queries and keys (without them, rope_parameters have no effect).
+    kernels: the read implementations ``FEMConfig.kernel`` may name.
+    add_modules(layer, config): sets the layer's projections and parameters of ``projections``.
     selection(layer, projected, position_embeddings, attention_mask, padding_mask) -> (tensors, options): the
         read's selection arguments from the layer's projections (``projected``: name -> output).
-    read(value, beta, *tensors, state=..., **options) -> `FreeEnergyRead` (signature: `fem_free_energy`).
+    read(value, beta, *tensors, state=..., **options) -> `FreeEnergyRead`.
     cache_layers: the (dynamic, static) cache layers that keep the read's state while decoding (one class twice
-        where the state has a fixed size).
+        where the state has a fixed size: a recurrence).
+    switched: projection -> the boolean config field without which a layer has none.
+    attention_function: whether it reads through transformers' attention functions (``attn_implementation``, the
+        causal mask they take, and the probabilities eager attention returns); the others are causal by
+        construction, read the padding mask and accept only "sdpa" (the default) as ``attn_implementation``.
+    quadratic: whether its read's work grows with the square of the length (the bench bounds the others' growth).
+    replicated: its projections kept whole on every process under tensor parallelism (the SSM's B / C, shared by
+        all channels); its other projections are split by output columns.
+    parameters: its per-channel parameters (split by output columns under tensor parallelism).
     init_parameters(layer): the initial values of its bare parameters, if it has any.
     """
 
+    name: str
+    paper: str
+    projections: tuple[str, ...]
+    queries_and_keys: bool
+    kernels: tuple[str, ...]
     add_modules: Callable[[torch.nn.Module, Any], None]
     selection: Callable[..., tuple[tuple, dict]]
     read: Callable[..., FreeEnergyRead]
     cache_layers: tuple[type, type]
+    switched: dict[str, str] = field(default_factory=dict)
+    attention_function: bool = False
+    quadratic: bool = False
+    replicated: tuple[str, ...] = ()
+    parameters: tuple[str, ...] = ()
     init_parameters: Callable[[torch.nn.Module], None] | None = None
+
+    @property
+    def recurrent(self) -> bool:
+        """Whether its decoding state has a fixed size (one cache-layer class for dynamic and static caches)."""
+        return self.cache_layers[0] is self.cache_layers[1]
+
+    def layer_projections(self, config) -> tuple[str, ...]:
+        """The projections a layer of ``config`` has."""
+        return tuple(name for name in self.projections if getattr(config, self.switched.get(name, ""), True))
 
 
 @functools.cache

@@ -24,11 +24,11 @@ is elementwise work plus cumulative sums with no matrix multiply for a kernel to
 import torch
 from torch import nn
 
-from .configuration_fem import fem_layer_type
-from .fem_cache import FEMRecurrentCacheLayer
+from .fem_cache import FEMRecurrentCacheLayer, fem_layer_type
 from .fem_free_energy import (
     ExpStream,
     FreeEnergyRead,
+    PriorSpec,
     chunk_slices,
     empty_shift,
     log_decay,
@@ -140,3 +140,8 @@ def aft_free_energy_read(
     mu = torch.cat(mus, dim=1).to(out_dtype).view(shape)
     f_max = torch.cat(f_maxes, dim=1).to(out_dtype).view(shape)
     return FreeEnergyRead(mu, f_max, (sums, log_max, shift))
+
+
+PRIOR = PriorSpec("aft", "H.3", ("k_proj", "decay_proj"), queries_and_keys=False, kernels=("auto", "torch"),
+                  add_modules=add_aft_modules, selection=aft_selection, read=aft_free_energy_read,
+                  cache_layers=(FEMAFTCacheLayer,) * 2, switched={"decay_proj": "aft_decay"})

@@ -22,11 +22,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .configuration_fem import fem_layer_type
-from .fem_cache import FEMRecurrentCacheLayer
+from .fem_cache import FEMRecurrentCacheLayer, fem_layer_type
 from .fem_free_energy import (
     ExpStream,
     FreeEnergyRead,
+    PriorSpec,
     chunk_slices,
     empty_shift,
     log_decay,
@@ -167,3 +167,8 @@ def gla_free_energy_read(
     mu = torch.cat(mus, dim=2).transpose(1, 2).to(out_dtype)
     f_max = torch.cat(f_maxes, dim=2).transpose(1, 2).to(out_dtype)
     return FreeEnergyRead(mu, f_max, (num_state, shift))
+
+
+PRIOR = PriorSpec("gla", "H.2", ("q_proj", "k_proj", "decay_proj"), queries_and_keys=True,
+                  kernels=("auto", "torch", "fla"), add_modules=add_gla_modules, selection=gla_selection,
+                  read=gla_free_energy_read, cache_layers=(FEMGLACacheLayer,) * 2)

@@ -15,10 +15,11 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.llama.modeling_llama import eager_attention_forward
 
 from .caches import CacheStatesMixin
-from .configuration_fem import fem_layer_type
 from .errors import UserError
+from .fem_cache import fem_layer_type
 from .fem_free_energy import (
     FreeEnergyRead,
+    PriorSpec,
     clip_values_for_exp,
     exp_shift,
     read_dtype,
@@ -188,3 +189,9 @@ def softmax_free_energy_read(
     unmasked_step = state is not None and query.shape[2] == 1 and attention_mask is None
     f_max = restore_free_energy(mu, shifted_partition, shift, beta, every_row_sees_a_key=unmasked_step)
     return FreeEnergyRead(cast(mu, out_dtype), cast(f_max, out_dtype), state, weights)
+
+
+PRIOR = PriorSpec("softmax", "H.1", ("q_proj", "k_proj"), queries_and_keys=True, kernels=("auto",),
+                  add_modules=add_query_key, selection=softmax_selection, read=softmax_free_energy_read,
+                  cache_layers=(FEMSoftmaxCacheLayer, FEMSoftmaxStaticCacheLayer), attention_function=True,
+                  quadratic=True)

@@ -25,11 +25,11 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import initialization as init
 
-from .configuration_fem import fem_layer_type
-from .fem_cache import FEMRecurrentCacheLayer
+from .fem_cache import FEMRecurrentCacheLayer, fem_layer_type
 from .fem_free_energy import (
     ExpStream,
     FreeEnergyRead,
+    PriorSpec,
     chunk_slices,
     empty_shift,
     inverse_softplus,
@@ -178,3 +178,9 @@ def mamba_scan(streams, delta, generator, input_matrix, output_matrix, skip, hid
         chunk_size=MAMBA_CHUNK_SIZE, D=skip, initial_states=hidden.transpose(2, 3), return_final_states=True,
     )
     return out.transpose(2, 3), hidden.transpose(2, 3)
+
+
+PRIOR = PriorSpec("ssm", "H.4", ("dt_proj", "bc_proj"), queries_and_keys=False, kernels=("auto", "torch", "mamba"),
+                  add_modules=add_ssm_modules, selection=ssm_selection, read=ssm_free_energy_read,
+                  cache_layers=(FEMSSMCacheLayer,) * 2, replicated=("bc_proj",),
+                  parameters=("dt_bias", "ssm_generator_raw", "ssm_skip_raw"), init_parameters=init_ssm_parameters)

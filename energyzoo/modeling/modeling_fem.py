@@ -26,7 +26,6 @@ from .configuration_fem import PRIORS, FEMConfig
 from .errors import UserError, UserTypeError
 from .fem_compiled_decoding import CompiledDecoding
 from .fem_free_energy import (
-    PriorCode,
     gated_free_energy,
     inverse_softplus,
     outer_gate_activation,
@@ -34,16 +33,6 @@ from .fem_free_energy import (
 )
 from .fem_joint_linears import JointLinears
 from .fem_parameter_cache import ParameterCache
-from .fem_prior_aft import FEMAFTCacheLayer, add_aft_modules, aft_free_energy_read, aft_selection
-from .fem_prior_gla import FEMGLACacheLayer, add_gla_modules, gla_free_energy_read, gla_selection
-from .fem_prior_softmax import (
-    FEMSoftmaxCacheLayer,
-    FEMSoftmaxStaticCacheLayer,
-    add_query_key,
-    softmax_free_energy_read,
-    softmax_selection,
-)
-from .fem_prior_ssm import FEMSSMCacheLayer, add_ssm_modules, init_ssm_parameters, ssm_free_energy_read, ssm_selection
 from .fem_time_decay import TimeDecayConditioner
 from .inputs import CausalLMLossMixin, check_classifier_labels, check_labels, check_token_inputs
 from .numerics import widened
@@ -58,14 +47,6 @@ from .outputs import (
 from .positions import positions_from_mask, real_tokens
 from .transformers_compat import CACHE_FIELD, cache_of, takes_cache, with_cache
 
-PRIOR_CODE = {
-    "softmax": PriorCode(add_query_key, softmax_selection, softmax_free_energy_read,
-                         (FEMSoftmaxCacheLayer, FEMSoftmaxStaticCacheLayer)),
-    "gla": PriorCode(add_gla_modules, gla_selection, gla_free_energy_read, (FEMGLACacheLayer,) * 2),
-    "aft": PriorCode(add_aft_modules, aft_selection, aft_free_energy_read, (FEMAFTCacheLayer,) * 2),
-    "ssm": PriorCode(add_ssm_modules, ssm_selection, ssm_free_energy_read, (FEMSSMCacheLayer,) * 2,
-                     init_ssm_parameters),
-}
 # The projections of a FEM layer, in the order the conditioner's modulators are laid out (FEM eq. 34a-d): a new
 # prior's own projections come last, so the layouts of the others stay as saved.
 GATES = ("temperature_proj", "outer_gate_proj")
@@ -87,7 +68,7 @@ class FEMAttention(nn.Module):
 
     o_t = g~_t * [(1 - lambda~_t) * E_{p~_t}[v~] + lambda~_t * beta_max^-1 log E_{p~_t}[exp(beta_max v~)]]
     with lambda = sigmoid (per channel), g = RMS-normalised softplus, beta_max = softplus per channel, ~ the
-    time-decay modulation (1 + c) of App. I.2, and the prior p_t of ``config.prior`` (`PRIOR_CODE`): softmax
+    time-decay modulation (1 + c) of App. I.2, and the prior p_t of ``config.prior`` (`FEMConfig.prior_spec`): softmax
     over RoPE'd q, k (H.1), gated linear attention over ReLU(RoPE(q)), ReLU(RoPE(k)) (H.2), AFT weights
     exp(k_i) per channel with optional decay (H.3), or a nonnegative SSM impulse response per channel (H.4).
     The prior contributes its projections, its selection tensors and its read, the one its float64 tests check.
@@ -100,7 +81,7 @@ class FEMAttention(nn.Module):
         super().__init__()
         self.config = config
         self.layer_idx = layer_idx
-        self.prior = PRIOR_CODE[config.prior]
+        self.prior = config.prior_spec
         self.head_dim = config.head_dim
         self.value_head_dim = config.value_head_dim
         # read on every call: a config's attribute lookup costs a decoding step more than a module's
@@ -368,7 +349,7 @@ class FEMPreTrainedModel(PreTrainedModel):
         default."""
         if attn_implementation is not None:
             prior = self.config.prior
-            on_attention_functions = PRIORS[prior].attention_function
+            on_attention_functions = self.config.prior_spec.attention_function
             allowed = ATTENTION_IMPLEMENTATIONS if on_attention_functions else ("sdpa",)
             if attn_implementation not in allowed:
                 reason = (
@@ -416,7 +397,7 @@ class FEMModel(FEMPreTrainedModel):
             raise UserTypeError("FEM-LM has no iterative refinement: refinement_steps does not apply to it")
         output_attentions = kwargs.get("output_attentions", self.config.output_attentions)
         if output_attentions and (
-            not PRIORS[self.config.prior].attention_function or self.config._attn_implementation != "eager"
+            not self.config.prior_spec.attention_function or self.config._attn_implementation != "eager"
         ):
             raise UserError(
                 "output_attentions=True needs FEM's softmax prior with attn_implementation='eager' (got prior="
@@ -439,7 +420,7 @@ class FEMModel(FEMPreTrainedModel):
             past_length = cache.get_seq_length() if cache is not None else 0
             position_ids = torch.arange(length, device=inputs_embeds.device)[None] + past_length
         causal_mask = None
-        if PRIORS[self.config.prior].attention_function:  # the others are causal by construction, read padding_mask
+        if self.config.prior_spec.attention_function:  # the others are causal by construction, read padding_mask
             causal_mask = create_causal_mask(
                 config=self.config,
                 inputs_embeds=inputs_embeds,
@@ -475,7 +456,7 @@ class FEMForCausalLM(CausalLMLossMixin, CacheKindsMixin, FEMPreTrainedModel, Gen
         self.post_init()
 
     def _decodes_with_causal_mask(self) -> bool:
-        return PRIORS[self.config.prior].attention_function
+        return self.config.prior_spec.attention_function
 
     @takes_cache
     @can_return_tuple

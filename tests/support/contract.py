@@ -81,6 +81,11 @@ class ModelContract:
     attention_implementations: tuple[str, ...] = ("eager", "sdpa")  # accepted; "flash_attention_2" is refused on CPU
     has_attentions: bool = True  # eager attention returns probabilities with output_attentions=True
     half_precision_dtypes: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16)
+    # Trainer with gradient accumulation (tests/test_trainer_accumulation.py): the config overrides under which an
+    # accumulated step is the whole batch's, or why none is (a forward pooling statistics over the batch)
+    trainer_overrides: dict = {}
+    takes_any_image_size: bool = False  # a vision model that pools whatever size it is given (ResNet)
+    accumulation_left_out: str | None = None
 
     @property
     def config_class(self) -> type:
