@@ -1,8 +1,9 @@
 """energyzoo: energy-based neural architectures as Hugging Face transformers models.
 
 Importing the package registers every architecture with AutoConfig / AutoModel / AutoModelFor<Task>. The public
-names below load on first use. The one exception is the `energyzoo` command: it registers after parsing its
-arguments, so that `energyzoo --help` and argument errors answer without importing torch.
+names (each registered architecture's classes, and the shared names below) load on first use. The one exception is
+the `energyzoo` command: it registers after parsing its arguments, so that `energyzoo --help` and argument errors
+answer without importing torch.
 """
 
 import importlib
@@ -11,38 +12,46 @@ from pathlib import Path
 
 __version__ = "0.1.0"
 
-_PUBLIC = {
+# What energyzoo exports beside the architectures' own classes, which come from the registry (`_architecture_names`):
+# a new architecture adds nothing here
+_SHARED = {
     "modeling.errors": ["UserError", "UserTypeError"],
-    "modeling.configuration_eer": ["EERConfig"],
-    "modeling.configuration_eqt": ["EqTLlamaConfig"],
-    "modeling.configuration_fem": ["FEMConfig"],
-    "modeling.configuration_hyperset": ["HyperSETConfig"],
-    "modeling.configuration_tel": ["TELGPT2Config", "TELResNetConfig", "TELViTConfig"],
-    "modeling.modeling_eer": ["EERForCausalLM", "EERModel", "EERPreTrainedModel"],
-    "modeling.modeling_eqt": ["EqTLlamaForCausalLM", "EqTLlamaModel"],
-    "modeling.modeling_fem": ["FEMForCausalLM", "FEMForSequenceClassification", "FEMModel", "FEMPreTrainedModel"],
-    "modeling.modeling_hyperset": ["HyperSETForImageClassification", "HyperSETForMaskedImageModeling",
-                                   "HyperSETForTokenClassification", "HyperSETModel"],
-    "modeling.modeling_tel": ["TELGPT2LMHeadModel", "TELGPT2Model", "TELResNetForImageClassification", "TELResNetModel",
-                              "TELViTForImageClassification", "TELViTModel"],
     "modeling.outputs": ["EnergyTrace"],
     "modeling.tel_layer": ["TELSettings", "ThermodynamicEquilibriumLayer", "ThermodynamicRefinement"],
     "presets": ["config_from_preset", "model_from_preset", "preset_card", "preset_names"],
 }
-_MODULE_OF = {name: module for module, names in _PUBLIC.items() for name in names}
-__all__ = sorted(_MODULE_OF)
+_MODULE_OF = {name: module for module, names in _SHARED.items() for name in names}
+
+
+def _architecture_names() -> dict[str, type]:
+    """Every registered architecture's config, base model, heads and the pretrained base class their module defines
+    (the registry imports torch and every model: read on first use)."""
+    from .registry import ARCHITECTURES
+
+    names = {}
+    for entry in ARCHITECTURES.values():
+        base = entry.base_model.__mro__[1]
+        bases = [base] if base.__module__ == entry.base_model.__module__ else []
+        for cls in (entry.config_class, entry.base_model, *entry.heads.values(), *bases):
+            names[cls.__name__] = cls
+    return names
 
 
 def __getattr__(name: str):
-    if name not in _MODULE_OF:
+    if name == "__all__":
+        value = sorted([*_MODULE_OF, *_architecture_names()])
+    elif name in _MODULE_OF:
+        value = getattr(importlib.import_module(f".{_MODULE_OF[name]}", __name__), name)
+    elif not name.startswith("__") and name in (architectures := _architecture_names()):
+        value = architectures[name]
+    else:
         raise AttributeError(f"module 'energyzoo' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{_MODULE_OF[name]}", __name__), name)
     globals()[name] = value
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *__all__])
+    return sorted([*globals(), *__getattr__("__all__")])
 
 
 def _run_as_the_command() -> bool:

@@ -99,18 +99,6 @@ def _reproduce_epilog() -> str:
     return _grouped("experiments (reproduce/experiments.py):", EXPERIMENTS)
 
 
-def _fem_priors() -> tuple[str, ...]:
-    from .modeling.configuration_fem import FEM_PRIORS
-
-    return FEM_PRIORS
-
-
-def _fem_kernels() -> list[str]:
-    from .modeling.configuration_fem import PRIORS
-
-    return list(dict.fromkeys(kernel for spec in PRIORS.values() for kernel in spec.kernels))
-
-
 def _suites() -> list[str]:
     from .eval.suites import SUITES
 
@@ -121,6 +109,14 @@ def _workloads(timed_only: bool = False) -> list[str]:
     from .eval.bench_table import TIMED, WORKLOADS
 
     return list(TIMED if timed_only else WORKLOADS)
+
+
+def _quickstart_verb(commands) -> None:
+    """`energyzoo quickstart`: its arguments."""
+    quickstart = commands.add_parser("quickstart", help="train, evaluate and export a tiny FEM-LM (offline)")
+    quickstart.add_argument("--output-dir", default="runs/quickstart")
+    quickstart.add_argument("--steps", type=int, default=500)
+    quickstart.set_defaults(run=_quickstart)
 
 
 def _quickstart(args) -> int:
@@ -146,6 +142,22 @@ def _recipe_file(args) -> Path:
     from .training.recipe_files import recipe_file
 
     return recipe_file(args.recipe)
+
+
+def _train_verb(commands) -> None:
+    """`energyzoo train RECIPE [overrides]`: its arguments."""
+    train = commands.add_parser("train", help="train a zoo model from a recipe with accelerate")
+    train.add_argument("recipe", help="a recipe YAML file, or the name of one in energyzoo/configs (e.g. fem-lm-tiny)")
+    train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. training.steps=20 output_dir=runs/x")
+    start = train.add_mutually_exclusive_group()
+    start.add_argument("--resume", action="store_true",
+                       help="continue the run in output_dir from its newest complete checkpoint (the recipe's "
+                            "settings must be the run's)")
+    start.add_argument("--overwrite", action="store_true",
+                       help="start over in an output_dir that holds a run, removing that run's files")
+    train.add_argument("--stop-after", type=int, default=None,
+                       help="stop this session after N steps, saving a checkpoint of step N (continue with --resume)")
+    train.set_defaults(run=_train, check_files=_recipe_file)
 
 
 def _train(args) -> int:
@@ -175,6 +187,30 @@ def _model_folder(args) -> Path:
     return args.checked_folder
 
 
+def _eval_verb(commands) -> None:
+    """`energyzoo eval MODEL_DIR`: its arguments."""
+    evaluate = commands.add_parser(
+        "eval", help="lm-evaluation-harness on a model folder",
+        description="lm-evaluation-harness (its HFLM, loading the folder with trust_remote_code) on a model folder, a "
+                    "run folder's checkpoint or an exported folder. Data-parallel evaluation on several GPUs: "
+                    "accelerate launch -m lm_eval --model hf --model_args pretrained=FOLDER,trust_remote_code=True "
+                    "--tasks ...")
+    evaluate.add_argument("model_dir", help="a model folder, or a run folder with --checkpoint")
+    evaluate.add_argument("--checkpoint", default=None,
+                          help="an intermediate checkpoint of the run: step-N or a checkpoint folder")
+    evaluate.add_argument("--suite", nargs="+", default=["local"], metavar="SUITE", choices=ReadWhenUsed(_suites),
+                          help="local: offline tasks shipped with energyzoo; general / leaderboard download datasets")
+    evaluate.add_argument("--tasks", nargs="+", default=None,
+                          help="lm-eval task names instead of the suites (results in OUTPUT/tasks.json)")
+    evaluate.add_argument("--num-fewshot", type=int, default=None, help="default: each suite's own setting")
+    evaluate.add_argument("--output-dir", default=None, help="default: MODEL_DIR/eval")
+    evaluate.add_argument("--batch-size", default="8", help="an integer, or 'auto' (lm-eval finds the largest)")
+    evaluate.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, mps, ...")
+    evaluate.add_argument("--dtype", default="auto", help="auto (the saved dtype), float32, bfloat16 or float16")
+    evaluate.add_argument("--limit", type=int, default=None, help="at most this many documents per task")
+    evaluate.set_defaults(run=_eval, check_files=_model_folder)
+
+
 def _eval(args) -> int:
     from .eval.harness import evaluate_folder, format_results_table
 
@@ -185,6 +221,20 @@ def _eval(args) -> int:
                                          limit=args.limit, num_fewshot=args.num_fewshot).items():
         print(f"\n{name} ({folder}):\n{format_results_table(results)}")
     return 0
+
+
+def _export_verb(commands) -> None:
+    """`energyzoo export MODEL_DIR OUTPUT_DIR`: its arguments."""
+    export = commands.add_parser("export", help="write a Hub-ready folder (remote code, tokenizer, model card)")
+    export.add_argument("model_dir", help="a model folder, or a run folder with --checkpoint")
+    export.add_argument("output_dir")
+    export.add_argument("--checkpoint", default=None,
+                        help="an intermediate checkpoint of the run: step-N or a checkpoint folder")
+    export.add_argument("--push", default=None, metavar="REPO_ID", help="upload the folder to this Hub repository")
+    export.add_argument("--private", action="store_true")
+    export.add_argument("--overwrite", action="store_true",
+                        help="replace an earlier export in OUTPUT_DIR whose files were edited since it was written")
+    export.set_defaults(run=_export, check_files=_model_folder)
 
 
 def _export(args) -> int:
@@ -202,6 +252,24 @@ def _export(args) -> int:
     return 0
 
 
+def _convert_verb(commands) -> None:
+    """`energyzoo convert FORMAT SOURCE OUTPUT_DIR`: its arguments."""
+    convert = commands.add_parser(
+        "convert", help="turn another codebase's checkpoint into a Hub-ready energyzoo folder",
+        description="hyperset-original: an authors' Hyper-SET checkpoint (huyunzhe/hyper-set; .pt / .pth / "
+                    ".safetensors; image classification, Sudoku or MaskGIT, read from its keys). What the state dict "
+                    "cannot say comes from their task config (--config) or --set, in their names: n_recur, "
+                    "input_cond, adaptive_mode, type, dataset or size, lora_alpha, attention, ff, phi_func, img_size; "
+                    "else from the authors' shipped defaults, which the command lists.")
+    convert.add_argument("format", choices=["hyperset-original"])
+    convert.add_argument("source", help="the checkpoint file")
+    convert.add_argument("output_dir")
+    convert.add_argument("--config", default=None, help="the authors' Hydra config of the run (model and data keys)")
+    convert.add_argument("--set", action="append", default=[], metavar="OPTION=VALUE",
+                         help="one of the authors' options, e.g. --set n_recur=12 --set dataset=in1k")
+    convert.set_defaults(run=_convert)
+
+
 def _convert(args) -> int:
     from .hub_cards.original import convert_hyperset_original, original_options
 
@@ -211,6 +279,12 @@ def _convert(args) -> int:
     if defaults:
         print(f"not in the checkpoint and not given, the authors' defaults taken: {defaults}")
     return 0
+
+
+def _recipes_verb(commands) -> None:
+    """`energyzoo recipes`: its arguments."""
+    recipes = commands.add_parser("recipes", help="list the shipped recipes and where the accelerate configs are")
+    recipes.set_defaults(run=_recipes, loads_models=False)
 
 
 def _recipes(args) -> int:
@@ -263,13 +337,64 @@ def _config_fields(assignments: list[str]) -> dict:
     return fields
 
 
+RENAMED_BENCH_FLAGS = ("prior", "kernel")  # FEM's --prior and --kernel: config fields like any other, for --set
+
+
+def _bench_verb(commands) -> None:
+    """`energyzoo bench [NAME]`: its arguments."""
+    bench = commands.add_parser(
+        "bench", help="an architecture vs its baseline: forward, train step, peak memory, decoding",
+        description="Time an architecture (the registry's bench entry: its presets, workloads and targets) or one "
+                    "preset against the baseline of the same shape its card names, in one paired run.",
+        epilog_when_shown=_bench_epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
+    bench.add_argument("name", nargs="?", default=None, metavar="NAME", choices=ReadWhenUsed(_bench_names),
+                       help="an architecture or a preset (e.g. fem-lm-table7); default fem")
+    bench.add_argument("--all", action="store_true",
+                       help="every architecture against its baseline, one table each (the entries' own shapes)")
+    bench.add_argument("--baseline", default=None, help="baseline preset (default: the one the presets' cards name)")
+    bench.add_argument("--batch-size", type=int, default=None, help="default: the bench entry's")
+    bench.add_argument("--seq-len", type=int, default=None, help="default: the bench entry's (language models)")
+    bench.add_argument("--repeats", type=int, default=9)
+    bench.add_argument("--device", default="cpu")
+    bench.add_argument("--threads", type=int, default=1,
+                       help="cores the run is pinned to, with as many torch threads (default 1: two back-to-back "
+                            "runs then agree; 0 leaves the process's cores and threads as they are)")
+    bench.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    bench.add_argument("--output", default=None,
+                       help="JSON file for the results (default: bench.json, with --profile profile.json; '' to skip)")
+    for field in RENAMED_BENCH_FLAGS:  # hidden: the same as --set FIELD=VALUE, which they became
+        bench.add_argument(f"--{field}", default=None, help=argparse.SUPPRESS)
+    bench.add_argument("--set", nargs="+", default=[], metavar="FIELD=VALUE",
+                       help="config fields of the measured presets, never of the baseline (e.g. prior=gla "
+                            "kernel=torch use_time_decay=false)")
+    bench.add_argument("--workloads", nargs="+", default=None, metavar="WORKLOAD", choices=ReadWhenUsed(_workloads),
+                       help="measure only these of the entry's workloads (e.g. decode decode_static)")
+    bench.add_argument("--attn-implementation", default="sdpa", choices=["sdpa", "flash_attention_2"],
+                       help="the baseline's and FEM softmax prior's attention (flash_attention_2 needs --dtype "
+                            "bfloat16)")
+    bench.add_argument("--compile", action="store_true",
+                       help="compile every model's forward with torch.compile (inductor) before timing")
+    bench.add_argument("--sweep", type=int, nargs="+", default=None,
+                       help="values of the entry's swept forward keyword or length (eqt-llama: refinement steps K, "
+                            "default 0 1 2 4 8 16; fem: seq_len, default 1024 4096)")
+    bench.add_argument("--profile", default=None, metavar="WORKLOAD",
+                       choices=ReadWhenUsed(lambda: _workloads(timed_only=True)),
+                       help="instead: torch.profiler's top operators of one call of WORKLOAD per model (where the "
+                            "time goes)")
+    bench.set_defaults(run=_bench)
+
+
 def _bench(args) -> int:
     from .eval.bench_table import format_table, profile_table
     from .eval.speed import BenchSettings, benched_architectures, profile_split, run_bench
 
     _available_device(args.device)
-    overrides = {key: value for key, value in (("prior", args.prior), ("kernel", args.kernel)) if value}
-    overrides.update(_config_fields(args.set))
+    overrides = _config_fields(args.set)
+    for field in RENAMED_BENCH_FLAGS:
+        if (value := getattr(args, field)) is not None:
+            print(f"energyzoo bench: --{field} {value} is --set {field}={value} now (--{field} goes in a later "
+                  f"release)", file=sys.stderr)
+            overrides.setdefault(field, value)
     settings = BenchSettings(batch_size=args.batch_size, seq_len=args.seq_len, repeats=args.repeats,
                              device=args.device, dtype=args.dtype, compile=args.compile,
                              threads=args.threads or None,
@@ -294,6 +419,21 @@ def _bench(args) -> int:
                        sweep=tuple(args.sweep) if args.sweep else None)
     _print_and_save(format_table(result), result, output)
     return 0
+
+
+def _doctor_verb(commands) -> None:
+    """`energyzoo doctor`: its arguments."""
+    doctor = commands.add_parser("doctor", help="check the GPU kernels (fla, mamba-ssm, flash-attn) against the "
+                                                "PyTorch path, forward, backward and cached decoding; with "
+                                                "--families, every family on the device against float64")
+    doctor.add_argument("--device", default="cuda")
+    doctor.add_argument("--dtypes", nargs="+", default=None, choices=["float32", "float16", "bfloat16"],
+                        help="default: float32 and bfloat16 (kernels), all three (--families)")
+    doctor.add_argument("--families", action="store_true",
+                        help="every family and head in each dtype against float64 on the CPU: outputs, gradients, "
+                             "cached decoding (energyzoo/eval/families.py)")
+    doctor.add_argument("--output", default="", help="JSON file for the results (default: none)")
+    doctor.set_defaults(run=_doctor)
 
 
 def _doctor(args) -> int:
@@ -324,6 +464,36 @@ def _setting(args) -> str:
     if args.quick and args.paper_scale:
         raise UserError("--quick and --paper-scale are two settings: give one")
     return "quick" if args.quick else "paper-scale" if args.paper_scale else "full"
+
+
+def _reproduce_verb(commands) -> None:
+    """`energyzoo reproduce EXPERIMENT [settings]`: its arguments."""
+    reproduce = commands.add_parser(
+        "reproduce", help="a CPU-scale rerun of a paper experiment, with a report",
+        description="Run an experiment of the table in energyzoo/reproduce/experiments.py and write its report "
+                    "(markdown, JSON, PNG). Settings are the fields of the experiment's settings class, overridden "
+                    "as field=value (typed by the field: seeds=[0,1,2], max_epochs=30).",
+        epilog_when_shown=_reproduce_epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
+    reproduce.add_argument("experiment", choices=["all", "ledger", *sorted(EXPERIMENTS)], help="all: every "
+                           "experiment, then the ledger of their verdicts (an experiment whose report is in "
+                           "<output-dir>/<name> from the same settings and code is not rerun); ledger: the ledger of "
+                           "the reports in <output-dir>/<name>, running nothing; " + "; ".join(
+                               f"{name}: {experiment.description}" for name, experiment in EXPERIMENTS.items()))
+    reproduce.add_argument("overrides", nargs="*",
+                           help="settings, e.g. seeds=3 max_epochs=30 (tel-stage1), sudoku_steps=400 (hyperset), "
+                                "lengths=[16,32] seeds=[0,1,2] (eqt-parity), steps=1000 (eer-induction); for all: "
+                                "NAME=SETTING, one experiment's setting in the ledger (e.g. fem-lm=quick)")
+    reproduce.add_argument("--quick", action="store_true",
+                           help="the quick setting: a smoke test of minutes on 2 CPU cores, no verdicts "
+                                "(reproduce/experiments.py)")
+    reproduce.add_argument("--paper-scale", action="store_true",
+                           help="the paper's own scale (for a GPU; reproduce/experiments.py)")
+    reproduce.add_argument("--output-dir", default=None,
+                           help="default: runs/<experiment> (all and ledger: runs/reproduce)")
+    reproduce.add_argument("--keep-other-code", action="store_true",
+                           help="ledger: keep reports whose experiment's code differs from this checkout's, marked "
+                                "with the files that differ (refused otherwise)")
+    reproduce.set_defaults(run=_reproduce)
 
 
 def _reproduce(args) -> int:
@@ -385,160 +555,17 @@ def quiet_libraries() -> None:
     datasets.disable_progress_bars()
 
 
+# the verbs in the order `energyzoo --help` lists them
+VERBS = (_quickstart_verb, _train_verb, _eval_verb, _export_verb, _convert_verb, _recipes_verb, _bench_verb,
+         _doctor_verb, _reproduce_verb)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="energyzoo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
     commands = parser.add_subparsers(dest="command", required=True)
-
-    quickstart = commands.add_parser("quickstart", help="train, evaluate and export a tiny FEM-LM (offline)")
-    quickstart.add_argument("--output-dir", default="runs/quickstart")
-    quickstart.add_argument("--steps", type=int, default=500)
-    quickstart.set_defaults(run=_quickstart)
-
-    train = commands.add_parser("train", help="train a zoo model from a recipe with accelerate")
-    train.add_argument("recipe", help="a recipe YAML file, or the name of one in energyzoo/configs (e.g. fem-lm-tiny)")
-    train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. training.steps=20 output_dir=runs/x")
-    start = train.add_mutually_exclusive_group()
-    start.add_argument("--resume", action="store_true",
-                       help="continue the run in output_dir from its newest complete checkpoint (the recipe's "
-                            "settings must be the run's)")
-    start.add_argument("--overwrite", action="store_true",
-                       help="start over in an output_dir that holds a run, removing that run's files")
-    train.add_argument("--stop-after", type=int, default=None,
-                       help="stop this session after N steps, saving a checkpoint of step N (continue with --resume)")
-    train.set_defaults(run=_train, check_files=_recipe_file)
-
-    evaluate = commands.add_parser(
-        "eval", help="lm-evaluation-harness on a model folder",
-        description="lm-evaluation-harness (its HFLM, loading the folder with trust_remote_code) on a model folder, a "
-                    "run folder's checkpoint or an exported folder. Data-parallel evaluation on several GPUs: "
-                    "accelerate launch -m lm_eval --model hf --model_args pretrained=FOLDER,trust_remote_code=True "
-                    "--tasks ...")
-    evaluate.add_argument("model_dir", help="a model folder, or a run folder with --checkpoint")
-    evaluate.add_argument("--checkpoint", default=None,
-                          help="an intermediate checkpoint of the run: step-N or a checkpoint folder")
-    evaluate.add_argument("--suite", nargs="+", default=["local"], metavar="SUITE", choices=ReadWhenUsed(_suites),
-                          help="local: offline tasks shipped with energyzoo; general / leaderboard download datasets")
-    evaluate.add_argument("--tasks", nargs="+", default=None,
-                          help="lm-eval task names instead of the suites (results in OUTPUT/tasks.json)")
-    evaluate.add_argument("--num-fewshot", type=int, default=None, help="default: each suite's own setting")
-    evaluate.add_argument("--output-dir", default=None, help="default: MODEL_DIR/eval")
-    evaluate.add_argument("--batch-size", default="8", help="an integer, or 'auto' (lm-eval finds the largest)")
-    evaluate.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, mps, ...")
-    evaluate.add_argument("--dtype", default="auto", help="auto (the saved dtype), float32, bfloat16 or float16")
-    evaluate.add_argument("--limit", type=int, default=None, help="at most this many documents per task")
-    evaluate.set_defaults(run=_eval, check_files=_model_folder)
-
-    export = commands.add_parser("export", help="write a Hub-ready folder (remote code, tokenizer, model card)")
-    export.add_argument("model_dir", help="a model folder, or a run folder with --checkpoint")
-    export.add_argument("output_dir")
-    export.add_argument("--checkpoint", default=None,
-                        help="an intermediate checkpoint of the run: step-N or a checkpoint folder")
-    export.add_argument("--push", default=None, metavar="REPO_ID", help="upload the folder to this Hub repository")
-    export.add_argument("--private", action="store_true")
-    export.add_argument("--overwrite", action="store_true",
-                        help="replace an earlier export in OUTPUT_DIR whose files were edited since it was written")
-    export.set_defaults(run=_export, check_files=_model_folder)
-
-    convert = commands.add_parser(
-        "convert", help="turn another codebase's checkpoint into a Hub-ready energyzoo folder",
-        description="hyperset-original: an authors' Hyper-SET checkpoint (huyunzhe/hyper-set; .pt / .pth / "
-                    ".safetensors; image classification, Sudoku or MaskGIT, read from its keys). What the state dict "
-                    "cannot say comes from their task config (--config) or --set, in their names: n_recur, "
-                    "input_cond, adaptive_mode, type, dataset or size, lora_alpha, attention, ff, phi_func, img_size; "
-                    "else from the authors' shipped defaults, which the command lists.")
-    convert.add_argument("format", choices=["hyperset-original"])
-    convert.add_argument("source", help="the checkpoint file")
-    convert.add_argument("output_dir")
-    convert.add_argument("--config", default=None, help="the authors' Hydra config of the run (model and data keys)")
-    convert.add_argument("--set", action="append", default=[], metavar="OPTION=VALUE",
-                         help="one of the authors' options, e.g. --set n_recur=12 --set dataset=in1k")
-    convert.set_defaults(run=_convert)
-
-    recipes = commands.add_parser("recipes", help="list the shipped recipes and where the accelerate configs are")
-    recipes.set_defaults(run=_recipes, loads_models=False)
-
-    bench = commands.add_parser(
-        "bench", help="an architecture vs its baseline: forward, train step, peak memory, decoding",
-        description="Time an architecture (the registry's bench entry: its presets, workloads and targets) or one "
-                    "preset against the baseline of the same shape its card names, in one paired run.",
-        epilog_when_shown=_bench_epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
-    bench.add_argument("name", nargs="?", default=None, metavar="NAME", choices=ReadWhenUsed(_bench_names),
-                       help="an architecture or a preset (e.g. fem-lm-table7); default fem")
-    bench.add_argument("--all", action="store_true",
-                       help="every architecture against its baseline, one table each (the entries' own shapes)")
-    bench.add_argument("--baseline", default=None, help="baseline preset (default: the one the presets' cards name)")
-    bench.add_argument("--batch-size", type=int, default=None, help="default: the bench entry's")
-    bench.add_argument("--seq-len", type=int, default=None, help="default: the bench entry's (language models)")
-    bench.add_argument("--repeats", type=int, default=9)
-    bench.add_argument("--device", default="cpu")
-    bench.add_argument("--threads", type=int, default=1,
-                       help="cores the run is pinned to, with as many torch threads (default 1: two back-to-back "
-                            "runs then agree; 0 leaves the process's cores and threads as they are)")
-    bench.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    bench.add_argument("--output", default=None,
-                       help="JSON file for the results (default: bench.json, with --profile profile.json; '' to skip)")
-    bench.add_argument("--prior", default=None, metavar="PRIOR", choices=ReadWhenUsed(_fem_priors),
-                       help="FEM: the measured presets' prior, one of %(choices)s (default: the preset's)")
-    bench.add_argument("--kernel", default=None, metavar="KERNEL", choices=ReadWhenUsed(_fem_kernels),
-                       help="FEM: FEMConfig.kernel of the measured presets: auto (the GPU kernel libraries on CUDA "
-                            "when installed), torch, fla (GLA prior), mamba (SSM prior)")
-    bench.add_argument("--set", nargs="+", default=[], metavar="FIELD=VALUE",
-                       help="config fields of the measured presets, never of the baseline (e.g. use_time_decay=false)")
-    bench.add_argument("--workloads", nargs="+", default=None, metavar="WORKLOAD", choices=ReadWhenUsed(_workloads),
-                       help="measure only these of the entry's workloads (e.g. decode decode_static)")
-    bench.add_argument("--attn-implementation", default="sdpa", choices=["sdpa", "flash_attention_2"],
-                       help="the baseline's and FEM softmax prior's attention (flash_attention_2 needs --dtype "
-                            "bfloat16)")
-    bench.add_argument("--compile", action="store_true",
-                       help="compile every model's forward with torch.compile (inductor) before timing")
-    bench.add_argument("--sweep", type=int, nargs="+", default=None,
-                       help="values of the entry's swept forward keyword or length (eqt-llama: refinement steps K, "
-                            "default 0 1 2 4 8 16; fem: seq_len, default 1024 4096)")
-    bench.add_argument("--profile", default=None, metavar="WORKLOAD",
-                       choices=ReadWhenUsed(lambda: _workloads(timed_only=True)),
-                       help="instead: torch.profiler's top operators of one call of WORKLOAD per model (where the "
-                            "time goes)")
-    bench.set_defaults(run=_bench)
-
-    doctor = commands.add_parser("doctor", help="check the GPU kernels (fla, mamba-ssm, flash-attn) against the "
-                                                "PyTorch path, forward, backward and cached decoding; with "
-                                                "--families, every family on the device against float64")
-    doctor.add_argument("--device", default="cuda")
-    doctor.add_argument("--dtypes", nargs="+", default=None, choices=["float32", "float16", "bfloat16"],
-                        help="default: float32 and bfloat16 (kernels), all three (--families)")
-    doctor.add_argument("--families", action="store_true",
-                        help="every family and head in each dtype against float64 on the CPU: outputs, gradients, "
-                             "cached decoding (energyzoo/eval/families.py)")
-    doctor.add_argument("--output", default="", help="JSON file for the results (default: none)")
-    doctor.set_defaults(run=_doctor)
-
-    reproduce = commands.add_parser(
-        "reproduce", help="a CPU-scale rerun of a paper experiment, with a report",
-        description="Run an experiment of the table in energyzoo/reproduce/experiments.py and write its report "
-                    "(markdown, JSON, PNG). Settings are the fields of the experiment's settings class, overridden "
-                    "as field=value (typed by the field: seeds=[0,1,2], max_epochs=30).",
-        epilog_when_shown=_reproduce_epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
-    reproduce.add_argument("experiment", choices=["all", "ledger", *sorted(EXPERIMENTS)], help="all: every "
-                           "experiment, then the ledger of their verdicts (an experiment whose report is in "
-                           "<output-dir>/<name> from the same settings and code is not rerun); ledger: the ledger of "
-                           "the reports in <output-dir>/<name>, running nothing; " + "; ".join(
-                               f"{name}: {experiment.description}" for name, experiment in EXPERIMENTS.items()))
-    reproduce.add_argument("overrides", nargs="*",
-                           help="settings, e.g. seeds=3 max_epochs=30 (tel-stage1), sudoku_steps=400 (hyperset), "
-                                "lengths=[16,32] seeds=[0,1,2] (eqt-parity), steps=1000 (eer-induction); for all: "
-                                "NAME=SETTING, one experiment's setting in the ledger (e.g. fem-lm=quick)")
-    reproduce.add_argument("--quick", action="store_true",
-                           help="the quick setting: a smoke test of minutes on 2 CPU cores, no verdicts "
-                                "(reproduce/experiments.py)")
-    reproduce.add_argument("--paper-scale", action="store_true",
-                           help="the paper's own scale (for a GPU; reproduce/experiments.py)")
-    reproduce.add_argument("--output-dir", default=None,
-                           help="default: runs/<experiment> (all and ledger: runs/reproduce)")
-    reproduce.add_argument("--keep-other-code", action="store_true",
-                           help="ledger: keep reports whose experiment's code differs from this checkout's, marked "
-                                "with the files that differ (refused otherwise)")
-    reproduce.set_defaults(run=_reproduce)
+    for add_verb in VERBS:
+        add_verb(commands)
     return parser
 
 

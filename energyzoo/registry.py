@@ -122,7 +122,9 @@ class Architecture:
     """One architecture of the zoo.
 
     heads: task -> head model class (the first is the architecture's main head); each task is a `TASKS` key.
-    card_template: the model-card template in ``hub_cards/``; card_facts(config) gives its own variables.
+    family: the paper's family, the prefix of its files (``modeling/configuration_<family>.py``,
+        ``modeling/<family>_*.py``, the card template ``hub_cards/<family>.md``, ``docs/models/<family>.md``, its
+        experiments' ``reproduce/<family>_*.py``); card_facts(config) gives its card's own variables.
     tiny_preset: a preset of the main head under two million parameters, what the tests train whole and sharded.
     bench: what `energyzoo bench` measures against the baseline the presets' cards name (None: not benched yet).
     """
@@ -130,10 +132,14 @@ class Architecture:
     config_class: type
     base_model: type
     heads: dict[str, type]
-    card_template: str
+    family: str
     tiny_preset: str
     card_facts: Callable[[PretrainedConfig], dict] = field(default=lambda config: {})
     bench: Bench | None = None
+
+    @property
+    def card_template(self) -> str:
+        return f"{self.family}.md"
 
     @property
     def model_classes(self) -> dict[type, type]:
@@ -174,7 +180,7 @@ ARCHITECTURES = {
         FEMConfig,
         FEMModel,
         {"causal-lm": FEMForCausalLM, "sequence-classification": FEMForSequenceClassification},
-        "fem.md",
+        "fem",
         "fem-lm-tiny",
         card_facts=lambda config: dict(prior=config.prior),
         # fem.txt Table 7's GPT-2 size is `energyzoo bench fem-lm-table7` (against llama-table7)
@@ -182,17 +188,17 @@ ARCHITECTURES = {
                                          "decode_padded"),
                     targets=_fem_targets, sweep=("seq_len", (1024, 4096))),
     ),
-    "tel-gpt2": Architecture(TELGPT2Config, TELGPT2Model, {"causal-lm": TELGPT2LMHeadModel}, "tel.md", "tel-gpt2-tiny",
+    "tel-gpt2": Architecture(TELGPT2Config, TELGPT2Model, {"causal-lm": TELGPT2LMHeadModel}, "tel", "tel-gpt2-tiny",
                              card_facts=_tel_card_facts("GPT-2"),
                              bench=Bench(("tel-gpt2-head", "tel-gpt2-full"),
                                          ("forward", "train_step", "peak_memory", "decode"),
                                          targets=_tel_head_targets, batch_size=2, seq_len=512)),
     "tel-vit": Architecture(TELViTConfig, TELViTModel, {"image-classification": TELViTForImageClassification},
-                            "tel.md", "tel-vit-tiny", card_facts=_tel_card_facts("ViT"),
+                            "tel", "tel-vit-tiny", card_facts=_tel_card_facts("ViT"),
                             bench=Bench(("tel-vit-base-patch32-head", "tel-vit-base-patch32-full"),
                                         ("forward", "train_step", "peak_memory"), batch_size=8)),
     "tel-resnet": Architecture(TELResNetConfig, TELResNetModel,
-                               {"image-classification": TELResNetForImageClassification}, "tel.md", "tel-resnet-tiny",
+                               {"image-classification": TELResNetForImageClassification}, "tel", "tel-resnet-tiny",
                                card_facts=_tel_card_facts("ResNet"),
                                bench=Bench(("tel-resnet18-head", "tel-resnet18-full"),
                                            ("forward", "train_step", "peak_memory"), batch_size=8)),
@@ -202,7 +208,7 @@ ARCHITECTURES = {
         {"image-classification": HyperSETForImageClassification,
          "masked-image-modeling": HyperSETForMaskedImageModeling,
          "token-classification": HyperSETForTokenClassification},
-        "hyperset.md",
+        "hyperset",
         "hyperset-digits-tiny",
         card_facts=lambda config: dict(layers=config.num_hidden_layers, iterations=config.num_iterations),
         # hyperset.txt Table 16's shape (Small, ImageNet-1K, 224 px), with the step-size network and with fixed steps,
@@ -217,7 +223,7 @@ ARCHITECTURES = {
         EqTLlamaConfig,
         EqTLlamaModel,
         {"causal-lm": EqTLlamaForCausalLM},
-        "eqt.md",
+        "eqt",
         "eqt-llama-tiny",
         card_facts=lambda config: dict(sites=config.erm_sites, steps=config.erm_num_steps,
                                        train_steps=config.erm_num_steps_train),
@@ -228,7 +234,7 @@ ARCHITECTURES = {
         EERConfig,
         EERModel,
         {"causal-lm": EERForCausalLM},
-        "eer.md",
+        "eer",
         "eer-induction",
         card_facts=lambda config: dict(loops=config.num_loops, dynamics=config.loop_dynamics,
                                        lambdas=f"lambda_P = {config.lambda_potential}, lambda_K = "

@@ -48,7 +48,8 @@ for name in ("torch", "transformers", "accelerate", "peft", "datasets", "tokeniz
 EOF
 echo "== the contract, generation, export and sharded-training tests on them"
 tests=(tests/test_*_contract.py tests/test_static_caches.py tests/test_exports.py tests/test_remote_code_isolation.py
-       tests/test_transformers_common.py tests/test_engines.py tests/test_sharded_training.py)
+       tests/test_*_transformers.py tests/test_transformers_common.py tests/test_engines.py
+       tests/test_sharded_training.py)
 export ENERGYZOO_ALLOW_UNTESTED_TRANSFORMERS=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 OMP_NUM_THREADS=1
 "$python" -m pytest -q -p no:cacheprovider -rf --tb=line --disable-warnings "${tests[@]}" 2>&1 | tail -n 60
 status=${PIPESTATUS[0]}

@@ -71,9 +71,9 @@ def test_pinned_threads_run_on_the_last_cores_and_restore_the_process(monkeypatc
 
 
 @pytest.mark.parametrize(("ratios", "iqr", "decision", "busy"), [
-    ([1.00, 1.01, 1.02, 1.03, 1.04], (1.01, 1.03), "yes", False),  # the whole IQR under 1.05
+    ([1.00, 1.01, 1.02, 1.03, 1.04], (1.01, 1.03), "met", False),  # the whole IQR under 1.05
     ([1.03, 1.04, 1.06, 1.07, 1.08], (1.04, 1.07), "undecided", False),  # the IQR contains 1.05
-    ([1.06, 1.07, 1.08, 1.09, 1.10], (1.07, 1.09), "NO", False),
+    ([1.06, 1.07, 1.08, 1.09, 1.10], (1.07, 1.09), "missed", False),
     ([0.90, 1.00, 1.02, 1.20, 1.40], (1.00, 1.20), "undecided", True),  # an IQR of 0.2 at a ratio of 1.02: load
 ])
 def test_a_target_is_decided_only_when_the_iqr_of_the_ratios_is_on_one_side(ratios, iqr, decision, busy):
@@ -82,7 +82,7 @@ def test_a_target_is_decided_only_when_the_iqr_of_the_ratios_is_on_one_side(rati
     assert (row.decision, row.busy) == (decision, busy)
     rate = timed_row("a", "decode", seconds=[1 / ratio for ratio in ratios], baseline=[1.0] * len(ratios),
                      target=1.05)  # tokens/s: bounded from below, so the decisions swap
-    assert rate.decision == {"yes": "NO", "NO": "yes"}.get(decision, decision)
+    assert rate.decision == {"met": "missed", "missed": "met"}.get(decision, decision)
 
 
 def test_bench_reports_medians_of_paired_ratios_against_the_targets(monkeypatch):
@@ -110,21 +110,21 @@ def test_bench_reports_medians_of_paired_ratios_against_the_targets(monkeypatch)
     assert (rows["decode"]["value"], rows["decode"]["ratio"]) == (2.0, 0.5)  # 8 tokens in 4 s; tokens/s FEM / Llama
     assert rows["decode"]["iqr"] == (0.5, 0.5) and not rows["decode"]["busy"]
     assert (rows["decode_static"]["value"], rows["decode_static"]["ratio"]) == (8.0, 2.0)  # median 1 s; 2 / 1
-    assert (rows["decode_static"]["target"], rows["decode_static"]["decision"]) == (0.95, "yes")  # IQR 1.5-2
+    assert (rows["decode_static"]["target"], rows["decode_static"]["decision"]) == (0.95, "met")  # IQR 1.5-2
     assert (rows["decode_padded"]["value"], rows["decode_padded"]["ratio"]) == (32.0, 1.0)  # 8 sequences x 8 tokens
     assert [rows[name]["decision"] for name in ("forward", "train_step", "peak_memory", "decode")] \
-        == ["NO", "undecided", "NO", "NO"]  # forward's IQR 2.5-4 > 1.05; train step's 0.75-1.5 contains 1.10
+        == ["missed", "undecided", "missed", "missed"]  # forward's IQR 2.5-4 > 1.05; the step's 0.75-1.5 holds 1.10
     table = format_table(result)
-    assert "| fem-lm-tiny | forward (s) | 3 | 1 | 3.000 | 2.500-4.000 | <= 1.05 | NO |" in table
+    assert "| fem-lm-tiny | forward (s) | 3 | 1 | 3.000 | 2.500-4.000 | <= 1.05 | missed |" in table
     assert "WARNING" in table and "fem-lm-tiny forward" in table.splitlines()[-1]
 
 
 def test_a_quiet_run_carries_no_warning_and_a_target_bounds_tokens_per_second_from_below():
     quiet = timed_row("a", "decode", seconds=[1.0, 1.0, 1.0], baseline=[0.9, 0.9, 0.9], target=0.85, per_call=10)
-    assert (quiet.value, quiet.baseline, quiet.ratio, quiet.decision, quiet.busy) == (10.0, 10 / 0.9, 0.9, "yes",
+    assert (quiet.value, quiet.baseline, quiet.ratio, quiet.decision, quiet.busy) == (10.0, 10 / 0.9, 0.9, "met",
                                                                                           False)
     result = {"title": "t", "rows": [asdict(quiet)], "notes": []}
-    assert "WARNING" not in format_table(result) and "| >= 0.85 | yes |" in format_table(result)
+    assert "WARNING" not in format_table(result) and "| >= 0.85 | met |" in format_table(result)
 
 
 def test_bench_refuses_architectures_without_an_entry_and_presets_of_other_models(monkeypatch):
@@ -266,7 +266,7 @@ def test_bench_builds_fem_with_the_requested_prior_and_kernel_and_leaves_the_bas
 
 
 @pytest.mark.parametrize(("prior", "growth", "target", "meets"),
-                         [("gla", 4.0, 4.5, "yes"), ("softmax", 16.0, None, None)])
+                         [("gla", 4.0, 4.5, "met"), ("softmax", 16.0, None, None)])
 def test_a_length_sweep_pairs_each_length_with_the_baseline_and_bounds_an_o_t_priors_growth(monkeypatch, prior,
                                                                                            growth, target, meets):
     """On a scripted clock where a forward takes as many seconds as it reads tokens (their square for softmax
@@ -289,8 +289,8 @@ def test_a_length_sweep_pairs_each_length_with_the_baseline_and_bounds_an_o_t_pr
     result = run_bench("fem-lm-tiny", settings, sweep=(32, 128))
     own = {32: 32.0 ** (2 if prior == "softmax" else 1), 128: 128.0 ** (2 if prior == "softmax" else 1)}
     assert [(row["arm"], row["ratio"], row["target"], row["decision"]) for row in result["rows"]] == [
-        ("fem-lm-tiny seq_len=32", own[32] / 32**2, 1.05, "yes"),  # softmax: Llama's time; GLA: less
-        ("fem-lm-tiny seq_len=128", own[128] / 128**2, 1.05, "yes"),
+        ("fem-lm-tiny seq_len=32", own[32] / 32**2, 1.05, "met"),  # softmax: Llama's time; GLA: less
+        ("fem-lm-tiny seq_len=128", own[128] / 128**2, 1.05, "met"),
         ("fem-lm-tiny seq_len=128 vs fem-lm-tiny seq_len=32", growth, target, meets)]
     assert {length for length, _ in seen} == {32, 128}
     assert "| fem-lm-tiny seq_len=128 vs fem-lm-tiny seq_len=32 | forward (s) |" in format_table(result)
@@ -350,7 +350,7 @@ def test_eqt_trains_at_its_own_settings_in_the_bench_against_the_papers_bound(mo
     monkeypatch.setattr(speed, "_paired_times", lambda fns, repeats, device: {key: scripted[key] for key in fns})
     settings = BenchSettings(batch_size=1, seq_len=8, repeats=3, workloads=("train_step",))
     (row,) = run_bench("eqt-llama-tiny", settings)["rows"]
-    assert (row["arm"], row["ratio"], row["target"], row["decision"]) == ("eqt-llama-tiny", 1.1, 1.3, "yes")
+    assert (row["arm"], row["ratio"], row["target"], row["decision"]) == ("eqt-llama-tiny", 1.1, 1.3, "met")
     assert calls == [("llama", {}), ("eqt-llama", {})]
     settings.overrides = {"lambda_mem": 0.0}
     assert run_bench("eqt-llama-tiny", settings)["rows"][0]["target"] is None

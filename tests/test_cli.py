@@ -132,7 +132,7 @@ def test_bad_paths_are_answered_in_one_line_with_exit_code_2_before_any_network_
     (["reproduce", "ledger"], "no report in runs/reproduce/<name>/"),
     (["reproduce", "ledger", "seeds=3"], "reproduce ledger runs nothing, so it takes no settings: got seeds=3"),
     (["reproduce", "fem-lm", "--keep-other-code"], "--keep-other-code belongs to `energyzoo reproduce ledger`"),
-    (["bench", "tel-gpt2", "--prior", "gla"], "TELGPT2Config has no field 'prior'"),
+    (["bench", "tel-gpt2", "--set", "prior=gla"], "TELGPT2Config has no field 'prior'"),
     (["bench", "--all", "fem"], "--all benches every architecture against its own baseline: drop NAME"),
     (["train", "fem-lm-tiny", "model.overrides.rms_norm_eps=-1e-5"],  # YAML reads -1e-5 as a string; the field a float
      "recipe model: FEMConfig.rms_norm_eps must be > 0, got -1e-05"),
@@ -439,3 +439,16 @@ def test_the_quickstart_is_quiet_and_offline_without_being_told(tmp_path):
     assert not noise, noise
     assert not [line for line in lines if UNLABELLED_BAR.match(line)]
     assert "exported to" in done.stdout
+
+
+def test_bench_prior_and_kernel_flags_became_set_fields_and_say_so(monkeypatch, capsys):
+    """``--prior`` and ``--kernel`` (FEM's own flags before) still work, as ``--set prior=... kernel=...``, and say
+    so: a renamed argument is never dropped silently."""
+    from energyzoo.eval import speed
+
+    calls = []
+    monkeypatch.setattr(speed, "run_bench", lambda name, settings, **kwargs: calls.append(settings) or {
+        "title": name, "rows": [], "notes": []})
+    assert main(["bench", "fem", "--prior", "gla", "--kernel", "torch", "--set", "use_lse=false", "--output", ""]) == 0
+    assert calls[0].overrides == {"prior": "gla", "kernel": "torch", "use_lse": False}
+    assert "--prior gla is --set prior=gla now" in capsys.readouterr().err

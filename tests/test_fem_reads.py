@@ -4,14 +4,10 @@ values near and beyond the |beta v| <= 40 cap, in every dtype, streamed in piece
 
 import pytest
 import torch
-import torch.nn.functional as F
-from fem_reference import CAP, aft_prior, explicit_read, gla_prior, softmax_prior, ssm_prior
+from fem_reference import CAP, PRIOR_CASES, explicit_read
+from transformers.cache_utils import CacheLayerMixin
 
-from energyzoo.modeling.configuration_fem import FEM_PRIORS
-from energyzoo.modeling.fem_prior_aft import aft_free_energy_read
-from energyzoo.modeling.fem_prior_gla import gla_free_energy_read
-from energyzoo.modeling.fem_prior_softmax import FEMSoftmaxCacheLayer, softmax_free_energy_read
-from energyzoo.modeling.fem_prior_ssm import ssm_free_energy_read
+from energyzoo.modeling.configuration_fem import FEM_PRIORS, PRIORS
 
 
 def causal_mask(valid, start, stop):
@@ -21,40 +17,23 @@ def causal_mask(valid, start, stop):
 
 
 class Case:
-    """One prior's inputs (float64) and how to read a slice of positions [start, stop) with a state."""
+    """One prior's inputs (float64) and how to read a slice of positions [start, stop) with a state: its selection
+    drawn as its test row says (`fem_reference.PRIOR_CASES`), its read called as its row (`PriorSpec`) says."""
 
     def __init__(self, prior, seed=0, batch=2, length=23, heads=2, v_dim=3, key_dim=4, value_scale=12.0, pad=5,
                  gla_decay="head"):
         g = torch.Generator().manual_seed(seed)
-        self.prior, self.length = prior, length
+        self.spec, self.case, self.length = PRIORS[prior], PRIOR_CASES[prior], length
         self.value = torch.randn(batch, length, heads, v_dim, generator=g, dtype=torch.float64) * value_scale
         self.beta = torch.rand(heads, v_dim, generator=g, dtype=torch.float64) * 3 + 0.5
         self.valid = torch.ones(batch, length, dtype=torch.bool)
         self.valid[0, :pad] = False  # left padding; the padded positions hold ordinary values
-        if prior in ("softmax", "gla"):
-            shape = (batch, heads, length, key_dim)
-            self.selection = [torch.randn(shape, generator=g, dtype=torch.float64) for _ in "qk"]
-            if prior == "gla":
-                width = 1 if gla_decay == "head" else key_dim
-                self.selection.append(-torch.rand(batch, heads, length, width, generator=g, dtype=torch.float64) * 0.5)
-        elif prior == "aft":
-            self.selection = [torch.randn(self.value.shape, generator=g, dtype=torch.float64) * 3,
-                              -torch.rand(self.value.shape, generator=g, dtype=torch.float64)]
-        else:
-            state_size = 3
-            self.selection = [
-                F.softplus(torch.randn(self.value.shape, generator=g, dtype=torch.float64)),
-                -F.softplus(torch.randn(heads, v_dim, generator=g, dtype=torch.float64)),
-                F.softplus(torch.randn(batch, length, state_size, generator=g, dtype=torch.float64)),
-                F.softplus(torch.randn(batch, length, state_size, generator=g, dtype=torch.float64)),
-                F.softplus(torch.randn(heads, v_dim, generator=g, dtype=torch.float64)),
-            ]
+        self.selection = self.case.draw(g, self.value, key_dim, gla_decay)
 
     def stress(self):
-        """Sharp priors and strong decays: softmax scores x2500, GLA/AFT cumulative decays ~ -1e5 over 8192
-        positions, AFT logits x50, SSM step sizes x20."""
-        factors = {"softmax": (50, 50), "gla": (1, 1, 40), "aft": (50, 20), "ssm": (20, 1, 1, 1, 1)}[self.prior]
-        self.selection = [s * factor for s, factor in zip(self.selection, factors)]
+        """Sharp priors and strong decays (each prior's own factors): e.g. softmax scores x2500, GLA/AFT cumulative
+        decays ~ -1e5 over 8192 positions, AFT logits x50, SSM step sizes x20."""
+        self.selection = [s * factor for s, factor in zip(self.selection, self.case.stress, strict=True)]
 
     def tensors(self):
         return [self.value, self.beta, *self.selection]
@@ -63,34 +42,24 @@ class Case:
         """Our read of positions [start, stop) (inputs given for all positions)."""
         stop = self.length if stop is None else stop
         piece = slice(start, stop)
-        value = value[:, piece]
-        if self.prior == "softmax":
-            query, key = (s[:, :, piece] for s in selection)
-            state = FEMSoftmaxCacheLayer() if state is None else state  # the layer is the softmax prior's state
-            return softmax_free_energy_read(value, beta, query, key, state=state,
-                                            attention_mask=causal_mask(self.valid, start, stop))
-        valid = self.valid[:, piece]
-        if self.prior == "gla":
-            query, key, log_decay = (s[:, :, piece] for s in selection)
-            return gla_free_energy_read(value, beta, query, key, log_decay, valid=valid, state=state,
-                                        chunk_size=chunk_size)
-        if self.prior == "aft":
-            logits, log_decay = (s[:, piece] for s in selection)
-            return aft_free_energy_read(value, beta, logits, log_decay, valid=valid, state=state, chunk_size=chunk_size)
-        delta, generator, input_matrix, output_matrix, skip = selection
-        return ssm_free_energy_read(value, beta, delta[:, piece], generator, input_matrix[:, piece],
-                                    output_matrix[:, piece], skip, valid=valid, state=state, chunk_size=chunk_size)
+        sliced = [s if axis is None else s[(slice(None),) * axis + (piece,)]
+                  for s, axis in zip(selection, self.case.time_axes, strict=True)]
+        if self.spec.attention_function:  # its cache layer is its state; the mask is the one SDPA takes
+            state = self.spec.cache_layers[0]() if state is None else state
+            options = dict(attention_mask=causal_mask(self.valid, start, stop))
+        else:
+            options = dict(valid=self.valid[:, piece], chunk_size=chunk_size)
+        return self.spec.read(value[:, piece], beta, *sliced, state=state, **options)
 
     def reference(self, value, beta, *selection):
         """(mu, f) in float64 from the explicit prior."""
-        builders = {"softmax": softmax_prior, "gla": gla_prior, "aft": aft_prior, "ssm": ssm_prior}
-        p = builders[self.prior](*selection, valid=self.valid)
-        return explicit_read(p, value, beta)
+        return explicit_read(self.case.reference(*selection, valid=self.valid), value, beta)
 
 
 def state_tensors(state) -> tuple:
-    """The tensors of a read's state: the softmax prior's cache layer holds keys, augmented values and the shift."""
-    return (state.keys, state.values, state.exp_shift) if isinstance(state, FEMSoftmaxCacheLayer) else state
+    """The tensors of a read's state: a cache layer (the softmax prior's) holds keys, augmented values and the
+    shift."""
+    return (state.keys, state.values, state.exp_shift) if isinstance(state, CacheLayerMixin) else state
 
 
 def assert_close_to_reference(ours, ref, valid, tolerance):
@@ -165,7 +134,7 @@ def test_prefill_chunked_prefill_and_token_steps_agree(prior):
         torch.testing.assert_close(torch.cat(f_maxes, 1), full_f, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("prior", ["gla", "aft", "ssm"])
+@pytest.mark.parametrize("prior", [name for name, prior in PRIORS.items() if prior.recurrent])
 def test_streamed_recurrent_states_equal_the_full_reads_state(prior):
     """The fixed-size state a cache keeps after prefill, chunked prefill or token steps is the same (the
     shift M is the running max in every path, and the sums are rescaled whenever it rises)."""

@@ -22,7 +22,7 @@ PACKAGE = Path(energyzoo.__file__).parent
 MODELING = PACKAGE / "modeling"
 SHARED = {"errors", "outputs", "refinement", "checks", "inputs", "positions", "numerics", "image_processing_grayscale",
           "caches", "transformers_compat"}
-FAMILIES = {model_type.split("-")[0] for model_type in ARCHITECTURES}
+FAMILIES = {entry.family for entry in ARCHITECTURES.values()}
 
 
 def imports(path: Path) -> list[tuple[int, str]]:

@@ -3,7 +3,7 @@ and scores of the dynamic cache on a left-padded batch, greedy and beam; the cac
 (per loop for EER), of the model's own classes where it keeps more than keys and values; offloaded and quantized
 caches and EqT's assisted decoding are refused before anything runs; compiled static decoding of an unpadded and a
 padded batch compiles once. (Compiled decoding is also checked by transformers' own generation tests,
-`tests/test_transformers_common.py`.)"""
+`tests/test_*_transformers.py`.)"""
 
 import pytest
 import torch

@@ -338,7 +338,7 @@ def test_the_card_carries_the_measured_bench_rows_of_its_preset_only(trained_mod
     monkeypatch.setattr(export, "measured_speed", lambda: measured)
     card = ModelCard.load(export_folder(trained_model, tmp_path / "export") / "README.md")
     assert "fem-lm-tiny vs llama-tiny (batch 1, seq 16)" in card.text
-    assert "| fem-lm-tiny | forward (s) | 2 | 1 | 2.000 | 2.000-2.000 | <= 1.10 | NO |" in card.text
+    assert "| fem-lm-tiny | forward (s) | 2 | 1 | 2.000 | 2.000-2.000 | <= 1.10 | missed |" in card.text
     assert "fem-lm-tiny-wide" not in card.text
 
 

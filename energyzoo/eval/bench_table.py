@@ -39,18 +39,23 @@ WORKLOADS = {workload.name: workload for workload in (
 TIMED = tuple(name for name, workload in WORKLOADS.items() if workload.timed)
 
 
+# a row's verdict on its target: the whole IQR of the per-repeat ratios on the right side of it, on the wrong side,
+# or around it (the one vocabulary of the bench's tables, its JSON and the documents)
+DECISIONS = ("met", "missed", "undecided")
+
+
 def format_table(result: dict) -> str:
     """The one bench table: a row per arm and workload, then the notes and a warning for a busy machine."""
     lines = [result["title"],
-             "| model | metric | value | baseline | ratio | IQR of the ratios | target | ok |",
+             "| model | metric | value | baseline | ratio | IQR of the ratios | target | target met |",
              "|---|---|---|---|---|---|---|---|"]
     for row in result["rows"]:
         rate = WORKLOADS[row["workload"]].rate
         bound = "" if row["target"] is None else f"{'>=' if rate else '<='} {row['target']:.2f}"
-        ok = row["decision"] or ""
+        decision = row["decision"] or ""
         low, high = row["iqr"]
         lines.append(f"| {row['arm']} | {row['workload']} ({row['unit']}) | {row['value']:.4g} | {row['baseline']:.4g} "
-                     f"| {row['ratio']:.3f} | {low:.3f}-{high:.3f} | {bound} | {ok} |")
+                     f"| {row['ratio']:.3f} | {low:.3f}-{high:.3f} | {bound} | {decision} |")
     lines += result["notes"]
     busy = sorted({f"{row['arm']} {row['workload']}" for row in result["rows"] if row["busy"]})
     if busy:

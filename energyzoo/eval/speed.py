@@ -1,45 +1,8 @@
 """`energyzoo bench NAME`: an architecture against the baseline of the same shape, as the registry's `Bench` entry
-declares it (presets, workloads, targets), in one table format.
-
-Workloads: ``forward`` (full sequence, no cache, eval mode), ``train_step`` (forward with the model's own loss,
-backward, AdamW step), ``peak_memory`` (of a train step) and, for language models, ``decode`` (cached greedy
-decoding with the dynamic cache, tokens/s) and ``decode_static`` (the same with transformers' static cache and its
-compiled decoding step, `CompileConfig(fullgraph=True)`; compiled on any device, while `generate()` compiles by itself
-only on accelerators). Every arm (a preset, or in the forward workload one value of the entry's swept keyword) and
-the baseline run back to back in one process, in an order that rotates every repeat, ``repeats`` times after a
-warm-up. Each sample is `torch.utils.benchmark.Timer.blocked_autorange` (blocks of calls lasting at least
-`MIN_SAMPLE_SECONDS` in all, garbage collection off, CUDA synchronised; the sample is the median block's time per
-call). A row gives the medians and the median of the per-repeat ratios arm / baseline (baseline / arm for tokens/s),
-which cancels the slow drifts of a shared machine, with the interquartile range (IQR) of those ratios; a target is
-met or missed only when the whole IQR is on one side of it, and is "undecided" otherwise. An IQR wider than
-`BUSY_IQR` of the ratio says the machine was busy: such a run is no measurement. An entry's contrasts (one of its
-presets against another) are rows of their own from the same repeats. On CPU the process runs on ``threads`` cores
-(default 1: its threads pinned to one core, `pinned_threads`), which is what makes two back-to-back runs agree: on
-two unpinned threads the per-repeat ratios of a quiet 2-core machine spread 10-30 %. On CPU, peak memory is the
-peak resident set of a fresh process that builds the model and runs train steps, minus that process's footprint
-before the model exists, with glibc's mmap threshold fixed (`PROBE_ENVIRONMENT`) so that every tensor buffer goes back
-to the system when freed: the peak is then that of live memory, not of the heap the allocator kept, which varied by
-7 % between two runs of one model. On CUDA it is the allocator's peak. (Linux: the resident high-water mark is reset
-after imports.)
-
-FEM options: ``overrides`` such as ``prior`` or ``kernel`` (`FEMConfig.kernel`: "auto" runs fla / mamba-ssm on
-CUDA when installed) apply to the measured presets, never to the baseline; ``attn_implementation`` ("sdpa" or
-"flash_attention_2", which needs bfloat16) is that of the baseline and of FEM's softmax prior. fem.txt Table 7 (GPT-2
-size, seq 1024, batch 8, L40S) is ``energyzoo bench fem-lm-table7``: FEM-SM +L,T,G at 1.07x the forward and 1.10x the
-train step of flash softmax attention.
-
-``compile=True`` (`energyzoo bench --compile`) runs every model's forward through ``torch.compile`` (the default
-inductor backend, also inside the memory probe) and warms every workload up before timing, so compilation and
-recompilation for new shapes are not timed.
-
-`profile_split` (`energyzoo bench NAME --profile WORKLOAD`) says where a missed target's time goes: per model, the
-operators issued per generated token (or call), and the share of a profiled call's time in projections, attention,
-the other operators and between operators (Python and dispatch), with the top operators of one call.
-
-An entry may sweep the sequence length (``Bench.sweep = ("seq_len", lengths)``, FEM's length scaling): the forward
-workload then runs every preset and the baseline at each length, each preset against the baseline at its length, and
-each preset's longest length against its shortest, bounded by the entry's target for that growth (FEM's O(T) priors:
-at most 4.5x from 1024 to 4096 tokens; ``--prior`` picks the prior).
+declares it (presets, workloads, targets); `profile_split` (``--profile WORKLOAD``): where a call's time goes. The
+workloads and the table are `bench_table`'s. How the numbers are taken (paired rotating repeats of
+`torch.utils.benchmark.Timer.blocked_autorange`, the IQR rule of `BenchRow`, pinned threads, the peak-memory probe,
+``--compile``, length sweeps) is docs/speed.md's.
 """
 
 import json
@@ -60,7 +23,7 @@ from transformers import CompileConfig
 from ..modeling.errors import UserError
 from ..presets import config_from_preset, model_from_preset, preset_card
 from ..registry import ARCHITECTURES, Bench
-from .bench_table import BUSY_IQR, DECODE_PADDED_BATCH, PROFILE_GROUPS, TIMED, WORKLOADS
+from .bench_table import BUSY_IQR, DECISIONS, DECODE_PADDED_BATCH, PROFILE_GROUPS, TIMED, WORKLOADS
 
 MIN_SAMPLE_SECONDS = 0.25  # a timed sample's blocks of calls last at least this long in all
 # glibc: buffers of 64 KiB and more are mapped and unmapped one by one (no dynamic threshold, no retained heap)
@@ -403,8 +366,8 @@ def ratio_interval(ratios: list[float]) -> tuple[float, float]:
 @dataclass
 class BenchRow:
     """One line of the bench table: ``arm``'s ``workload`` against its baseline's. ``decision`` on the ``target``
-    (None without one): "yes" or "NO" when the whole IQR of the per-repeat ratios is on one side of it, "undecided"
-    when the IQR contains it."""
+    (None without one): one of `DECISIONS`, "met" or "missed" when the whole IQR of the per-repeat ratios is on one
+    side of it, "undecided" when the IQR contains it."""
 
     arm: str
     workload: str
@@ -421,7 +384,7 @@ class BenchRow:
         if self.target is not None:
             better = [bound >= self.target if WORKLOADS[self.workload].rate else bound <= self.target
                       for bound in self.iqr]
-            self.decision = "yes" if all(better) else "NO" if not any(better) else "undecided"
+            self.decision = DECISIONS[0] if all(better) else DECISIONS[1] if not any(better) else DECISIONS[2]
         self.busy = (self.iqr[1] - self.iqr[0]) > BUSY_IQR * self.ratio
 
 

@@ -66,7 +66,7 @@ def speed_summary() -> str:
             row = next((row for row in rows if row["target"] is not None), rows[0] if rows else None)
             notes = [row["arm"].removeprefix(preset).strip()] if row else []
             if row and row["target"] is not None:
-                notes.append({"yes": "ok", "NO": "missed"}.get(row["decision"], row["decision"]))
+                notes.append(row["decision"])
             notes = [note for note in notes if note]
             cells.append("" if row is None else f"{row['ratio']:.2f}" + (f" ({', '.join(notes)})" if notes else ""))
         lines.append(f"| {_architecture(result)} | `{preset}` vs `{result['baseline']}` | " + " | ".join(cells) + " |")

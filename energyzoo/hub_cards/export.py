@@ -108,13 +108,13 @@ def _recipe(model_dir: Path) -> Recipe | None:
     return public_recipe(read_recipe(path)) if path.exists() else None
 
 
-def eval_results(model_dir: Path, pipeline_tag: str) -> list[EvalResult]:
+def eval_results(model_dir: Path, recipe: Recipe | None, pipeline_tag: str) -> list[EvalResult]:
     """The card's model-index: results on Hub datasets, named by their Hub ids - the validation metrics of an
     `energyzoo train` run on a Hub source (``training_metrics.json``; the loss excepted) and every numeric metric of
     the lm-eval result files in ``model_dir/eval`` whose task reads a Hub dataset (lm-eval's ``dataset_path``, with
     its ``dataset_name`` as the config). Results on local or generated data stay in the card's tables."""
     results = []
-    recipe, metrics_path = _recipe(model_dir), model_dir / "training_metrics.json"
+    metrics_path = model_dir / "training_metrics.json"
     streamed = recipe and recipe.data.source.startswith("hf")
     source = hub_dataset_id(recipe.data.name) if streamed else None
     if source and metrics_path.exists():
@@ -136,9 +136,9 @@ def eval_results(model_dir: Path, pipeline_tag: str) -> list[EvalResult]:
     return results
 
 
-def card_datasets(model_dir: Path) -> list[str]:
+def card_datasets(model_dir: Path, recipe: Recipe | None) -> list[str]:
     """The Hub ids of the datasets the model was trained or evaluated on."""
-    recipe, names = _recipe(model_dir), []
+    names = []
     if recipe and recipe.data.source.startswith("hf"):
         names.append(recipe.data.name)
     for evaluation in public_evaluations(model_dir / "eval").values():
@@ -154,8 +154,7 @@ def _config_table(config) -> str:
     return "\n".join(rows)
 
 
-def _training_data(model_dir: Path, task: str) -> str:
-    recipe = _recipe(model_dir)
+def _training_data(model_dir: Path, recipe: Recipe | None, task: str) -> str:
     if recipe is None:
         return "No training recipe in the folder: the weights were initialised or trained outside `energyzoo train`."
     training = recipe.training
@@ -192,15 +191,16 @@ def measured_speed() -> list[dict]:
     return json.loads((resources.files("energyzoo") / "hub_cards" / BENCH_RESULTS).read_text())
 
 
-def _speed_table(model_dir: Path, model_type: str) -> str:
+def _speed_table(recipe: Recipe | None, model_type: str) -> str:
     """The measured bench rows of the preset the model was trained from (its arms' labels start with the preset)."""
-    recipe = _recipe(model_dir)
     preset = recipe.model.preset if recipe else None
     for result in measured_speed() if preset else []:
         rows = [row for row in result["rows"] if row["arm"].split(" ")[0] == preset]
         if rows:
             return (f"`energyzoo bench {model_type}`, this preset's rows:\n\n"
                     + format_table({"title": result["title"], "rows": rows, "notes": []}))
+    if architecture(model_type).bench is None:
+        return "Not benched yet: the architecture has no `energyzoo bench` entry."
     return (f"This model's preset{f' ({preset})' if preset else ''} was not timed: `energyzoo bench {model_type}` "
             f"times the architecture's bench presets against their baseline (energyzoo's docs/speed.md).")
 
@@ -224,6 +224,12 @@ def render_card(model, model_dir: Path, task: str, repo_id: str | None = None,
                 exported: Path | None = None) -> ModelCard:
     """The model card from the architecture's template (registry: template name and its own facts), for the folder
     ``exported`` (default ``model_dir``) of the model in ``model_dir``."""
+    return _card(model, model_dir, _recipe(model_dir), task, repo_id, exported)
+
+
+def _card(model, model_dir: Path, recipe: Recipe | None, task: str, repo_id: str | None,
+          exported: Path | None) -> ModelCard:
+    """`render_card` with the folder's recipe read (once, by the caller)."""
     config = model.config
     model_type = config.model_type
     entry = architecture(model_type)
@@ -231,22 +237,21 @@ def render_card(model, model_dir: Path, task: str, repo_id: str | None = None,
     # `energyzoo train` writes runs/<name>/model: name the card after the run
     name = repo_id.split("/")[-1] if repo_id else (folder.parent.name if folder.name == "model" else folder.name)
     pipeline_tag = runnable_pipeline(task, exported or model_dir)
-    results = eval_results(model_dir, TASKS[task].pipeline_tag)
-    recipe = _recipe(model_dir)
+    results = eval_results(model_dir, recipe, TASKS[task].pipeline_tag)
     language = recipe.data.language if recipe else None
     base_model = hub_repository_id(recipe.model.init_from) if recipe else None
     card_data = ModelCardData(library_name="transformers", pipeline_tag=pipeline_tag, license="apache-2.0",
                               tags=["energyzoo", model_type, "custom_code"], model_name=name, base_model=base_model,
-                              datasets=card_datasets(model_dir) or None, language=language,
+                              datasets=card_datasets(model_dir, recipe) or None, language=language,
                               eval_results=results or None)
     variables = dict(
         model_name=name, model_type=model_type, architecture=type(model).__name__,
         auto_class=TASKS[task].auto_class.__name__, task_description=TASKS[task].description,
         repo_id=repo_id or "path/to/this/folder", parameters=f"{sum(p.numel() for p in model.parameters()):,}",
-        config_table=_config_table(config), training_data=_training_data(model_dir, task),
-        eval_table=_eval_table(model_dir), speed_table=_speed_table(model_dir, model_type),
-        reproduction_table=family_ledger(Path(entry.card_template).stem),
-        reference_differences=reference_differences(Path(entry.card_template).stem),
+        config_table=_config_table(config), training_data=_training_data(model_dir, recipe, task),
+        eval_table=_eval_table(model_dir), speed_table=_speed_table(recipe, model_type),
+        reproduction_table=family_ledger(entry.family),
+        reference_differences=reference_differences(entry.family),
         transformers_range=TESTED_TRANSFORMERS,
         **entry.card_facts(config),
     )
@@ -300,14 +305,13 @@ def export_folder(model_dir: str | Path, output_dir: str | Path, push_to: str | 
     if check_export_folder(model_dir, output_dir, overwrite):
         logger.warning(f"replacing the earlier export in {output_dir}")
     model, tokenizer, task = load_for_export(model_dir)
-
-    recipe = _recipe(model_dir)
+    recipe = _recipe(model_dir)  # read once: the card, the image processor and the exported copy
 
     def write(folder: Path) -> None:
         export_model(model, folder, tokenizer)
         if task == "image-classification":
             image_processor_for(recipe.data if recipe else None, model.config).save_pretrained(folder)
-        render_card(model, model_dir, task, push_to, exported=folder).save(folder / "README.md")
+        _card(model, model_dir, recipe, task, push_to, folder).save(folder / "README.md")
         if recipe is not None:
             (folder / RECIPE).write_text(yaml.safe_dump(recipe.to_dict(), sort_keys=False))
         if (model_dir / "training_metrics.json").exists():

@@ -22,8 +22,13 @@ def ledger_tables(experiments: list[str]) -> str:
     return "\n\n".join(sections)
 
 
+NO_EXPERIMENT = "No reproduction experiment yet: `energyzoo reproduce` has none for this paper."
+
+
 def family_ledger(family: str) -> str:
-    """The verdict tables of a paper family's experiments (a model card's reproduction section)."""
-    return ledger_tables([name for name, experiment in EXPERIMENTS.items() if experiment.family == family])
+    """The verdict tables of a paper family's experiments (a model card's reproduction section), or a line saying
+    it has none yet."""
+    names = [name for name, experiment in EXPERIMENTS.items() if experiment.family == family]
+    return ledger_tables(names) if names else NO_EXPERIMENT
 
 

@@ -2,9 +2,9 @@
 
 One process or many (``accelerate launch --num_processes N ...``: data parallel, gloo on CPU, NCCL on GPUs;
 DeepSpeed ZeRO-2/3 and FSDP2 through the accelerate configs in `configs/`, on GPUs and CPUs alike, the engine named in
-the run's log and checkpoints: `engines`). AdamW with decoupled weight
-decay, linear warmup + cosine decay (or the recipe's `lr_schedule`), gradient clipping, gradient accumulation
-(`Accelerator.accumulate`), mixed precision where the device has it, activation checkpointing on request.
+the run's log and checkpoints: `engines`). AdamW with decoupled weight decay, linear warmup + cosine decay (or the
+recipe's `lr_schedule`), gradient clipping, gradient accumulation (`Accelerator.accumulate`), mixed precision where
+the device has it, activation checkpointing on request.
 
 Data order is a pure function of (seed, step) (`schedule`), served by a DataLoader that accelerate prepares and
 shards: process p of P takes every p-th micro-batch, so a resumed run continues with exactly the examples it would
@@ -12,18 +12,9 @@ have seen and P processes train on the same global batches as one. Streamed `dat
 process from its own share of the documents (`data.hub.PackedStream`) and resume from the per-process stream
 positions saved in the checkpoint. Validation is `validation.evaluate`.
 
-Outputs in ``output_dir``, which belongs to this run alone (`checkpoints.claim_run_folder`: another run's folder is
-refused unless ``--resume`` or ``--overwrite``): ``recipe.yaml``, ``metrics.jsonl`` (step, loss, learning rate,
-evaluation rows), ``loss_curve.png``, ``trackers/`` (accelerate's trackers named in ``training.report_to``: TensorBoard
-when installed), ``checkpoints/step-NNNNNNN/`` every ``save_every`` steps, the newest ``save_total_limit`` kept
-(optimiser, scheduler, RNG states and the step, via `Accelerator.save_state`, and a loadable ``model/`` folder, which
-holds the checkpoint's only copy of the weights and which `energyzoo eval` and `energyzoo export` take with
-``--checkpoint step-N``), ``tokenizer/`` and the final ``model/`` folder (``save_pretrained`` of the state dict
-accelerate gathers from every process; tokenizer and recipe included), which `energyzoo eval` and `energyzoo export`
-take, and with ``training.keep_best`` a ``best-model/`` folder of the same kind, the model at that validation
-metric's best evaluation (its ``training_metrics.json`` names the step). Every folder is written whole or not at
-all (`checkpoints.publish`), so a run killed at any moment resumes from its newest complete checkpoint with the
-weights an uninterrupted run would have.
+The run folder's files (recipe, metrics, checkpoints, the final and best models) are docs/training.md's "The run
+folder"; every folder is written whole or not at all (`checkpoints.publish`), so a run killed at any moment resumes
+from its newest complete checkpoint with the weights an uninterrupted run would have.
 """
 
 import importlib.util

@@ -13,6 +13,8 @@ tokens: padded keys get no weight and padded positions no decay, and padded quer
 """
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -100,6 +102,67 @@ def ssm_prior(delta, generator, input_matrix, output_matrix, skip, valid=None):
     diagonal = torch.eye(length, dtype=torch.float64)[None, :, :, None, None]
     scores = decay * contraction * delta[:, None] + diagonal * skip
     return _normalise(scores, _causal_visibility(valid))
+
+
+@dataclass(frozen=True)
+class PriorCase:
+    """How the tests draw a prior's selection tensors and check them: the test side of the prior table (its product
+    side is each ``fem_prior_<name>.py``'s ``PRIOR``). A new prior adds its float64 prior above and a row here.
+
+    draw(generator, value, key_dim, gla_decay): its selection tensors (float64) for values ``value`` (batch, seq,
+        heads, v_dim), in the order its read takes them.
+    time_axes: the position axis of each selection tensor (None: not per position).
+    stress: factors that make it sharp or fast-decaying (the long-sequence test).
+    reference: its explicit float64 prior table from the same tensors (and ``valid``).
+    state_shapes(config, batch): the shapes of its read's recurrent state, as its read documents them (FEM App. H);
+        None for a state that grows with the sequence (keys and values).
+    """
+
+    draw: Callable[..., list[torch.Tensor]]
+    time_axes: tuple[int | None, ...]
+    stress: tuple[float, ...]
+    reference: Callable[..., torch.Tensor]
+    state_shapes: Callable[..., list[tuple[int, ...]]] | None = None
+
+
+def _draw_query_key(generator, value, key_dim, gla_decay=None):
+    batch, length, heads, _ = value.shape
+    tensors = [torch.randn(batch, heads, length, key_dim, generator=generator, dtype=torch.float64) for _ in "qk"]
+    if gla_decay is not None:
+        width = 1 if gla_decay == "head" else key_dim
+        tensors.append(-torch.rand(batch, heads, length, width, generator=generator, dtype=torch.float64) * 0.5)
+    return tensors
+
+
+def _draw_aft(generator, value, key_dim, gla_decay):
+    return [torch.randn(value.shape, generator=generator, dtype=torch.float64) * 3,
+            -torch.rand(value.shape, generator=generator, dtype=torch.float64)]
+
+
+def _draw_ssm(generator, value, key_dim, gla_decay, state_size=3):
+    batch, length, heads, v_dim = value.shape
+
+    def positive(*shape):
+        return torch.nn.functional.softplus(torch.randn(*shape, generator=generator, dtype=torch.float64))
+
+    return [positive(*value.shape), -positive(heads, v_dim), positive(batch, length, state_size),
+            positive(batch, length, state_size), positive(heads, v_dim)]
+
+
+PRIOR_CASES = {
+    "softmax": PriorCase(lambda generator, value, key_dim, gla_decay: _draw_query_key(generator, value, key_dim),
+                         time_axes=(2, 2), stress=(50, 50), reference=softmax_prior),
+    "gla": PriorCase(_draw_query_key, time_axes=(2, 2, 2), stress=(1, 1, 40), reference=gla_prior,
+                     state_shapes=lambda config, batch: [
+                         (batch, config.num_attention_heads, config.head_dim, 2 * config.value_head_dim + 1),
+                         (batch, config.num_attention_heads, 1, config.value_head_dim)]),
+    "aft": PriorCase(_draw_aft, time_axes=(1, 1), stress=(50, 20), reference=aft_prior,
+                     state_shapes=lambda config, batch: [(batch, 3 * config.value_width),
+                                                         (batch, config.value_width), (batch, config.value_width)]),
+    "ssm": PriorCase(_draw_ssm, time_axes=(1, None, 1, 1, None), stress=(20, 1, 1, 1, 1), reference=ssm_prior,
+                     state_shapes=lambda config, batch: [(batch, config.value_width, config.ssm_state_size, 3),
+                                                         (batch, config.value_width)]),
+}
 
 
 def explicit_read(p, value, beta):

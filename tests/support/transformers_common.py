@@ -1,0 +1,143 @@
+"""The wiring of transformers' own common model tests (`ModelTesterMixin`, `GenerationTesterMixin` from its
+repository's ``tests/``) to zoo models, the way transformers runs them for Llama and GPT-2: each family's
+``tests/test_<family>_transformers.py`` holds its test classes (transformers' test bodies, a model tester and the
+skips that do not apply, each with its reason); `tests/test_transformers_common.py` checks that every registered
+class runs them.
+
+transformers' sdist does not ship its ``tests/`` folder and CI cannot download it, so these modules read the copy of
+the installed release's ``tests/`` that ``ENERGYZOO_TRANSFORMERS_TESTS`` names (`.ci/run` names the one its machine
+keeps for each end of the supported range). Without one, importing this module skips the importing test module, the
+one skip of its kind in the suite. To use transformers' own checkout::
+
+    git clone --depth 1 --branch v$(python -c "import transformers; print(transformers.__version__)") \\
+        https://github.com/huggingface/transformers ~/transformers
+    ENERGYZOO_TRANSFORMERS_TESTS=~/transformers/tests python -m pytest -q tests/test_*_transformers.py
+"""
+
+import os
+import sys
+import unittest
+from pathlib import Path
+
+import pytest
+import transformers
+from packaging.version import Version
+
+RELEASE = ".".join(map(str, Version(transformers.__version__).release[:2]))
+TRANSFORMERS_TESTS = os.environ.get("ENERGYZOO_TRANSFORMERS_TESTS")
+if not TRANSFORMERS_TESTS:
+    pytest.skip(f"no copy of transformers' tests/ for transformers {RELEASE}: set ENERGYZOO_TRANSFORMERS_TESTS (see "
+                "tests/support/transformers_common.py)", allow_module_level=True)
+sys.path.insert(0, str(Path(TRANSFORMERS_TESTS).resolve().parent))
+
+from tests.generation.test_utils import GenerationTesterMixin  # noqa: E402
+from tests.test_modeling_common import (  # noqa: E402
+    ModelTesterMixin,
+    floats_tensor,
+    ids_tensor,
+    random_attention_mask,
+)
+from transformers.models.auto import modeling_auto  # noqa: E402
+
+from energyzoo.registry import ARCHITECTURES  # noqa: E402
+
+__all__ = ["GenerationTesterMixin", "ModelTesterMixin", "TinyCausalLMTester", "TinyImageTester", "TinyTokenGridTester",
+           "VISION_SKIPS", "CONVOLUTIONAL_SKIPS", "model_classes", "with_skips",
+           "zoo_classes_in_transformers_task_tables"]
+
+# transformers' tests find a class's task by its name in these tables, where transformers lists its own models; the
+# zoo's entries come from the registry
+MAPPING_OF_TASK = {"causal-lm": "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
+                   "sequence-classification": "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
+                   "image-classification": "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES",
+                   "token-classification": "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES",
+                   "masked-image-modeling": "MODEL_FOR_MASKED_IMAGE_MODELING_MAPPING_NAMES"}
+TASK_TABLES = {"MODEL_MAPPING_NAMES": {name: entry.base_model.__name__ for name, entry in ARCHITECTURES.items()}}
+for _name, _entry in ARCHITECTURES.items():
+    for _task, _head in _entry.heads.items():
+        TASK_TABLES.setdefault(MAPPING_OF_TASK[_task], {})[_name] = _head.__name__
+VISION_SKIPS = {
+    "test_model_get_set_embeddings": (
+        "images enter through a patch or stem convolution, not a token embedding (transformers' ViT and ResNet tests "
+        "replace or skip it too)"),
+    "test_inputs_embeds": (
+        "the common test builds inputs_embeds from input_ids, which an image model does not take (transformers' ViT "
+        "test skips it too)"),
+}
+CONVOLUTIONAL_SKIPS = {
+    "test_hidden_states_output": (
+        "its hidden states are feature maps (batch, channels, height, width), not the (batch, sequence, hidden) the "
+        "common test reads (transformers' ResNet test replaces it too)"),
+}
+
+
+@pytest.fixture(autouse=True)
+def zoo_classes_in_transformers_task_tables(monkeypatch):
+    for table, entries in TASK_TABLES.items():
+        for model_type, class_name in entries.items():
+            monkeypatch.setitem(getattr(modeling_auto, table), model_type, class_name)
+
+
+class TinyCausalLMTester:
+    """What transformers' common tests read of a model tester, for a causal LM on token ids."""
+
+    batch_size, seq_length, vocab_size = 3, 7, 99
+    hidden_size, num_hidden_layers, num_attention_heads, intermediate_size = 32, 2, 4, 37
+    is_training = True
+
+    def __init__(self, parent, make_config, **sizes):
+        self.parent, self.make_config = parent, make_config
+        self.__dict__.update(sizes)  # a model's own sizes in place of the class defaults
+
+    def get_config(self):
+        return self.make_config(self)
+
+    def prepare_config_and_inputs_for_common(self):
+        input_ids = ids_tensor([self.batch_size, self.seq_length], self.vocab_size)
+        return self.get_config(), {"input_ids": input_ids,
+                                   "attention_mask": random_attention_mask([self.batch_size, self.seq_length])}
+
+
+class TinyTokenGridTester(TinyCausalLMTester):
+    """Token ids on a fixed grid without padding (Sudoku cells, MaskGIT codes): no attention mask. ``image_size``
+    and ``patch_size`` are the code grid's side and 1, which the masked-image-modelling tests read."""
+
+    def prepare_config_and_inputs_for_common(self):
+        return self.get_config(), {"input_ids": ids_tensor([self.batch_size, self.seq_length], self.vocab_size)}
+
+
+class TinyImageTester:
+    """What transformers' common tests read of a model tester, for an image classifier on pixel values."""
+
+    batch_size, image_size, num_channels, num_labels = 3, 8, 3, 3
+    hidden_size, num_hidden_layers, num_attention_heads = 32, 2, 4
+    is_training = True
+
+    def __init__(self, parent, make_config, seq_length=None):
+        self.parent, self.make_config, self.seq_length = parent, make_config, seq_length
+        # read by the tests' masked-image-modeling branches (bool_masked_pos covers the patches, not [CLS])
+        self.mask_length = (seq_length or 1) - 1
+        self.num_masks = self.mask_length // 2
+
+    def get_config(self):
+        return self.make_config(self)
+
+    def prepare_config_and_inputs_for_common(self):
+        pixels = floats_tensor([self.batch_size, self.num_channels, self.image_size, self.image_size])
+        return self.get_config(), {"pixel_values": pixels}
+
+
+def with_skips(test_class, skips: dict[str, str]):
+    """Replace each common test that ``skips`` names (a test name or its parameterized prefix -> why it does not
+    apply; each parameterized variant) by a skip that says why."""
+    for prefix, reason in skips.items():
+        for name in [name for name in dir(test_class) if name == prefix or name.startswith(f"{prefix}_")]:
+            setattr(test_class, name, unittest.skip(reason)(lambda self: None))
+    return test_class
+
+
+def model_classes(model_type: str, *tasks: str) -> tuple[type, ...]:
+    """The registered base model and heads of an architecture (those of ``tasks`` only, where given): a common
+    test's ``all_model_classes``."""
+    entry = ARCHITECTURES[model_type]
+    return (entry.base_model, *(entry.heads[task] for task in tasks or entry.heads))
