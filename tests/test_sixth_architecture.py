@@ -15,10 +15,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY = Path(__file__).parent / "support" / "sixth_architecture"
+EDIT_TEXTS = ("README.md", "registry_entry.txt", "layout_entries.txt")  # what the toy is and adds to edited files
 NEW_FILES = sorted(str(path.relative_to(TOY)) for path in TOY.rglob("*")
-                   if path.is_file() and path.name not in ("README.md", "registry_entry.txt"))
-EDITED_FILES = ["energyzoo/registry.py"]
-COPIED = ("energyzoo", "tests", "docs", "README.md", "pyproject.toml")
+                   if path.is_file() and path.name not in EDIT_TEXTS)
+LEFT_OUT = ("__pycache__", ".git", "build", "dist", "runs", "*.egg-info")  # not part of a checkout
 
 pytestmark = pytest.mark.slow  # a copy of the checkout, collected whole
 
@@ -33,21 +33,27 @@ def add_registry_entry(registry: Path) -> None:
     registry.write_text(text)
 
 
+def add_layout_entries(contributing: Path) -> None:
+    """The toy's modeling files in the layout tree, after the last family's."""
+    text = contributing.read_text()
+    last = next(line for line in text.splitlines() if line.startswith("    eer_energy.py"))
+    contributing.write_text(text.replace(f"{last}\n", f"{last}\n{(TOY / 'layout_entries.txt').read_text()}", 1))
+
+
+EDITS = {"energyzoo/registry.py": add_registry_entry, "docs/contributing.md": add_layout_entries}
+
+
 @pytest.fixture(scope="module")
 def checkout(tmp_path_factory) -> Path:
-    copy = tmp_path_factory.mktemp("checkout")
-    ignored = shutil.ignore_patterns("__pycache__", "sixth_architecture")
-    for name in COPIED:
-        source = ROOT / name
-        if source.is_dir():
-            shutil.copytree(source, copy / name, ignore=ignored)
-        else:
-            shutil.copy2(source, copy / name)
+    copy = tmp_path_factory.mktemp("checkout") / "energyzoo-checkout"
+    shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns(*LEFT_OUT))
     for name in NEW_FILES:
         (copy / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(TOY / name, copy / name)
-    for name in EDITED_FILES:
-        add_registry_entry(copy / name)
+    for name, edit in EDITS.items():
+        edit(copy / name)
+    subprocess.run(["git", "init", "-q"], cwd=copy, check=True)  # the layout test lists the tracked files
+    subprocess.run(["git", "add", "-A"], cwd=copy, check=True)
     return copy
 
 
@@ -70,11 +76,28 @@ def test_the_copy_imports_its_own_energyzoo(checkout):
         checkout / "energyzoo" / "__init__.py")
 
 
+HOLDING_THE_TOY = """
+import importlib, sys
+sys.path[:0] = ["tests", "tests/support"]
+for name in sys.argv[1:]:
+    module = importlib.import_module(name.removesuffix(".py"))
+    values = [value for value in vars(module).values() if isinstance(value, (list, dict))]
+    testers = [tester for value in values for tester in (value.values() if isinstance(value, dict) else value)]
+    if any(getattr(tester, "model_type", None) == "toy" for tester in testers):
+        print(name)
+"""
+
+
 def test_every_matrix_collects_the_sixth_architecture(checkout):
+    """Every matrix names the toy among its test ids, or (one test over all models, such as the side-by-side export
+    check) holds its tester in the list it runs over."""
     collected = run(checkout, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "tests").splitlines()
-    toy = {line.split("::")[0].removeprefix("tests/") for line in collected if "toy" in line.lower()}
-    assert set(matrices(checkout)) - toy == set()
-    assert {"test_toy_contract.py", "test_registry.py", "test_static_caches.py"} <= toy
+    named = {line.split("::")[0].removeprefix("tests/") for line in collected if "toy" in line.lower()}
+    unnamed = sorted(set(matrices(checkout)) - named)
+    holding = set(run(checkout, "-c", HOLDING_THE_TOY, *unnamed).split()) if unnamed else set()
+    assert set(unnamed) - holding == set()
+    assert {"test_toy_contract.py", "test_registry.py", "test_static_caches.py", "test_trainer_accumulation.py",
+            "test_input_checks.py", "test_fuzz.py"} <= named
 
 
 def test_the_sixth_architecture_is_public_registered_and_exported_as_its_own(checkout):
@@ -88,8 +111,15 @@ def test_the_sixth_architecture_is_public_registered_and_exported_as_its_own(che
     run(checkout, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_registry.py", "-k", "toy or Toy")
 
 
+def test_the_layout_and_documents_rules_hold_with_the_sixth_architecture(checkout):
+    """Its files sit where the layout rules want them (modeling files importing their siblings and the shared ones;
+    every document's rendered blocks current), with no other file edited."""
+    run(checkout, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow", "tests/test_layout.py",
+        "tests/test_readme.py")
+
+
 def test_contributing_states_the_files_an_architecture_adds_and_edits():
     text = (ROOT / "docs" / "contributing.md").read_text()
     stated = re.search(r"That is (\d+) new files \(([^)]*)\) and (\d+) edited", text)
     assert stated, "docs/contributing.md no longer states the counts of 'A new architecture'"
-    assert (int(stated.group(1)), int(stated.group(3))) == (len(NEW_FILES), len(EDITED_FILES)), NEW_FILES
+    assert (int(stated.group(1)), int(stated.group(3))) == (len(NEW_FILES), len(EDITS)), NEW_FILES
