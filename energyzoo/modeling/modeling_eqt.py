@@ -6,6 +6,8 @@ steps on the label-free energy L of `eqt_energy` (eq. 7-8):
 
     h_0 = f,   h_{k+1} = h_k - alpha [grad_h L(h_k) + (h_k - f) / gamma],   h* = h_K.
 
+The model is written as a diff of transformers' Llama: `EqTLlamaModel` is a `LlamaModel` (its modules, names and
+initialisation) with the ERM added and called inside Llama's layer loop, `EqTLlamaForCausalLM` Llama's head on it.
 Llama's own weights, names and computations are untouched, so a Llama checkpoint loads directly (only the
 ``model.erm.*`` weights are new), and with K = 0 or every lambda = 0 the logits are Llama's exactly (h_k = f).
 The refinement is per position and reads tokens at or before the position only, so the model stays causal; the
@@ -25,9 +27,8 @@ from transformers.masking_utils import create_causal_mask
 from transformers.models.llama.modeling_llama import (
     LlamaAttention,
     LlamaDecoderLayer,
+    LlamaModel,
     LlamaPreTrainedModel,
-    LlamaRMSNorm,
-    LlamaRotaryEmbedding,
 )
 from transformers.utils.generic import can_return_tuple
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
@@ -231,20 +232,20 @@ class EqTLlamaPreTrainedModel(LlamaPreTrainedModel):
             normal_(module.mask_offset.weight, std=self.config.initializer_range)
 
 
-class EqTLlamaModel(EqTLlamaPreTrainedModel):
-    """`LlamaModel` (same sub-module names) plus ``erm``, called after each layer of `config.erm_sites`."""
+class EqTLlamaModel(EqTLlamaPreTrainedModel, LlamaModel):
+    """`LlamaModel` (its modules, names and initialisation) plus ``erm``, called after each layer of
+    `config.erm_sites`: the one change to Llama's forward is the refinement inside its layer loop."""
 
     def __init__(self, config: EqTLlamaConfig):
         super().__init__(config)
-        self.padding_idx = config.pad_token_id
-        self.vocab_size = config.vocab_size
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, self.padding_idx)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(config, index) for index in range(config.num_hidden_layers))
-        self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.rotary_emb = LlamaRotaryEmbedding(config=config)
         self.erm = EquilibriumRefinement(config)
-        self.gradient_checkpointing = False
         self.post_init()
+
+    def post_init(self):
+        """Once the ERM exists (Llama's ``__init__`` ends in its own call): the weights are drawn once, in module
+        order, so a seed gives the model it gave when EqT-LLaMA built Llama's modules itself."""
+        if "erm" in self._modules:
+            super().post_init()
 
     @takes_cache
     @records_energies
@@ -299,20 +300,27 @@ class EqTLlamaModel(EqTLlamaPreTrainedModel):
                 **with_cache(cache),
                 **kwargs,
             )
-            if index in config.erm_sites:
-                site = config.erm_sites.index(index)
-                inputs = self._site_inputs(site, hidden_states, context, readout)
-                hidden_states = self.erm(inputs, valid)
-                if return_refined_energy:
-                    energies.append(self.erm.evaluate(hidden_states, inputs, with_gradient=False)[0])
-                if self.training:
-                    self.erm.energy.update_memory(site, hidden_states, valid)
+            if index in config.erm_sites:  # the one change to Llama's loop: the ERM refines this layer's output
+                hidden_states = self._refine(config.erm_sites.index(index), hidden_states, valid, context, readout,
+                                             energies if return_refined_energy else None)
         refined_energy = None
         if return_refined_energy:
             per_position = sum(energies) / len(energies)
             refined_energy = (per_position * valid).sum() / valid.sum().clamp_min(1)
         return EqTModelOutput(last_hidden_state=self.norm(hidden_states), **with_cache(cache),
                               refined_energy=refined_energy)
+
+    def _refine(self, site: int, proposal: torch.Tensor, valid: torch.Tensor, context, readout: torch.Tensor,
+                energies: list | None) -> torch.Tensor:
+        """h* of the ERM at refined site ``site`` from the layer's output f (eq. 6-8); appends L(h*) to ``energies``
+        (eq. 18's loss) when given; in training, the site's memory bank follows h* (eq. 15-16)."""
+        inputs = self._site_inputs(site, proposal, context, readout)
+        refined = self.erm(inputs, valid)
+        if energies is not None:
+            energies.append(self.erm.evaluate(refined, inputs, with_gradient=False)[0])
+        if self.training:
+            self.erm.energy.update_memory(site, refined, valid)
+        return refined
 
     def _energy_inputs(self, input_ids, inputs_embeds, attention_mask, cache):
         """The chunk's real-token flags, and the `EnergyContext` of eq. 12-13 over the chunk and the token window
