@@ -117,19 +117,19 @@ class EERAttention(nn.Module):
 
     def forward(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None,
                 keys_values: tuple[torch.Tensor, torch.Tensor], statistics_mask: torch.Tensor | None = None,
-                with_statistics: bool = False, with_log_partition: bool = False):
+                wanted: "LoopOutputs | None" = None):
         """(output, probabilities, log-partition) of the queries of ``hidden`` over ``keys_values``. The output comes
         from the configured implementation, the probabilities from eager attention, or else (None) from a second
-        pass over the logits with the additive ``statistics_mask`` where ``with_statistics`` asks for them; the
-        log-partition (for the trace) only with ``with_log_partition``."""
+        pass over the logits with the additive ``statistics_mask`` where ``wanted`` asks for the statistics; the
+        log-partition only for the trace (``wanted.tracing``)."""
         query = self.heads(hidden, self.q_proj)
         key, value = keys_values
         interface = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention)
         output, probabilities = interface(self, query, key, value, attention_mask, scaling=self.scaling, dropout=0.0)
         log_partition = None
-        if (with_statistics and probabilities is None) or with_log_partition:
-            probabilities, log_partition = attention_probabilities(query, key, statistics_mask, self.scaling,
-                                                                   with_log_partition)
+        tracing = wanted is not None and wanted.tracing
+        if (wanted is not None and wanted.statistics and probabilities is None) or tracing:
+            probabilities, log_partition = attention_probabilities(query, key, statistics_mask, self.scaling, tracing)
         output = output.reshape(*hidden.shape[:-1], -1)
         if self.o_proj is not None:
             output = self.o_proj(output)
@@ -166,16 +166,16 @@ class EERBlock(GradientCheckpointingLayer):
     @takes_cache
     def forward(self, latent: torch.Tensor, inputs: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 cache: Cache | None = None, loop: int = 0, statistics_mask: torch.Tensor | None = None,
-                with_statistics: bool = False, with_log_partition: bool = False):
-        """(Z_{t+1}, the loop's attention probabilities or None, their log-partition or None); the statistics
-        arguments are `EERAttention`'s."""
+                wanted: "LoopOutputs | None" = None):
+        """(Z_{t+1}, the loop's attention probabilities or None, their log-partition or None); ``statistics_mask``
+        and ``wanted`` are `EERAttention`'s."""
         state = latent + inputs
         normed = state if self.post_norm else self.input_layernorm(state)
         keys_values = self.self_attn.keys_values(normed)
         if cache is not None:
             keys_values = cache.update(*keys_values, loop)
         attended, probabilities, log_partition = self.self_attn(normed, attention_mask, keys_values, statistics_mask,
-                                                                with_statistics, with_log_partition)
+                                                                wanted)
         following = latent + attended + self.mlp(self.post_attention_layernorm(state + attended))
         if self.post_norm:
             following = self.input_layernorm(following)
@@ -192,12 +192,13 @@ class EERHamiltonianBlock(GradientCheckpointingLayer):
         self.self_attn = EERAttention(config)
 
     def forward(self, latent: torch.Tensor, velocity: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                attention_mask: torch.Tensor | None = None, statistics_mask: torch.Tensor | None = None,
-                with_log_partition: bool = False):
-        """(Z_{k+1}, V_{k+1}, the attention probabilities, their log-partition)."""
+                wanted: "LoopOutputs", attention_mask: torch.Tensor | None = None,
+                statistics_mask: torch.Tensor | None = None):
+        """(Z_{k+1}, V_{k+1}, the attention probabilities, their log-partition); ``wanted`` asks for the statistics
+        always (``hamiltonian``): the force of eq. 1 reads the probabilities."""
         config = self.config
         attended, probabilities, log_partition = self.self_attn(latent, attention_mask, (key, value), statistics_mask,
-                                                                True, with_log_partition)
+                                                                wanted)
         query_weight = applied_weight(self.self_attn.q_proj, latent)  # W_Q as q_proj acts, LoRA included
         gradient = attention_energy_gradient(probabilities, key, query_weight, self.self_attn.head_dim)
         velocity = (config.hamiltonian_momentum * velocity + config.hamiltonian_coupling * (attended - latent)
@@ -268,6 +269,81 @@ class LoopOutputs:
         return "graph" if self.regularisers else "detached" if self.tracing else None
 
 
+@dataclass(frozen=True)
+class LoopInputs:
+    """What every loop of one forward reads besides the latent: X (the inputs with their positions), the mask of the
+    attention implementation and the additive one of the statistics (None when none are needed), the cache, the
+    real positions, and what the forward asks of its loops."""
+
+    inputs: torch.Tensor
+    mask: torch.Tensor | None
+    statistics_mask: torch.Tensor | None
+    cache: Cache | None
+    valid: torch.Tensor
+    wanted: LoopOutputs
+
+
+class LoopRecords:
+    """One loop's records, as ``wanted`` asks for them: eq. 3-5's terms (`loop_terms`), and for the trace the attention
+    free energy -tau log Z, the update size and the contraction bound of Theorem 3.2.1 (whose projections, LoRA
+    included, are read once per forward)."""
+
+    def __init__(self, config: EERConfig, attention: EERAttention, loop: LoopInputs):
+        self.config, self.loop = config, loop
+        projections = (attention.q_proj, attention.k_proj, attention.v_proj)
+        self.weights = [applied_weight(projection, loop.inputs) for projection in projections] \
+            if loop.wanted.tracing else None
+
+    def __call__(self, previous, following, probabilities, log_partition) -> dict:
+        wanted, valid = self.loop.wanted, self.loop.valid
+        if not (wanted.regularisers or wanted.tracing):
+            return {}
+        records = loop_terms(previous, following, probabilities, valid, self.config.tsallis_q)
+        if wanted.tracing:
+            rows = valid.to(probabilities.dtype).unsqueeze(1)
+            count = rows.sum().clamp_min(1) * probabilities.shape[1]
+            records.update(
+                energy=(-self.config.attention_temperature * log_partition * rows).sum() / count,
+                residual=(widened(following - previous).norm(dim=-1) * valid).sum() / valid.sum().clamp_min(1),
+                contraction_bound=contraction_bound(*self.weights, probabilities, valid.to(probabilities.dtype),
+                                                    self.config.tsallis_q).mean())
+        return records
+
+
+class ResidualStep:
+    """`refine`'s step of the residual dynamics (§5.1): Z_{t+1} = block(Z_t, X) from Z_0 = 0, loop t caching its keys
+    and values in cache layer t."""
+
+    def __init__(self, block: EERBlock, loop: LoopInputs, records: LoopRecords):
+        self.block, self.loop, self.records = block, loop, records
+        self.start = (torch.zeros_like(loop.inputs),)
+
+    def __call__(self, index: int, state: tuple):
+        loop = self.loop
+        following, probabilities, log_partition = self.block(
+            state[0], loop.inputs, attention_mask=loop.mask, loop=index, **with_cache(loop.cache),
+            statistics_mask=loop.statistics_mask, wanted=loop.wanted)
+        return (following,), None, self.records(state[0], following, probabilities, log_partition)
+
+
+class HamiltonianStep:
+    """`refine`'s step of the damped heavy-ball dynamics of eq. 1 (§4.3) from Z_0 = X, V_0 = 0: the keys and values
+    are X's, computed (and cached, in layer 0) once per forward."""
+
+    def __init__(self, block: EERHamiltonianBlock, loop: LoopInputs, records: LoopRecords):
+        self.block, self.loop, self.records = block, loop, records
+        keys_values = block.self_attn.keys_values(loop.inputs)
+        self.keys_values = loop.cache.update(*keys_values, 0) if loop.cache is not None else keys_values
+        self.start = (loop.inputs, torch.zeros_like(loop.inputs))
+
+    def __call__(self, index: int, state: tuple):
+        loop = self.loop
+        latent, velocity, probabilities, log_partition = self.block(
+            state[0], state[1], *self.keys_values, loop.wanted, attention_mask=loop.mask,
+            statistics_mask=loop.statistics_mask)
+        return (latent, velocity), None, self.records(state[0], latent, probabilities, log_partition)
+
+
 class EERModel(EERPreTrainedModel):
     """The embedding, the looped block and the final LayerNorm. ``hidden_states`` are Z_0..Z_T,
     ``last_hidden_state`` is LN_f(Z_T + X)."""
@@ -275,8 +351,9 @@ class EERModel(EERPreTrainedModel):
     def __init__(self, config: EERConfig):
         super().__init__(config)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        block = EERHamiltonianBlock if config.loop_dynamics == "hamiltonian" else EERBlock
-        self.block = block(config)
+        hamiltonian = config.loop_dynamics == "hamiltonian"
+        self.block = EERHamiltonianBlock(config) if hamiltonian else EERBlock(config)
+        self.step_type = HamiltonianStep if hamiltonian else ResidualStep
         self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.gradient_checkpointing = False
         self.post_init()
@@ -330,8 +407,9 @@ class EERModel(EERPreTrainedModel):
         statistics_mask = additive_mask(mask) if wanted.statistics else None
         valid = real_tokens(attention_mask, inputs, dense=True)
 
-        step, start = self._dynamics(inputs, (mask, statistics_mask), cache, valid, wanted)
-        result = refine(step, start, loops, records=wanted.records)
+        loop = LoopInputs(inputs, mask, statistics_mask, cache, valid, wanted)
+        step = self.step_type(self.block, loop, LoopRecords(config, self.block.self_attn, loop))
+        result = refine(step, step.start, loops, records=wanted.records)
         latent = result.state[0]
         regularisers = {}
         if wanted.regularisers:
@@ -374,54 +452,6 @@ class EERModel(EERPreTrainedModel):
         if attention_mask is not None and attention_mask.dim() == 2:
             return positions_from_mask(attention_mask, length)
         return torch.arange(past_seen, past_seen + length, device=device).unsqueeze(0)
-
-    def _dynamics(self, inputs, masks, cache, valid, wanted: "LoopOutputs"):
-        """(step function for `refine`, initial state) of the configured latent dynamics. ``masks``: the mask of the
-        attention implementation and the additive one of the statistics (None when none are needed); the steps
-        record what ``wanted`` asks for: the regularisers' terms, the trace's quantities."""
-        tracing = wanted.tracing
-        config = self.config
-        mask, statistics_mask = masks
-        q = config.tsallis_q
-        attention = self.block.self_attn
-        # the projections as they act (LoRA included), read once per forward for the trace's contraction bound
-        projections = (attention.q_proj, attention.k_proj, attention.v_proj)
-        weights = [applied_weight(projection, inputs) for projection in projections] if tracing else None
-
-        def loop_records(previous, following, probabilities, log_partition):
-            if not (wanted.regularisers or tracing):
-                return {}
-            records = loop_terms(previous, following, probabilities, valid, q)
-            if tracing:
-                rows = valid.to(probabilities.dtype).unsqueeze(1)
-                count = rows.sum().clamp_min(1) * probabilities.shape[1]
-                records.update(
-                    energy=(-config.attention_temperature * log_partition * rows).sum() / count,
-                    residual=(widened(following - previous).norm(dim=-1) * valid).sum() / valid.sum().clamp_min(1),
-                    contraction_bound=contraction_bound(*weights, probabilities, valid.to(probabilities.dtype),
-                                                        q).mean())
-            return records
-
-        if config.loop_dynamics == "hamiltonian":
-            keys_values = attention.keys_values(inputs)
-            if cache is not None:
-                keys_values = cache.update(*keys_values, 0)
-
-            def hamiltonian_step(index: int, state: tuple):
-                latent, velocity, probabilities, log_partition = self.block(
-                    state[0], state[1], *keys_values, attention_mask=mask, statistics_mask=statistics_mask,
-                    with_log_partition=tracing)
-                return (latent, velocity), None, loop_records(state[0], latent, probabilities, log_partition)
-
-            return hamiltonian_step, (inputs, torch.zeros_like(inputs))
-
-        def residual_step(index: int, state: tuple):
-            following, probabilities, log_partition = self.block(
-                state[0], inputs, attention_mask=mask, loop=index, **with_cache(cache),
-                statistics_mask=statistics_mask, with_statistics=wanted.statistics, with_log_partition=tracing)
-            return (following,), None, loop_records(state[0], following, probabilities, log_partition)
-
-        return residual_step, (torch.zeros_like(inputs),)
 
 
 class EERForCausalLM(CausalLMLossMixin, CacheKindsMixin, EERPreTrainedModel, GenerationMixin):
