@@ -15,6 +15,7 @@ __version__ = "0.1.0"
 # What energyzoo exports beside the architectures' own classes, which come from the registry (`_architecture_names`):
 # a new architecture adds nothing here
 _SHARED = {
+    "hub_cards": ["export_folder", "export_model"],
     "modeling.errors": ["UserError", "UserTypeError"],
     "modeling.outputs": ["EnergyTrace"],
     "modeling.tel_layer": ["TELSettings", "ThermodynamicEquilibriumLayer", "ThermodynamicRefinement"],

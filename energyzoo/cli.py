@@ -271,7 +271,7 @@ def _convert_verb(commands) -> None:
 
 
 def _convert(args) -> int:
-    from .hub_cards.original import convert_hyperset_original, original_options
+    from .convert.hyperset import convert_hyperset_original, original_options
 
     options = original_options(args.config, _config_fields(args.set))
     folder, task, defaults = convert_hyperset_original(args.source, args.output_dir, options)

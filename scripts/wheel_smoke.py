@@ -12,8 +12,6 @@ import torch
 import transformers
 
 import energyzoo
-from energyzoo.hub_cards import export_model
-from energyzoo.presets import preset_names
 
 LOAD_WITHOUT_ENERGYZOO = """
 import importlib.abc, sys, torch, transformers
@@ -32,7 +30,7 @@ print("loaded", type(model).__module__)
 def main() -> None:
     installed = Path(energyzoo.__file__).resolve()
     assert "site-packages" in installed.parts, f"energyzoo imported from {installed}, not from the installed wheel"
-    names = preset_names()
+    names = energyzoo.preset_names()
     with torch.device("meta"):
         for name in names:
             energyzoo.model_from_preset(name)
@@ -46,7 +44,7 @@ def main() -> None:
     print(f"fem-lm-tiny generates with its cache on transformers {transformers.__version__}")
 
     with tempfile.TemporaryDirectory() as scratch:
-        folder = export_model(model, Path(scratch) / "export")
+        folder = energyzoo.export_model(model, Path(scratch) / "export")
         torch.save(ids, Path(scratch) / "ids.pt")
         torch.save(cached, Path(scratch) / "expected.pt")
         loaded = subprocess.run([sys.executable, "-c", LOAD_WITHOUT_ENERGYZOO, str(folder), f"{scratch}/ids.pt",

@@ -9,9 +9,9 @@ import torch
 from support.fem_reference import public_reference_layer
 from transformers import DynamicCache
 
+from energyzoo.convert.fem_reference import fem_attention_from_reference
 from energyzoo.modeling.configuration_fem import FEMConfig
 from energyzoo.modeling.errors import UserError
-from energyzoo.modeling.fem_public_reference import fem_attention_from_reference
 from energyzoo.modeling.modeling_fem import FEMAttention, FEMForCausalLM
 
 LAYOUT = json.loads((Path(__file__).parent / "support" / "fem_public_reference_layout.json").read_text())["keys"]

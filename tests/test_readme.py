@@ -1,7 +1,7 @@
 """The documents do what they say. Every ```bash block of the README and of docs/ is preceded by a
 ``<!-- doc-test: ... -->`` line that either runs it (each line as written, in a fresh folder, with the tiny settings it
 names put before each `energyzoo train`'s own) or says why it cannot run here (an install, the network, a GPU). Every
-rendered table is the rendering of the shipped measurements (`energyzoo.hub_cards.docs`)."""
+rendered table is the rendering of the shipped measurements (`energyzoo.documents`)."""
 
 import os
 import re
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from energyzoo.hub_cards.docs import BLOCK as RENDERED
-from energyzoo.hub_cards.docs import render_document
+from energyzoo.documents import BLOCK as RENDERED
+from energyzoo.documents import render_document
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -72,7 +72,7 @@ def test_a_runnable_block_runs_as_written(commands, tmp_path):
 @pytest.mark.parametrize("document", DOCUMENTS, ids=lambda path: str(path.relative_to(ROOT)))
 def test_every_rendered_table_is_the_rendering_of_the_shipped_measurements(document):
     text = document.read_text()
-    stale = f"stale tables: run python -m energyzoo.hub_cards.docs {document.relative_to(ROOT)}"
+    stale = f"stale tables: run python -m energyzoo.documents {document.relative_to(ROOT)}"
     assert text == render_document(text), stale
 
 

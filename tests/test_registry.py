@@ -12,8 +12,9 @@ from transformers import AutoConfig, AutoModel
 
 from energyzoo.eval.bench_table import WORKLOADS
 from energyzoo.hub_cards import export_model
-from energyzoo.hub_cards.export import measured_speed, render_card
-from energyzoo.hub_cards.ledger import NO_EXPERIMENT, measured_ledger
+from energyzoo.hub_cards.export import render_card
+from energyzoo.measured import measured_ledger, measured_speed
+from energyzoo.measured.ledger import NO_EXPERIMENT
 from energyzoo.presets import config_from_preset, preset_card, preset_names
 from energyzoo.registry import ARCHITECTURES, TASKS, architecture
 from energyzoo.reproduce.experiments import EXPERIMENTS
@@ -71,7 +72,7 @@ def test_every_bench_preset_is_the_architecture_and_names_a_baseline(model_type)
 
 
 def test_the_shipped_bench_results_cover_every_bench_entry_as_declared():
-    """hub_cards/bench.json (the documents' and the cards' speed rows) was measured with the registry's entries."""
+    """measured/bench.json (the documents' and the cards' speed rows) was measured with the registry's entries."""
     measured = {tuple(result["presets"]): result for result in measured_speed()}
     for model_type, architecture_entry in ARCHITECTURES.items():
         entry = architecture_entry.bench

@@ -3,7 +3,7 @@ modelling (MaskGIT's masking schedules)."""
 
 import torch
 
-from ..extras import needs_extra
+from ..modeling.errors import needs_extra
 
 DIGITS_TEST_EVERY = 5  # every fifth digit by scikit-learn's index is the test set: no training run sees it
 

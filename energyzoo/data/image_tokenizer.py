@@ -15,8 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..extras import needs_extra
-from ..modeling.errors import UserError
+from ..modeling.errors import UserError, needs_extra
 from .digits import masking_split, shuffled_digit_images
 
 DIGIT_PATCH_CODES = 64  # codebook of the digits' 2x2 patches: an 8x8 digit becomes a 4x4 grid of 64 codes

@@ -25,6 +25,7 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict
+from importlib import resources
 from pathlib import Path
 
 import torch
@@ -88,9 +89,7 @@ def training_section(device: str, output: Path) -> dict:
 def sharded_runs(engine: str, processes: int, output: Path) -> dict:
     """One engine on ``processes`` GPUs: uninterrupted, and stopped after step 6 then resumed; the largest relative
     difference of a resumed weight from the uninterrupted one."""
-    from ..training.recipe_files import shipped_recipe_path
-
-    configs = shipped_recipe_path(RECIPE).parent
+    configs = resources.files("energyzoo") / "configs"  # the accelerate configs, beside the recipes
     arguments = ["training.steps=12", f"training.batch_size={8 * processes}", "training.gradient_accumulation=2",
                  "training.save_every=6", "training.eval_every=6", "training.mixed_precision=bf16"]
 

@@ -27,9 +27,8 @@ import yaml
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from ..data.text import python_docs_corpus
-from ..extras import needs_extra
 from ..files import read_json, tokenizer_damage
-from ..modeling.errors import UserError
+from ..modeling.errors import UserError, needs_extra
 from ..registry import ARCHITECTURES
 from .suites import SUITES
 

@@ -567,7 +567,7 @@ def _measured(name: str, settings: BenchSettings | None, baseline: str | None, s
     notes += [f"first call of {workload}, not timed: " + ", ".join(f"{arm} {value:.1f} s" for arm, value in
                                                                   seconds.items())
               for workload, seconds in first_calls.items() if WORKLOADS[workload].rate]  # what compiling costs once
-    return {"title": title, "settings": asdict(settings), "baseline": baseline, "presets": list(presets),
+    return {"name": name, "title": title, "settings": asdict(settings), "baseline": baseline, "presets": list(presets),
             "torch": torch.__version__, "threads": torch.get_num_threads(), "rows": [asdict(row) for row in rows],
             "notes": notes, "raw_seconds": times}
 

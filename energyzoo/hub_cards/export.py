@@ -6,7 +6,7 @@ transformers through `register_for_auto_class`), the tokenizer, the generation c
 rendered from this folder's per-paper template (the registry's `card_template`: `fem.md`, `tel.md`,
 `hyperset.md`, `eqt.md`, `eer.md`) with the evaluation results that `energyzoo eval` left in ``MODEL_DIR/eval`` as
 `model-index` metadata, and the speed rows of the model's preset as `energyzoo bench --all` measured them
-(``bench.json`` here, also the documents' speed tables). The card declares a ``pipeline_tag`` only where that
+(`energyzoo.measured`, also the documents' speed tables). The card declares a ``pipeline_tag`` only where that
 transformers pipeline runs on the folder (it holds the tokenizer or image processor the pipeline reads).
 Nothing touches the network unless ``push_to`` names a repository.
 
@@ -31,6 +31,8 @@ from ..data.images import image_processor_for
 from ..eval.bench_table import format_table
 from ..eval.harness import scores
 from ..files import MANIFEST, edited_files, write_manifest
+from ..measured import measured_speed
+from ..measured.ledger import family_ledger
 from ..modeling.errors import UserError
 from ..modeling.transformers_compat import TESTED_TRANSFORMERS
 from ..registry import ARCHITECTURES, TASKS, architecture, auto_map_for
@@ -38,7 +40,6 @@ from ..training.checkpoints import RECIPE, write_folder_whole
 from ..training.engines import Engine
 from ..training.recipe import Recipe, read_recipe
 from ..training.tasks import training_task
-from .ledger import family_ledger
 from .public import is_local_path, public_evaluations, public_recipe
 
 logger = logging.getLogger(__name__)
@@ -46,7 +47,6 @@ logger = logging.getLogger(__name__)
 SKIPPED_CONFIG_KEYS = {"auto_map", "architectures", "transformers_version", "id2label", "label2id", "dtype"}
 # The file each preprocessor saves, which a pipeline reads from the folder.
 PREPROCESSOR_FILES = {"tokenizer": "tokenizer_config.json", "image_processor": "preprocessor_config.json"}
-BENCH_RESULTS = "bench.json"
 CONTEXT_FIELDS = ("max_position_embeddings", "n_positions")  # a language model's context, under transformers' names
 
 
@@ -184,11 +184,6 @@ def _eval_table(model_dir: Path) -> str:
     if not tables:
         return "No evaluation results in the folder (run `energyzoo eval` before exporting)."
     return "\n\n".join(tables)
-
-
-def measured_speed() -> list[dict]:
-    """`energyzoo bench --all` as measured for the documents (``hub_cards/bench.json``, one result per architecture)."""
-    return json.loads((resources.files("energyzoo") / "hub_cards" / BENCH_RESULTS).read_text())
 
 
 def _speed_table(recipe: Recipe | None, model_type: str) -> str:

@@ -87,8 +87,8 @@ class FEMConfig(OwnCacheLayerTypes, PreTrainedConfig):
             (LJC-FVNR/FreeEnergyMixer) whose weights this model holds: its outer gate softplus(g) + eps, l2-normalised
             with eps 1e-5, times sqrt(d_v); its conditioner's shortcut softplus(a) + 1e-8, l2-normalised with eps
             1e-8, times sqrt(H_c); and its envelope floor h~_t = D_t sum_{i<=t} u_i / (D_i + 1e-12) in place of
-            eq. 33, which it leaves once the decay passes about 28 nats. `fem_public_reference` sets it: without
-            it converted weights compute a different function past a few dozen tokens.
+            eq. 33, which it leaves once the decay passes about 28 nats. `energyzoo.convert.fem_reference` sets it:
+            without it converted weights compute a different function past a few dozen tokens.
         layer_types: set from ``prior``: every layer's cache-layer type, which `DynamicCache(config=...)` reads. Not
             saved; a given list (an older saved config's) must be the prior's.
     Switching modules off removes their parameters; widths stay as the ratios say (re-budget with them).

@@ -7,6 +7,8 @@ is a bug in energyzoo and is shown with its traceback (exit code 1).
 """
 
 import difflib
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 
 class UserError(ValueError):
@@ -21,6 +23,20 @@ class UserTypeError(UserError, TypeError):
 class MissingExtra(ImportError):
     """An optional dependency of the feature asked for is not installed (the message names energyzoo's extra that
     brings it)."""
+
+
+@contextmanager
+def needs_extra(extra: str) -> Iterator[None]:
+    """Imports inside this block come with energyzoo's ``extra`` (pyproject's extras): what loading, generating,
+    fine-tuning and training need is the base install; lm-eval (``eval``), the image metrics and the digits data
+    (``vision``), plotting (``plots``) and the statistics of the reproduction verdicts (``reproduce``) come with
+    theirs, and a missing one raises `MissingExtra` naming it, in one line, when it is first used."""
+    try:
+        yield
+    except ModuleNotFoundError as error:
+        package = (error.name or "a package").split(".")[0]
+        raise MissingExtra(f"{package} is not installed: it comes with energyzoo's [{extra}] extra "
+                           f"(pip install 'energyzoo[{extra}]')") from error
 
 
 class UntestedTransformers(ImportError):

@@ -13,8 +13,7 @@ from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 
-from ..extras import needs_extra
-from ..modeling.errors import UserError
+from ..modeling.errors import UserError, needs_extra
 from ..training.recipe import typed_settings
 from .experiments import EXPERIMENTS
 from .verdict import ALPHA, LEDGER_HEADER, MIN_SEEDS, VERDICTS, decide

@@ -34,8 +34,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..extras import needs_extra
-from ..modeling.errors import UserError
+from ..modeling.errors import UserError, needs_extra
 from ..modeling.outputs import tracing_energies
 from ..modeling.tel_layer import TELSettings, ThermodynamicEquilibriumLayer
 from .parts import Parts

@@ -59,8 +59,7 @@ import math
 import statistics
 from dataclasses import asdict, dataclass, replace
 
-from ..extras import needs_extra
-from ..modeling.errors import UserError
+from ..modeling.errors import UserError, needs_extra
 
 ALPHA = 0.05
 MIN_SEEDS = 5

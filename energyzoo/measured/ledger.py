@@ -1,16 +1,9 @@
 """The shipped reproduction ledger (``ledger.json``, `energyzoo reproduce all`'s output) as the tables the documents
 and the model cards show."""
 
-import json
-from importlib import resources
-
 from ..reproduce.experiments import EXPERIMENTS
 from ..reproduce.report import experiment_markdown
-
-
-def measured_ledger() -> dict:
-    """The shipped ledger (`energyzoo.reproduce.report.build_ledger`'s)."""
-    return json.loads(resources.files(__package__).joinpath("ledger.json").read_text())
+from . import measured_ledger
 
 
 def ledger_tables(experiments: list[str]) -> str:

@@ -1,14 +1,14 @@
-"""`energyzoo convert`: other people's checkpoints as Hub-ready energyzoo folders. ``hyperset-original``: the authors'
-Hyper-SET checkpoints (huyunzhe/hyper-set), any of their three tasks (`modeling.hyperset_original`)."""
+"""`energyzoo convert hyperset-original`: the Hyper-SET authors' checkpoints (huyunzhe/hyper-set), any of their three
+tasks (`modeling.hyperset_original` reads them), as Hub-ready energyzoo folders."""
 
 import tempfile
 from pathlib import Path
 
 import yaml
 
+from ..hub_cards import export_folder
 from ..modeling.hyperset_original import ORIGINAL_DATASETS, original_task, read_original_state_dict
 from ..registry import architecture
-from .export import export_folder
 
 
 def original_options(config_file: str | Path | None, assignments: dict) -> dict:

@@ -25,10 +25,10 @@ reason, in one line:
 
 import torch
 
-from .configuration_fem import FEMConfig
-from .errors import UserError
-from .fem_free_energy import inverse_softplus
-from .modeling_fem import FEMAttention
+from ..modeling.configuration_fem import FEMConfig
+from ..modeling.errors import UserError
+from ..modeling.fem_free_energy import inverse_softplus
+from ..modeling.modeling_fem import FEMAttention
 
 REFERENCE_PRIORS = {"softmax": "softmax", "rnn_softmax": "aft"}
 RENAMES = {"W_q": "q_proj", "W_k": "k_proj", "W_v": "v_proj", "W_o": "o_proj", "W_lambda": "temperature_proj",

@@ -1,6 +1,6 @@
 """The measured numbers of the repository's documents, rendered from their one source as the cards are: the bench
 tables from ``bench.json`` (`energyzoo bench --all`) and the reproduction tables from ``ledger.json`` (`energyzoo
-reproduce all --quick`), both shipped here. A document marks each rendered block::
+reproduce all`), both shipped in `energyzoo.measured`. A document marks each rendered block::
 
     <!-- rendered: bench fem -->
     ... (written by `render_document`) ...
@@ -11,23 +11,21 @@ operator counts and time splits, ``profiles.json`` from `energyzoo bench NAME --
 (a row per bench table), ``ledger EXPERIMENT...`` (each experiment's verdicts), ``ledger-summary`` (a row per
 experiment), ``reference-differences FAMILY`` (the family's differences from its authors' public code, as its model
 card has).
-``python -m energyzoo.hub_cards.docs FILE...`` rewrites the blocks of each file; a test checks they are current.
+``python -m energyzoo.documents FILE...`` rewrites the blocks of each file; a test checks they are current.
 """
 
-import json
 import re
 import sys
 from collections import Counter
-from importlib import resources
 from pathlib import Path
 
-from ..eval.bench_table import format_table, profile_table
-from ..presets import config_from_preset
-from ..reproduce.experiments import EXPERIMENTS
-from ..reproduce.report import headline, primary_table
-from ..reproduce.verdict import VERDICTS
-from .export import measured_speed, reference_differences
-from .ledger import ledger_tables, measured_ledger
+from .eval.bench_table import format_table, profile_table
+from .hub_cards.export import reference_differences
+from .measured import measured_ledger, measured_profiles, measured_speed
+from .measured.ledger import ledger_tables
+from .reproduce.experiments import EXPERIMENTS
+from .reproduce.report import headline, primary_table
+from .reproduce.verdict import VERDICTS
 
 BLOCK = re.compile(r"(<!-- rendered: (?P<kind>[\w-]+)(?P<names>(?: [\w.-]+)*) -->\n)(?P<body>.*?)"
                    r"(<!-- end rendered -->)", re.S)
@@ -35,16 +33,11 @@ SUMMARY_WORKLOADS = ("forward", "train_step", "peak_memory", "decode")
 
 
 def _architecture(result: dict) -> str:
-    return config_from_preset(result["presets"][0]).model_type
+    return result["name"]
 
 
 def bench_tables(model_types: list[str]) -> str:
     return "\n\n".join(format_table(result) for result in measured_speed() if _architecture(result) in model_types)
-
-
-def measured_profiles() -> list[dict]:
-    """`energyzoo bench NAME --profile WORKLOAD` as measured for the documents (``hub_cards/profiles.json``)."""
-    return json.loads((resources.files("energyzoo") / "hub_cards" / "profiles.json").read_text())
 
 
 def profile_tables(model_types: list[str]) -> str:
