@@ -112,7 +112,6 @@ def _workloads(timed_only: bool = False) -> list[str]:
 
 
 def _quickstart_verb(commands) -> None:
-    """`energyzoo quickstart`: its arguments."""
     quickstart = commands.add_parser("quickstart", help="train, evaluate and export a tiny FEM-LM (offline)")
     quickstart.add_argument("--output-dir", default="runs/quickstart")
     quickstart.add_argument("--steps", type=int, default=500)
@@ -145,7 +144,6 @@ def _recipe_file(args) -> Path:
 
 
 def _train_verb(commands) -> None:
-    """`energyzoo train RECIPE [overrides]`: its arguments."""
     train = commands.add_parser("train", help="train a zoo model from a recipe with accelerate")
     train.add_argument("recipe", help="a recipe YAML file, or the name of one in energyzoo/configs (e.g. fem-lm-tiny)")
     train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. training.steps=20 output_dir=runs/x")
@@ -188,7 +186,6 @@ def _model_folder(args) -> Path:
 
 
 def _eval_verb(commands) -> None:
-    """`energyzoo eval MODEL_DIR`: its arguments."""
     evaluate = commands.add_parser(
         "eval", help="lm-evaluation-harness on a model folder",
         description="lm-evaluation-harness (its HFLM, loading the folder with trust_remote_code) on a model folder, a "
@@ -224,7 +221,6 @@ def _eval(args) -> int:
 
 
 def _export_verb(commands) -> None:
-    """`energyzoo export MODEL_DIR OUTPUT_DIR`: its arguments."""
     export = commands.add_parser("export", help="write a Hub-ready folder (remote code, tokenizer, model card)")
     export.add_argument("model_dir", help="a model folder, or a run folder with --checkpoint")
     export.add_argument("output_dir")
@@ -253,7 +249,6 @@ def _export(args) -> int:
 
 
 def _convert_verb(commands) -> None:
-    """`energyzoo convert FORMAT SOURCE OUTPUT_DIR`: its arguments."""
     convert = commands.add_parser(
         "convert", help="turn another codebase's checkpoint into a Hub-ready energyzoo folder",
         description="hyperset-original: an authors' Hyper-SET checkpoint (huyunzhe/hyper-set; .pt / .pth / "
@@ -282,7 +277,6 @@ def _convert(args) -> int:
 
 
 def _recipes_verb(commands) -> None:
-    """`energyzoo recipes`: its arguments."""
     recipes = commands.add_parser("recipes", help="list the shipped recipes and where the accelerate configs are")
     recipes.set_defaults(run=_recipes, loads_models=False)
 
@@ -341,7 +335,6 @@ RENAMED_BENCH_FLAGS = ("prior", "kernel")  # FEM's --prior and --kernel: config 
 
 
 def _bench_verb(commands) -> None:
-    """`energyzoo bench [NAME]`: its arguments."""
     bench = commands.add_parser(
         "bench", help="an architecture vs its baseline: forward, train step, peak memory, decoding",
         description="Time an architecture (the registry's bench entry: its presets, workloads and targets) or one "
@@ -422,7 +415,6 @@ def _bench(args) -> int:
 
 
 def _doctor_verb(commands) -> None:
-    """`energyzoo doctor`: its arguments."""
     doctor = commands.add_parser("doctor", help="check the GPU kernels (fla, mamba-ssm, flash-attn) against the "
                                                 "PyTorch path, forward, backward and cached decoding; with "
                                                 "--families, every family on the device against float64")
@@ -467,7 +459,6 @@ def _setting(args) -> str:
 
 
 def _reproduce_verb(commands) -> None:
-    """`energyzoo reproduce EXPERIMENT [settings]`: its arguments."""
     reproduce = commands.add_parser(
         "reproduce", help="a CPU-scale rerun of a paper experiment, with a report",
         description="Run an experiment of the table in energyzoo/reproduce/experiments.py and write its report "

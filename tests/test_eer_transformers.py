@@ -1,22 +1,13 @@
 """transformers' common model and generation tests on the EER looped transformer
 (tests/support/transformers_common.py says how they run)."""
 
-import functools
 import unittest
 
-import pytest
-from transformers_common import (
-    GenerationTesterMixin,
-    ModelTesterMixin,
-    TinyCausalLMTester,
-    model_classes,
-    with_skips,
-    zoo_classes_in_transformers_task_tables,  # noqa: F401 (autouse: the zoo's classes in transformers' task tables)
-)
+import transformers_common as common
 
 from energyzoo.modeling.configuration_eer import EERConfig
 
-pytestmark = pytest.mark.slow  # transformers' whole common suite per model class, compiled decoding included
+pytestmark = common.MARKS
 
 SKIPS = {
     "test_retain_grad_hidden_states_attentions": (
@@ -27,12 +18,12 @@ SKIPS = {
 }
 
 
-@functools.partial(with_skips, skips=SKIPS)
-class EERCommonTest(ModelTesterMixin, GenerationTesterMixin, unittest.TestCase):
-    all_model_classes = model_classes("eer-looped")
+@common.with_skips(SKIPS)
+class EERCommonTest(common.ModelTesterMixin, common.GenerationTesterMixin, unittest.TestCase):
+    all_model_classes = common.model_classes("eer-looped")
 
     def setUp(self):  # EER's single head (eer.txt §5.1); num_hidden_layers is the loop count T
-        self.model_tester = TinyCausalLMTester(
+        self.model_tester = common.TinyCausalLMTester(
             self, lambda tester: EERConfig(
                 vocab_size=tester.vocab_size, hidden_size=tester.hidden_size, num_attention_heads=1,
                 intermediate_size=tester.intermediate_size, num_loops=tester.num_hidden_layers, pad_token_id=0,

@@ -1,22 +1,13 @@
 """transformers' common model and generation tests on EqT-LLaMA (tests/support/transformers_common.py says how they
 run)."""
 
-import functools
 import unittest
 
-import pytest
-from transformers_common import (
-    GenerationTesterMixin,
-    ModelTesterMixin,
-    TinyCausalLMTester,
-    model_classes,
-    with_skips,
-    zoo_classes_in_transformers_task_tables,  # noqa: F401 (autouse: the zoo's classes in transformers' task tables)
-)
+import transformers_common as common
 
 from energyzoo.modeling.configuration_eqt import EqTLlamaConfig
 
-pytestmark = pytest.mark.slow  # transformers' whole common suite per model class, compiled decoding included
+pytestmark = common.MARKS
 
 READS_TOKEN_IDS = ("the reverse and masked energies (eqt.txt eq. 12-13) read the token ids: EqT-LLaMA refuses "
                    "inputs_embeds alone (generate() passes only them for the prompt) with a clear error unless "
@@ -31,12 +22,12 @@ SKIPS = {
 }
 
 
-@functools.partial(with_skips, skips=SKIPS)
-class EqTLlamaCommonTest(ModelTesterMixin, GenerationTesterMixin, unittest.TestCase):
-    all_model_classes = model_classes("eqt-llama")
+@common.with_skips(SKIPS)
+class EqTLlamaCommonTest(common.ModelTesterMixin, common.GenerationTesterMixin, unittest.TestCase):
+    all_model_classes = common.model_classes("eqt-llama")
 
     def setUp(self):
-        self.model_tester = TinyCausalLMTester(self, lambda tester: EqTLlamaConfig(
+        self.model_tester = common.TinyCausalLMTester(self, lambda tester: EqTLlamaConfig(
             vocab_size=tester.vocab_size, hidden_size=tester.hidden_size, num_hidden_layers=tester.num_hidden_layers,
             num_attention_heads=tester.num_attention_heads, num_key_value_heads=2,
             intermediate_size=tester.intermediate_size, max_position_embeddings=64, pad_token_id=0, bos_token_id=1,

@@ -3,21 +3,13 @@
 
 import unittest
 
-import pytest
 import torch
+import transformers_common as common
 from fem_reference import PRIOR_CASES
-from transformers_common import (
-    GenerationTesterMixin,
-    ModelTesterMixin,
-    TinyCausalLMTester,
-    model_classes,
-    with_skips,
-    zoo_classes_in_transformers_task_tables,  # noqa: F401 (autouse: the zoo's classes in transformers' task tables)
-)
 
 from energyzoo.modeling.configuration_fem import FEM_PRIORS, PRIORS, FEMConfig
 
-pytestmark = pytest.mark.slow  # transformers' whole common suite per model class, compiled decoding included
+pytestmark = common.MARKS
 
 RECURRENT_ATTENTION = ("the GLA, AFT and SSM priors are recurrences, not softmax attention: FEM accepts only "
                        "attn_implementation='sdpa' for them and refuses 'eager' with a clear error")
@@ -41,12 +33,12 @@ def fem_test_case(prior: str):
                          intermediate_size=tester.intermediate_size, time_decay_rank=4, pad_token_id=0,
                          max_position_embeddings=64)
 
-    class FEMCommonTest(ModelTesterMixin, GenerationTesterMixin, unittest.TestCase):
-        all_model_classes = model_classes("fem")
+    class FEMCommonTest(common.ModelTesterMixin, common.GenerationTesterMixin, unittest.TestCase):
+        all_model_classes = common.model_classes("fem")
         has_attentions = spec.attention_function
 
         def setUp(self):
-            self.model_tester = TinyCausalLMTester(self, make_config)
+            self.model_tester = common.TinyCausalLMTester(self, make_config)
 
         def _check_past_key_values_for_generate(self, batch_size, past_key_values, seq_length, config):
             """A recurrent prior's layers keep fixed-size states instead of keys and values (as transformers' Mamba
@@ -72,7 +64,7 @@ def fem_test_case(prior: str):
     FEMCommonTest.__name__ = FEMCommonTest.__qualname__ = f"FEM{prior.upper()}CommonTest"
     skips = {**SKIPS, **(RECURRENT_SKIPS if spec.recurrent else {}),
              **({} if spec.queries_and_keys else WITHOUT_QUERIES_SKIPS)}
-    return with_skips(FEMCommonTest, skips)
+    return common.with_skips(skips)(FEMCommonTest)
 
 
 for _prior in FEM_PRIORS:  # FEMSOFTMAXCommonTest, FEMGLACommonTest, ...: unittest collects module globals

@@ -91,7 +91,8 @@ for name in sys.argv[1:]:
 def test_every_matrix_collects_the_sixth_architecture(checkout):
     """Every matrix names the toy among its test ids, or (one test over all models, such as the side-by-side export
     check) holds its tester in the list it runs over."""
-    collected = run(checkout, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "tests").splitlines()
+    collected = run(checkout, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-n", "0",
+                    "tests").splitlines()
     named = {line.split("::")[0].removeprefix("tests/") for line in collected if "toy" in line.lower()}
     unnamed = sorted(set(matrices(checkout)) - named)
     holding = set(run(checkout, "-c", HOLDING_THE_TOY, *unnamed).split()) if unnamed else set()
@@ -108,14 +109,15 @@ def test_the_sixth_architecture_is_public_registered_and_exported_as_its_own(che
               "assert type(transformers.AutoConfig.for_model('toy')).__name__ == 'ToyConfig'\n"
               "print('ok')")
     assert run(checkout, "-c", script).strip() == "ok"
-    run(checkout, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_registry.py", "-k", "toy or Toy")
+    run(checkout, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", "tests/test_registry.py", "-k",
+        "toy or Toy")
 
 
 def test_the_layout_and_documents_rules_hold_with_the_sixth_architecture(checkout):
     """Its files sit where the layout rules want them (modeling files importing their siblings and the shared ones;
     every document's rendered blocks current), with no other file edited."""
-    run(checkout, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow", "tests/test_layout.py",
-        "tests/test_readme.py")
+    run(checkout, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", "-m", "not slow",
+        "tests/test_layout.py", "tests/test_readme.py")
 
 
 def test_contributing_states_the_files_an_architecture_adds_and_edits():

@@ -37,16 +37,18 @@ from tests.test_modeling_common import (  # noqa: E402
     ids_tensor,
     random_attention_mask,
 )
-from transformers.models.auto import modeling_auto  # noqa: E402
 
 from energyzoo.registry import ARCHITECTURES  # noqa: E402
 
 __all__ = ["GenerationTesterMixin", "ModelTesterMixin", "TinyCausalLMTester", "TinyImageTester", "TinyTokenGridTester",
-           "VISION_SKIPS", "CONVOLUTIONAL_SKIPS", "model_classes", "with_skips",
-           "zoo_classes_in_transformers_task_tables"]
+           "VISION_SKIPS", "CONVOLUTIONAL_SKIPS", "MARKS", "model_classes", "with_skips"]
+
+# every family's module: transformers' whole common suite per model class (compiled decoding included) is slow, and
+# transformers' tests find a class's task in its task tables (the fixture, in tests/conftest.py)
+MARKS = [pytest.mark.slow, pytest.mark.usefixtures("zoo_classes_in_transformers_task_tables")]
 
 # transformers' tests find a class's task by its name in these tables, where transformers lists its own models; the
-# zoo's entries come from the registry
+# zoo's entries come from the registry (the fixture `zoo_classes_in_transformers_task_tables` puts them there)
 MAPPING_OF_TASK = {"causal-lm": "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
                    "sequence-classification": "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
                    "image-classification": "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES",
@@ -69,13 +71,6 @@ CONVOLUTIONAL_SKIPS = {
         "its hidden states are feature maps (batch, channels, height, width), not the (batch, sequence, hidden) the "
         "common test reads (transformers' ResNet test replaces it too)"),
 }
-
-
-@pytest.fixture(autouse=True)
-def zoo_classes_in_transformers_task_tables(monkeypatch):
-    for table, entries in TASK_TABLES.items():
-        for model_type, class_name in entries.items():
-            monkeypatch.setitem(getattr(modeling_auto, table), model_type, class_name)
 
 
 class TinyCausalLMTester:
@@ -127,13 +122,16 @@ class TinyImageTester:
         return self.get_config(), {"pixel_values": pixels}
 
 
-def with_skips(test_class, skips: dict[str, str]):
-    """Replace each common test that ``skips`` names (a test name or its parameterized prefix -> why it does not
-    apply; each parameterized variant) by a skip that says why."""
-    for prefix, reason in skips.items():
-        for name in [name for name in dir(test_class) if name == prefix or name.startswith(f"{prefix}_")]:
-            setattr(test_class, name, unittest.skip(reason)(lambda self: None))
-    return test_class
+def with_skips(skips: dict[str, str]):
+    """A class decorator replacing each common test that ``skips`` names (a test name or its parameterized prefix ->
+    why it does not apply; each parameterized variant) by a skip that says why."""
+    def decorate(test_class):
+        for prefix, reason in skips.items():
+            for name in [name for name in dir(test_class) if name == prefix or name.startswith(f"{prefix}_")]:
+                setattr(test_class, name, unittest.skip(reason)(lambda self: None))
+        return test_class
+
+    return decorate
 
 
 def model_classes(model_type: str, *tasks: str) -> tuple[type, ...]:
