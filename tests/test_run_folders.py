@@ -52,7 +52,13 @@ def uninterrupted(tmp_path_factory):
 
 
 def newer(folder: Path, pattern: str, since: float) -> bool:
-    return any(path.stat().st_mtime >= since for path in folder.glob(pattern))
+    for path in folder.glob(pattern):
+        try:
+            if path.stat().st_mtime >= since:
+                return True
+        except FileNotFoundError:  # published (renamed) or removed between the listing and the look: poll again
+            continue
+    return False
 
 
 @pytest.mark.slow

@@ -28,6 +28,9 @@ TRANSFORMERS_TESTS = os.environ.get("ENERGYZOO_TRANSFORMERS_TESTS")
 if not TRANSFORMERS_TESTS:
     pytest.skip(f"no copy of transformers' tests/ for transformers {RELEASE}: set ENERGYZOO_TRANSFORMERS_TESTS (see "
                 "tests/support/transformers_common.py)", allow_module_level=True)
+if not (Path(TRANSFORMERS_TESTS) / "test_modeling_common.py").is_file():  # a wrong path would import ours as `tests`
+    raise FileNotFoundError(f"ENERGYZOO_TRANSFORMERS_TESTS={TRANSFORMERS_TESTS} is not a copy of transformers' tests/ "
+                            "(it has no test_modeling_common.py)")
 sys.path.insert(0, str(Path(TRANSFORMERS_TESTS).resolve().parent))
 
 from tests.generation.test_utils import GenerationTesterMixin  # noqa: E402
