@@ -116,8 +116,9 @@ def test_the_sixth_architecture_is_public_registered_and_exported_as_its_own(che
 def test_the_layout_and_documents_rules_hold_with_the_sixth_architecture(checkout):
     """Its files sit where the layout rules want them (modeling files importing their siblings and the shared ones;
     every document's rendered blocks current), with no other file edited."""
-    run(checkout, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", "-m", "not slow",
-        "tests/test_layout.py", "tests/test_readme.py")
+    summary = run(checkout, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", "-m", "not slow",
+                  "tests/test_layout.py", "tests/test_readme.py").strip().splitlines()[-1]
+    assert " passed" in summary and "failed" not in summary and "error" not in summary, summary
 
 
 def test_contributing_states_the_files_an_architecture_adds_and_edits():
