@@ -10,6 +10,7 @@ so ``--help``, a typo and a missing or damaged folder answer at once.
 import argparse
 import json
 import os
+import shlex
 import sys
 import textwrap
 import traceback
@@ -17,6 +18,7 @@ from collections.abc import Sequence
 from functools import cached_property
 from pathlib import Path
 
+from .files import write_fault
 from .modeling.errors import MissingExtra, UntestedTransformers, UserError, did_you_mean
 from .reproduce.experiments import EXPERIMENTS  # a table of names: no torch before the arguments are parsed
 
@@ -51,9 +53,30 @@ class OneLineParser(argparse.ArgumentParser):
     verb's --help), instead of a line of every name; ``epilog_when_shown`` (a function) writes the help's closing
     text when the help is shown, so that tables it lists load only then."""
 
-    def __init__(self, *args, epilog_when_shown=None, **kwargs):
+    def __init__(self, *args, epilog_when_shown=None, intermixed=False, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)  # a prefix of an option is a typo (--resum), not the option
         super().__init__(*args, **kwargs)
         self.epilog_when_shown = epilog_when_shown
+        self.intermixed = intermixed
+        self._intermixing = False
+
+    def parse_known_args(self, args=None, namespace=None):
+        """With ``intermixed``, positional overrides may come before, between or after the flags (argparse's
+        intermixed parsing, whose two passes call this method again)."""
+        if not self.intermixed or self._intermixing:
+            return super().parse_known_args(args, namespace)
+        self._intermixing = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._intermixing = False
+
+    def refuse_unrecognized(self, extras: list[str]) -> None:
+        """One line for arguments the verb does not take, naming the closest option of a mistyped flag."""
+        flags = [option for action in self._actions for option in action.option_strings]
+        first = extras[0]
+        hint = did_you_mean(first.partition("=")[0], flags) if first.startswith("--") else ""
+        self.error(f"unrecognized argument{'s' * (len(extras) > 1)}: {' '.join(extras)}{hint}")
 
     def _check_value(self, action, value):  # argparse's one check of a value against ``choices``
         if action.choices is not None and value not in action.choices:
@@ -114,14 +137,22 @@ def _workloads(timed_only: bool = False) -> list[str]:
 def _quickstart_verb(commands) -> None:
     quickstart = commands.add_parser("quickstart", help="train, evaluate and export a tiny FEM-LM (offline)")
     quickstart.add_argument("--output-dir", default="runs/quickstart")
-    quickstart.add_argument("--steps", type=int, default=500)
-    quickstart.set_defaults(run=_quickstart)
+    quickstart.add_argument("--steps", type=at_least_one, default=500)
+    quickstart.add_argument("--overwrite", action="store_true",
+                            help="replace an earlier quickstart in OUTPUT_DIR (kept until the new one is whole)")
+    quickstart.set_defaults(run=_quickstart, check_files=_quickstart_folder)
+
+
+def _quickstart_folder(args) -> None:
+    from .quickstart import check_quickstart_folder
+
+    check_quickstart_folder(Path(args.output_dir), args.overwrite)
 
 
 def _quickstart(args) -> int:
     from .quickstart import run_quickstart
 
-    report = run_quickstart(args.output_dir, steps=args.steps)
+    report = run_quickstart(args.output_dir, steps=args.steps, overwrite=args.overwrite)
     mc = report.local_results["energyzoo_pydoc_mc"]
     ppl = report.local_results["energyzoo_pydoc_ppl"]
     print(f"\ntrain loss      {report.train_loss:.3f}  (last 20 steps)")
@@ -132,19 +163,28 @@ def _quickstart(args) -> int:
     print(f"energy plot     {report.energy_plot}  (free-energy gain and temperature per layer)")
     print(f"exported to     {report.export_dir}  ({report.seconds:.0f} s)")
     print(f"load it with    AutoModelForCausalLM.from_pretrained({str(report.export_dir)!r}, trust_remote_code=True)")
-    print(f"push it with    energyzoo export {report.export_dir.parent / 'train' / 'model'} {report.export_dir} "
-          "--push <user>/<name>")
+    folders = " ".join(shlex.quote(str(folder)) for folder in (report.model_dir, report.export_dir))
+    print(f"push it with    energyzoo export {folders} --push <user>/<name>")
     return 0
 
 
-def _recipe_file(args) -> Path:
+def at_least_one(text: str) -> int:
+    """An argument that counts steps: a whole number >= 1."""
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}")
+    return int(text)
+
+
+def _recipe_and_overrides(args) -> None:
+    """The recipe file and its overrides read (keys and types) before torch loads: a typo answers at once."""
+    from .training.recipe import read_recipe
     from .training.recipe_files import recipe_file
 
-    return recipe_file(args.recipe)
+    read_recipe(recipe_file(args.recipe), args.overrides)
 
 
 def _train_verb(commands) -> None:
-    train = commands.add_parser("train", help="train a zoo model from a recipe with accelerate")
+    train = commands.add_parser("train", help="train a zoo model from a recipe with accelerate", intermixed=True)
     train.add_argument("recipe", help="a recipe YAML file, or the name of one in energyzoo/configs (e.g. fem-lm-tiny)")
     train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. training.steps=20 output_dir=runs/x")
     start = train.add_mutually_exclusive_group()
@@ -153,9 +193,10 @@ def _train_verb(commands) -> None:
                             "settings must be the run's)")
     start.add_argument("--overwrite", action="store_true",
                        help="start over in an output_dir that holds a run, removing that run's files")
-    train.add_argument("--stop-after", type=int, default=None,
-                       help="stop this session after N steps, saving a checkpoint of step N (continue with --resume)")
-    train.set_defaults(run=_train, check_files=_recipe_file)
+    train.add_argument("--stop-after", type=at_least_one, default=None, metavar="N",
+                       help="stop this session after N more steps (N >= 1), saving a checkpoint of the step it "
+                            "reached (continue with --resume)")
+    train.set_defaults(run=_train, check_files=_recipe_and_overrides)
 
 
 def _train(args) -> int:
@@ -243,8 +284,9 @@ def _export(args) -> int:
     if args.push:
         print(f"uploaded to https://huggingface.co/{args.push}")
     else:
-        checkpoint = f" --checkpoint {args.checkpoint}" if args.checkpoint else ""
-        print(f"push it with: energyzoo export {args.model_dir} {folder}{checkpoint} --push <user>/<name>")
+        checkpoint = f" --checkpoint {shlex.quote(args.checkpoint)}" if args.checkpoint else ""
+        print(f"push it with: energyzoo export {shlex.quote(args.model_dir)} {shlex.quote(str(folder))}{checkpoint} "
+              "--push <user>/<name>")
     return 0
 
 
@@ -262,14 +304,26 @@ def _convert_verb(commands) -> None:
     convert.add_argument("--config", default=None, help="the authors' Hydra config of the run (model and data keys)")
     convert.add_argument("--set", action="append", default=[], metavar="OPTION=VALUE",
                          help="one of the authors' options, e.g. --set n_recur=12 --set dataset=in1k")
-    convert.set_defaults(run=_convert)
+    convert.add_argument("--overwrite", action="store_true",
+                         help="replace an earlier conversion in OUTPUT_DIR whose files were edited since it was "
+                              "written")
+    convert.set_defaults(run=_convert, check_files=_convert_options)
+
+
+def _convert_options(args) -> None:
+    """The --set names checked against the authors' options before anything loads."""
+    from .modeling.hyperset_original_options import check_option_names
+
+    args.options = _config_fields(args.set)
+    check_option_names(args.options)
 
 
 def _convert(args) -> int:
     from .convert.hyperset import convert_hyperset_original, original_options
 
-    options = original_options(args.config, _config_fields(args.set))
-    folder, task, defaults = convert_hyperset_original(args.source, args.output_dir, options)
+    options = original_options(args.config, args.options)
+    folder, task, defaults = convert_hyperset_original(args.source, args.output_dir, options,
+                                                       overwrite=args.overwrite)
     print(f"converted the authors' {task} checkpoint {args.source} to {folder}")
     if defaults:
         print(f"not in the checkpoint and not given, the authors' defaults taken: {defaults}")
@@ -460,7 +514,7 @@ def _setting(args) -> str:
 
 def _reproduce_verb(commands) -> None:
     reproduce = commands.add_parser(
-        "reproduce", help="a CPU-scale rerun of a paper experiment, with a report",
+        "reproduce", intermixed=True, help="a CPU-scale rerun of a paper experiment, with a report",
         description="Run an experiment of the table in energyzoo/reproduce/experiments.py and write its report "
                     "(markdown, JSON, PNG). Settings are the fields of the experiment's settings class, overridden "
                     "as field=value (typed by the field: seeds=[0,1,2], max_epochs=30).",
@@ -557,11 +611,16 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     for add_verb in VERBS:
         add_verb(commands)
+    for verb_parser in commands.choices.values():
+        verb_parser.set_defaults(verb_parser=verb_parser)
     return parser
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extras = parser.parse_known_args(argv)
+    if extras:  # answered by the verb's parser, which names the verb and its closest option
+        args.verb_parser.refuse_unrecognized(extras)
     try:
         if hasattr(args, "check_files"):  # the files it reads, before the model code loads (seconds)
             args.check_files(args)
@@ -577,10 +636,19 @@ def main(argv=None) -> int:
         message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         print(f"energyzoo {args.command}: error: {message} (--debug for the traceback)", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as error:  # Ctrl-C: what was written is whole (energyzoo writes folders whole)
+        if args.debug:
+            raise
+        print(f"energyzoo {args.command}: {str(error) or 'stopped (Ctrl-C)'}", file=sys.stderr)
+        return 130
     except BrokenPipeError:  # the reader (head, less) closed the pipe: nothing left to say
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except Exception:  # noqa: BLE001 - shown whole, as what it is
+    except Exception as error:  # noqa: BLE001 - shown whole, as what it is, unless the machine stopped a write
+        if (fault := write_fault(error)) is not None and not args.debug:
+            print(f"energyzoo {args.command}: error: cannot write {fault} (nothing half-written was left; --debug "
+                  "for the traceback)", file=sys.stderr)
+            return 2
         traceback.print_exc()
         print(f"energyzoo {args.command}: internal error: {BUG_REPORT}", file=sys.stderr)
         return 1

@@ -12,8 +12,15 @@ inside a tensor's bytes parses, and a deleted file of the remote code breaks the
 energyzoo."""
 
 import ast
+import errno
+import fcntl
 import hashlib
 import json
+import os
+import re
+import socket
+import sys
+import time
 from pathlib import Path
 
 import yaml
@@ -29,6 +36,14 @@ WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_mo
 # the files `AutoTokenizer.from_pretrained` reads a tokenizer from: a fast tokenizer's, or a slow one's vocabulary
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")
 CARD_SUFFIXES = (".md",)  # a model card and eval tables: written for people, who may edit them
+LOCK = ".energyzoo.lock"  # held by the process writing a folder (`FolderLock`)
+# What stops a write that the user can fix, by errno: the machine's limits and the output path itself.
+WRITE_FAULTS = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "the disk quota is used up",
+                errno.EFBIG: "a file would pass the file-size limit (ulimit -f)",
+                errno.EROFS: "the filesystem is read-only", errno.ENOTDIR: "a part of the path is a file, not a folder",
+                errno.EEXIST: "a file is in the way of a folder", errno.EISDIR: "a folder is in the way of a file"}
+# The same faults as the writers of torch (its zip writer), safetensors and tokenizers (Rust's io::Error) report them.
+_WRITE_FAULT_TEXT = re.compile(r"code: (\d+)|os error (\d+)|unexpected pos|No space left|File too large|Read-only file")
 
 
 def sha256(path: Path) -> str:
@@ -221,6 +236,79 @@ def check_model_folder(folder: str | Path) -> Path:
     return folder
 
 
+
+
+def write_fault(error: BaseException) -> str | None:
+    """What stopped a write, when it is the machine's limits or the output path (`WRITE_FAULTS`: a full disk, the
+    file-size limit, a read-only filesystem, a file where a folder should be) rather than energyzoo, said as
+    "<path>: <what>"; None for any other error."""
+    if isinstance(error, OSError) and error.errno in WRITE_FAULTS:
+        return f"{error.filename or 'a file'}: {WRITE_FAULTS[error.errno]}"
+    match = _WRITE_FAULT_TEXT.search(str(error))
+    if match is None:
+        return None
+    code = int(match[1] or match[2] or 0) or (errno.ENOSPC if "pos" in match[0] or "space" in match[0] else
+                                              errno.EFBIG if "large" in match[0] else errno.EROFS)
+    return f"a file: {WRITE_FAULTS[code]}" if code in WRITE_FAULTS else None
+
+
+class FolderLock:
+    """One writer per folder: held (``with``) by the process that writes ``folder``, through an advisory lock on
+    ``folder/.energyzoo.lock`` (`fcntl.flock`), which the kernel releases on any exit, a kill included, so a lock
+    left by a dead process is no lock. The file says who holds it, and a second writer is refused in one line naming
+    that process. The folder is created if missing (and removed again if the holder leaves it empty)."""
+
+    def __init__(self, folder: str | Path):
+        self.folder = Path(folder)
+        self._descriptor: int | None = None
+        self._created = False
+
+    def __enter__(self) -> "FolderLock":
+        if self.folder.exists() and not self.folder.is_dir():
+            raise UserError(f"{self.folder} is a file, not a folder: choose another output folder")
+        self._created = not self.folder.exists()
+        self.folder.mkdir(parents=True, exist_ok=True)
+        path = self.folder / LOCK
+        while self._descriptor is None:
+            descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.read(descriptor, 1000).decode(errors="replace").strip() or "another process"
+                os.close(descriptor)
+                raise UserError(f"{self.folder} is being written by {holder}: wait for it to end (or stop it), then "
+                                "run again") from None
+            try:  # the holder before us may have removed the file between our open and our lock: lock the new one
+                same = os.stat(path).st_ino == os.fstat(descriptor).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                self._descriptor = descriptor
+            else:
+                os.close(descriptor)
+        os.ftruncate(self._descriptor, 0)
+        command = " ".join([Path(sys.argv[0]).name, *sys.argv[1:3]])
+        os.write(self._descriptor, f"process {os.getpid()} on {socket.gethostname()} ({command}, since "
+                                   f"{time.strftime('%H:%M:%S')})".encode())
+        return self
+
+    def __exit__(self, *exception) -> None:
+        os.unlink(self.folder / LOCK)  # before the unlock: a waiting writer then locks a new file, never this one
+        os.close(self._descriptor)
+        self._descriptor = None
+        if self._created and not any(self.folder.iterdir()):
+            self.folder.rmdir()
+
+
+def is_export(folder: Path) -> bool:
+    """Whether ``folder`` holds an energyzoo export: a config.json and a model card tagged energyzoo (a card without
+    a metadata block is a user's own, read no further: huggingface_hub would warn that it has none)."""
+    from huggingface_hub import ModelCard
+
+    card = folder / "README.md"
+    if not ((folder / CONFIG).is_file() and card.is_file()) or not card.read_bytes().startswith(b"---"):
+        return False
+    return "energyzoo" in (ModelCard.load(card).data.tags or [])
 
 
 def model_folder(path: str | Path, checkpoint: str | None = None) -> Path:

@@ -5,6 +5,7 @@ intermediate checkpoints evaluated and exported, trackers beside metrics.jsonl."
 import json
 import os
 import re
+import shlex
 import socket
 import subprocess
 import sys
@@ -45,7 +46,9 @@ def test_help_lists_the_verbs_and_the_debug_flag():
 @pytest.mark.parametrize("args", [["--help"], ["recipes"], ["train"], ["bench", "--repeats", "many"],
                                   ["reproduce", "fem-argmx"], ["reproduce", "--help"], ["eval", "no-such-folder"],
                                   ["export", "no-such-folder", "out"], ["train", "fem-lm-tinyy"],
-                                  ["eval", "x", "--suite", "nosuch"]])
+                                  ["eval", "x", "--suite", "nosuch"], ["train", "fem-lm-tiny", "training.stepz=3"],
+                                  ["train", "fem-lm-tiny", "--stop-after", "-3"], ["train", "fem-lm-tiny", "--resum"],
+                                  ["convert", "hyperset-original", "x.pt", "out", "--set", "n_recurr=3"]])
 def test_help_listing_recipes_and_argument_errors_answer_without_importing_torch(args, tmp_path):
     script = tmp_path / "energyzoo"  # a console script of that name, as pip writes it
     script.write_text("import sys\nfrom energyzoo.cli import main\ntry:\n    main()\nexcept SystemExit:\n    pass\n"
@@ -63,6 +66,15 @@ def test_help_listing_recipes_and_argument_errors_answer_without_importing_torch
                                          "eval --help lists every one)"),
     (["bench", "--repeats", "many"], "energyzoo bench: error: argument --repeats: invalid int value: 'many' "
                                      "(energyzoo bench --help for the usage)"),
+    # a prefix of a flag is a typo, not the flag (argparse's abbreviations are off)
+    (["train", "fem-lm-tiny", "--resum"], "energyzoo train: error: unrecognized argument: --resum; did you mean "
+                                          "'--resume'? (energyzoo train --help for the usage)"),
+    (["train", "fem-lm-tiny", "--stop-after", "-3"], "energyzoo train: error: argument --stop-after: must be a whole "
+                                                     "number >= 1, got '-3' (energyzoo train --help for the usage)"),
+    (["train", "fem-lm-tiny", "--stop-after", "0"], "energyzoo train: error: argument --stop-after: must be a whole "
+                                                    "number >= 1, got '0' (energyzoo train --help for the usage)"),
+    (["quickstart", "--steps", "-1"], "energyzoo quickstart: error: argument --steps: must be a whole number >= 1, "
+                                      "got '-1' (energyzoo quickstart --help for the usage)"),
 ])
 def test_an_argument_typo_is_answered_in_one_line_with_the_closest_name(args, message, capsys):
     with pytest.raises(SystemExit) as stopped:
@@ -301,7 +313,7 @@ def test_a_truncated_or_unreadable_recipe_is_named_in_one_line(tmp_path, capsys,
 
 @pytest.mark.parametrize(("text", "said"), [
     ("model:\n\tpreset: fem-lm-tiny\n", "not valid YAML (found character that cannot start any token at line 2"),
-    ("- fem-lm-tiny\n- 20\n", "holds a YAML list, not the mapping of sections a recipe is"),
+    ("- fem-lm-tiny\n- 20\n", "holds no YAML mapping of sections, which a recipe is"),
 ])
 def test_invalid_recipe_yaml_is_named_in_one_line(tmp_path, capsys, text, said):
     recipe = tmp_path / "bad.yaml"
@@ -452,3 +464,31 @@ def test_bench_prior_and_kernel_flags_became_set_fields_and_say_so(monkeypatch, 
     assert main(["bench", "fem", "--prior", "gla", "--kernel", "torch", "--set", "use_lse=false", "--output", ""]) == 0
     assert calls[0].overrides == {"prior": "gla", "kernel": "torch", "use_lse": False}
     assert "--prior gla is --set prior=gla now" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("option", "message"), [
+    ("n_recurr=3", "--set n_recurr is none of the authors' options; did you mean 'n_recur'?"),
+    ("num_iterations=3", "--set num_iterations is energyzoo's name; the authors' option is n_recur"),
+    ("foo=1", "--set foo is none of the authors' options (they are adaptive_mode, "),
+])
+def test_convert_refuses_an_option_name_the_authors_do_not_have(option, message, tmp_path, capsys):
+    """A mistyped or energyzoo-named option would otherwise convert with the authors' default silently."""
+    assert main(["convert", "hyperset-original", str(tmp_path / "x.pt"), str(tmp_path / "out"), "--set", option]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and message in err and not (tmp_path / "out").exists()
+
+
+def test_overrides_may_come_after_the_flags(tmp_path, capsys):
+    """``train RECIPE --stop-after N key=value``: the overrides after a flag are the run's, not unrecognized."""
+    assert main(["train", "fem-lm-tiny", "--stop-after", "1", *TINY, f"output_dir={tmp_path / 'run'}"]) == 0
+    assert "stopped after step 1" in capsys.readouterr().out
+    assert json.loads((tmp_path / "run" / "checkpoints" / "step-0000001" / "trainer_state.json").read_text())[
+        "step"] == 1
+
+
+def test_push_hints_quote_paths_with_spaces(run_folder, tmp_path, capsys):
+    output = tmp_path / "my export"
+    assert main(["export", str(run_folder / "model"), str(output)]) == 0
+    hint = capsys.readouterr().out.splitlines()[-1]
+    assert f"'{output}'" in hint
+    assert shlex.split(hint.removeprefix("push it with: "))[2:4] == [str(run_folder / "model"), str(output)]

@@ -7,14 +7,22 @@ The fast tier runs a fixed sample (the cases a user met, `SAMPLE`); the slow tie
 """
 
 import hashlib
+import io
 import random
+import resource
 import shutil
+import signal
+import subprocess
+import sys
+import time
+import zipfile
 from pathlib import Path
 
 import pytest
 from support.original_checkpoints import LAYOUTS, saved_original
 
 from energyzoo.cli import main
+from energyzoo.files import check_model_folder
 from energyzoo.training.recipe import load_recipe
 from energyzoo.training.run import run_training
 
@@ -166,3 +174,116 @@ def test_every_damage_of_every_file_a_verb_reads_is_answered_in_one_line(folders
                 wrong[f"{target} {damage}"] = why
             shutil.rmtree(case)
     assert not wrong, f"{len(wrong)} damaged files answered wrongly by {verb}: {dict(list(wrong.items())[:4])}"
+
+
+def _zip_of_something_else(data: bytes) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("notes/readme.txt", "not a checkpoint")
+    return buffer.getvalue()
+
+
+# files that were never what the verb reads, in place of the file it takes
+NEVER = {"a line of text": lambda data: b"some notes about the run\n", "empty": lambda data: b"",
+         "random bytes": lambda data: random.Random(0).randbytes(3000),
+         "a zip of something else": _zip_of_something_else}
+FILE_VERBS = {"convert": ("original.pth", ["convert", "hyperset-original", "original.pth", "out"]),
+              "train a recipe": ("recipe.yaml", ["train", "recipe.yaml"])}
+
+
+@pytest.mark.parametrize("verb", FILE_VERBS)
+@pytest.mark.parametrize("never", NEVER)
+def test_a_file_that_never_was_one_the_verb_takes_is_answered_in_one_line(folders, tmp_path, capsys, monkeypatch,
+                                                                           verb, never):
+    case = tmp_path / "case"
+    case.mkdir()
+    name, args = FILE_VERBS[verb]
+    (case / name).write_bytes(NEVER[never](b""))
+    monkeypatch.chdir(case)
+    assert main(args) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"energyzoo {args[0]}: error: ") and name in lines[0], lines
+    assert sorted(path.name for path in case.iterdir()) == [name]
+
+
+def test_every_folder_energyzoo_writes_passes_its_own_check(folders, tmp_path, capsys):
+    """Run models, checkpoints, exports and every task's conversion (an image classifier's processor included) read
+    back whole, and export again; an eval of an export leaves the export as it was and puts its results beside it."""
+    written = [folders / "run" / "model", folders / "run" / CHECKPOINT / "model", folders / "export",
+               folders / "converted"]
+    for layout in ("ic-hyper-set", "maskgit"):
+        original = saved_original(tmp_path, layout)
+        options = [item for key, value in LAYOUTS[layout]["options"].items() for item in ("--set", f"{key}={value}")]
+        assert main(["convert", "hyperset-original", str(original), str(tmp_path / layout), *options]) == 0
+        written.append(tmp_path / layout)
+    for folder in written:
+        check_model_folder(folder)
+        assert main(["export", str(folder), str(tmp_path / "again" / folder.name)]) == 0, capsys.readouterr().err
+        check_model_folder(tmp_path / "again" / folder.name)
+    export = shutil.copytree(folders / "export", tmp_path / "exported")
+    before = tree(export)
+    assert main(_eval(str(export))[:-2]) == 0  # its default output folder
+    assert tree(export) == before and (tmp_path / "exported-eval" / "tasks.json").is_file()
+    assert main(["export", str(export), str(tmp_path / "re-export")]) == 0
+    assert main(_eval(str(export), "--output-dir", str(export / "eval"))[:-2]) == 2
+    assert "lies in the exported folder" in capsys.readouterr().err
+
+
+def _writing_verbs(root: Path) -> dict[str, list[str]]:
+    """Each verb that writes a folder, writing into ``root/out``."""
+    return {"train": ["train", "fem-lm-tiny", *RUN, f"output_dir={root / 'out'}"],
+            "export": ["export", str(root / "run" / "model"), str(root / "out")],
+            "eval": _eval(str(root / "run" / "model"))[:-1] + [str(root / "out")],
+            "convert": ["convert", "hyperset-original", str(root / "original.pth"), str(root / "out"),
+                        *(item for key, value in LAYOUTS[ORIGINAL]["options"].items()
+                          for item in ("--set", f"{key}={value}"))]}
+
+
+def _run_limited(args: list[str], file_size: int | None = None) -> subprocess.CompletedProcess:
+    def limit():
+        if file_size is not None:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (file_size, file_size))
+
+    return subprocess.run([sys.executable, "-m", "energyzoo.cli", *args], capture_output=True, text=True,
+                          timeout=600, preexec_fn=limit)
+
+
+def _debris(root: Path) -> list[str]:
+    return sorted(str(path.relative_to(root)) for path in root.rglob("*") if path.name.endswith(".partial"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", ["file-size limit", "output path is a file"])
+@pytest.mark.parametrize("verb", ["train", "export", "eval", "convert"])
+def test_a_write_fault_is_answered_in_one_line_and_leaves_no_debris(folders, tmp_path, verb, fault):
+    root = shutil.copytree(folders, tmp_path / "case")
+    args = _writing_verbs(root)[verb]
+    if fault == "output path is a file":
+        (root / "out").write_text("a file of the user's")
+    before = tree(root)
+    done = _run_limited(args, file_size=2048 if fault == "file-size limit" else None)
+    lines = [line for line in done.stderr.strip().splitlines() if line.strip() and "%|" not in line
+             and "WARNING" not in line and "[W" not in line]
+    assert done.returncode == 2 and lines[-1].startswith(f"energyzoo {args[0]}: error: "), done.stderr[-2000:]
+    assert "Traceback" not in done.stderr and "internal error" not in done.stderr
+    assert not _debris(root)
+    changed = {name for name in set(before) | set(tree(root)) if before.get(name) != tree(root).get(name)}
+    assert all(name.startswith("out") for name in changed), changed
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_training_says_where_resume_continues_and_leaves_no_debris(tmp_path):
+    args = ["train", "fem-lm-tiny", *RUN, "training.steps=3000", "training.save_every=50", "training.eval_every=3000",
+            f"output_dir={tmp_path / 'run'}"]
+    process = subprocess.Popen([sys.executable, "-m", "energyzoo.cli", *args], stderr=subprocess.PIPE, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    while not list((tmp_path / "run" / "checkpoints").glob("step-*")) and process.poll() is None:
+        time.sleep(0.2)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=300)
+    last = err.strip().splitlines()[-1]
+    assert process.returncode == 130 and "Traceback" not in err, err[-2000:]
+    steps = [int(part) for part in last.replace(";", " ").split() if part.isdigit()]
+    assert last.startswith("energyzoo train: stopped at step ") and "--resume continues from step" in last
+    assert steps[1] % 50 == 0 and steps[0] >= steps[1] >= 50, last
+    assert not _debris(tmp_path)

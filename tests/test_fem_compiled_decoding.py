@@ -15,15 +15,21 @@ from transformers.testing_utils import CaptureLogger
 from energyzoo import FEMConfig, FEMForCausalLM
 from energyzoo.modeling import fem_compiled_decoding, modeling_fem
 from energyzoo.modeling.configuration_fem import FEM_PRIORS
-from energyzoo.modeling.fem_compiled_decoding import EAGER_DECODING_ENV, CompiledDecoding
+from energyzoo.modeling.fem_compiled_decoding import (
+    COMPILE_AFTER_ENV,
+    CPU_LAYER_STEPS_BEFORE_COMPILING,
+    EAGER_DECODING_ENV,
+    CompiledDecoding,
+)
 
 NEW_TOKENS = 5
 
 
 @pytest.fixture
 def region(monkeypatch) -> CompiledDecoding:
-    """The region switched on for this test, with nothing compiled yet."""
+    """The region switched on for this test, compiling at the first step, with nothing compiled yet."""
     monkeypatch.setenv(EAGER_DECODING_ENV, "0")
+    monkeypatch.setenv(COMPILE_AFTER_ENV, "0")
     fresh = CompiledDecoding(modeling_fem.decoder_block)
     monkeypatch.setattr(modeling_fem, "COMPILED_DECODING", fresh)
     torch._dynamo.reset()
@@ -177,7 +183,49 @@ def test_a_failed_compile_warns_once_and_decodes_eagerly(region, monkeypatch):
         again = greedy(model)
     assert attempts == [1]
     assert captured.out.strip().splitlines() == [
+        "FEM: compiling the decoding step once for this process (seconds; after 0 eager layer-steps, it pays from here "
+        "on: energyzoo's fem_compiled_decoding)",
         "FEM: compiled decoding is unavailable (InvalidCxxCompiler: No working C++ compiler found); decoding eagerly. "
         "FEMConfig(compile_decoding=False) skips the attempt."
     ]
     assert torch.equal(decoded.sequences, expected.sequences) and torch.equal(again.sequences, expected.sequences)
+
+
+def recorded_compiles(monkeypatch) -> list[int]:
+    """torch.compile replaced by a recorder whose "compiled" function is the eager block: which steps would compile."""
+    compiled_calls = []
+
+    def recording_compile(fn, **kwargs):
+        def compiled(*args, **kwargs):
+            compiled_calls.append(1)
+            return fn(*args, **kwargs)
+        return compiled
+
+    monkeypatch.setattr(fem_compiled_decoding.torch, "compile", recording_compile)
+    return compiled_calls
+
+
+def test_on_a_cpu_the_first_generate_decodes_eagerly_and_compiling_starts_once_it_pays(region, monkeypatch):
+    """A fresh process's first generate on a CPU compiles nothing (a compile costs seconds, a step saves a fraction of
+    a millisecond); after the set count of eager layer-steps the region takes over, saying so in one line."""
+    compiled_calls = recorded_compiles(monkeypatch)
+    monkeypatch.delenv(COMPILE_AFTER_ENV)
+    model = perturbed_fem()
+    layer_steps = NEW_TOKENS - 1  # the prompt's step is no decoding step: each later token is one step of each layer
+    with CaptureLogger(fem_compiled_decoding.logger) as captured:
+        greedy(model)
+    assert compiled_calls == [] and captured.out == ""
+    assert region.eager_steps == layer_steps * model.config.num_hidden_layers < CPU_LAYER_STEPS_BEFORE_COMPILING
+
+    monkeypatch.setenv(COMPILE_AFTER_ENV, str(region.eager_steps + 2))  # two more eager layer-steps, then compiled
+    with CaptureLogger(fem_compiled_decoding.logger) as captured:
+        decoded = greedy(model)
+    assert len(compiled_calls) == layer_steps * model.config.num_hidden_layers - 2
+    assert captured.out.count("FEM: compiling the decoding step once for this process") == 1
+    assert torch.equal(decoded.sequences, eager_greedy(model, monkeypatch).sequences)
+
+
+def test_on_an_accelerator_the_region_compiles_at_the_first_step(region, monkeypatch):
+    monkeypatch.delenv(COMPILE_AFTER_ENV)
+    assert region.pays(torch.device("cuda")) and region.eager_steps == 0
+    assert not region.pays(torch.device("cpu")) and region.eager_steps == 1

@@ -149,6 +149,70 @@ def test_a_folder_holding_a_run_is_refused_unless_resumed_or_overwritten(uninter
     assert sorted(path.name for path in (run / "checkpoints").iterdir()) == ["step-0000001"]
     assert (run / "notes.txt").read_text() == "mine"  # only the old run's files were removed
     assert yaml.safe_load((run / "recipe.yaml").read_text())["training"]["steps"] == 2
+    assert sorted(path.name for path in run.iterdir() if path.name.startswith(".")) == []  # no lock, nothing set aside
+
+
+def test_an_interrupted_overwrite_keeps_the_old_run_until_a_new_one_ends_well(uninterrupted, tmp_path):
+    """Ctrl-C during an --overwrite: the old run's files wait in .replaced-run (its model whole), the new run resumes,
+    and once it ends the old files go."""
+    from energyzoo.training.run import RunStopped
+
+    run = shutil.copytree(uninterrupted, tmp_path / "run")
+
+    def ctrl_c_at_the_first_evaluation(model, step):
+        if step:
+            raise KeyboardInterrupt
+        return {}
+
+    with pytest.raises(RunStopped, match="stopped at step 4 \\(Ctrl-C\\); --resume continues from step 3"):
+        train(run, overwrite=True, evaluation_hook=ctrl_c_at_the_first_evaluation)
+    assert_same_weights(load_file(run / ".replaced-run" / "model" / "model.safetensors"), weights(uninterrupted))
+    assert not (run / "model").exists() and not list(run.rglob("*.partial"))
+    train(run, resume=True)
+    assert not (run / ".replaced-run").exists() and (run / "model" / "model.safetensors").is_file()
+
+
+def test_resume_of_a_folder_that_holds_no_run_is_refused(uninterrupted, tmp_path):
+    """A mistyped output_dir under --resume would otherwise start a new run from step 0."""
+    with pytest.raises(ValueError, match=r"--resume: .*holds no run to continue \(no recipe.yaml\)"):
+        train(tmp_path / "rnu", resume=True)
+    assert not (tmp_path / "rnu").exists()
+    finished = shutil.copytree(uninterrupted, tmp_path / "finished")
+    with pytest.raises(ValueError, match="finished \\(step 8; its model is .*nothing to continue"):
+        train(finished, resume=True)
+
+
+def test_a_second_writer_is_refused_naming_the_holder_and_a_killed_holder_holds_nothing(tmp_path):
+    """One process writes a run folder: another (--overwrite and --resume included) is refused in one line naming the
+    holder; the lock of a process killed with SIGKILL is gone with it."""
+    run = tmp_path / "run"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom energyzoo.files import FolderLock\n"
+                               "FolderLock(sys.argv[1]).__enter__()\nprint('held', flush=True)\ntime.sleep(600)",
+                               str(run)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        for flags in ({}, {"overwrite": True}, {"resume": True}):
+            with pytest.raises(ValueError, match=rf"{run} is being written by process {holder.pid} on .*: wait for it"):
+                train(run, **flags)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert (run / ".energyzoo.lock").is_file()  # what a killed process leaves: a file, no lock
+    train(run, "training.steps=2")
+    assert not (run / ".energyzoo.lock").exists()
+
+
+def test_the_quickstart_refuses_an_earlier_quickstart_and_foreign_folders(tmp_path, capsys):
+    from energyzoo.cli import main
+
+    earlier = tmp_path / "quickstart"
+    (earlier / "export").mkdir(parents=True)
+    (earlier / "energies.png").write_bytes(b"png")
+    assert main(["quickstart", "--output-dir", str(earlier)]) == 2
+    assert "holds an earlier quickstart" in capsys.readouterr().err and (earlier / "energies.png").is_file()
+    (earlier / "thesis.tex").write_text("mine")
+    assert main(["quickstart", "--output-dir", str(earlier), "--overwrite"]) == 2
+    assert "not a quickstart's" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(("change", "named"), [
@@ -302,8 +366,8 @@ def test_a_full_disk_during_a_save_is_one_line_and_the_run_resumes_after_space_i
         monkeypatch.setattr(run_module._Run, "save_checkpoint", fills_the_disk)
     try:
         shutil.copytree(stopped_at_five, run)
-        with pytest.raises(UserError, match=rf"no space left on the device of {run}: the run can resume from step 5 "
-                                            r"\(free some space"):
+        with pytest.raises(UserError, match=rf"cannot write .*no space left on the device; the run in {run} can resume "
+                                            r"from step 5 \(make room"):
             train(run, resume=True)
         assert sorted(path.name for path in (run / "checkpoints").iterdir()) == [
             "step-0000003", "step-0000004", "step-0000005"]  # no partial folder left

@@ -7,7 +7,8 @@ from pathlib import Path
 import yaml
 
 from ..hub_cards import export_folder
-from ..modeling.hyperset_original import ORIGINAL_DATASETS, original_task, read_original_state_dict
+from ..modeling.hyperset_original import original_task, read_original_state_dict
+from ..modeling.hyperset_original_options import ORIGINAL_DATASETS
 from ..registry import architecture
 
 
@@ -22,10 +23,12 @@ def original_options(config_file: str | Path | None, assignments: dict) -> dict:
     return {**options, **assignments}
 
 
-def convert_hyperset_original(source: str | Path, output_dir: str | Path, options: dict) -> tuple[Path, str, dict]:
+def convert_hyperset_original(source: str | Path, output_dir: str | Path, options: dict, overwrite: bool = False
+                              ) -> tuple[Path, str, dict]:
     """Write the Hub-ready folder of an authors' Hyper-SET checkpoint (with, for image classification, the image
     processor of the authors' test transform: resize, their dataset's mean and std). Returns (the folder, the task,
-    the options taken from the authors' defaults)."""
+    the options taken from the authors' defaults). ``overwrite`` replaces an earlier conversion whose files were
+    edited (`export_folder`)."""
     output_dir = Path(output_dir)
     state = read_original_state_dict(source)
     task = original_task(state)
@@ -33,13 +36,13 @@ def convert_hyperset_original(source: str | Path, output_dir: str | Path, option
     defaults = info["defaults_taken"]
     with tempfile.TemporaryDirectory() as folder:
         model.save_pretrained(folder)
-        export_folder(folder, output_dir)
-    if task == "image-classification":
-        from transformers import ViTImageProcessorPil
+        if task == "image-classification":  # beside the model, so that the export records it in its manifest
+            from transformers import ViTImageProcessorPil
 
-        _, mean, std = ORIGINAL_DATASETS[options.get("dataset", defaults.get("dataset"))]
-        size = model.config.image_size
-        ViTImageProcessorPil(do_resize=True, size={"height": size, "width": size}, do_rescale=True,
-                             rescale_factor=1 / 255, do_normalize=True, image_mean=mean, image_std=std,
-                             do_convert_rgb=True).save_pretrained(output_dir)
+            _, mean, std = ORIGINAL_DATASETS[options.get("dataset", defaults.get("dataset"))]
+            size = model.config.image_size
+            ViTImageProcessorPil(do_resize=True, size={"height": size, "width": size}, do_rescale=True,
+                                 rescale_factor=1 / 255, do_normalize=True, image_mean=mean, image_std=std,
+                                 do_convert_rgb=True).save_pretrained(folder)
+        export_folder(folder, output_dir, overwrite=overwrite, name=output_dir.name)
     return output_dir, task, defaults

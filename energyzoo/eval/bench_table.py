@@ -35,6 +35,9 @@ WORKLOADS = {workload.name: workload for workload in (
     Workload("decode", "tok/s", rate=True, language_models=True),
     Workload("decode_static", "tok/s", rate=True, language_models=True),
     Workload("decode_padded", "tok/s", rate=True, language_models=True, sequences=DECODE_PADDED_BATCH),
+    # a fresh process's first greedy `generate` (batch 1, the decode prompt): what a user's first call waits, compiles
+    # included, which the decode rows leave out as warm-up
+    Workload("first_generate", "s", timed=False, language_models=True),
 )}
 TIMED = tuple(name for name, workload in WORKLOADS.items() if workload.timed)
 

@@ -11,12 +11,15 @@ Suites:
 The first two download their datasets (online); ``local`` needs nothing.
 
 Results: lm-eval's JSON in ``OUTPUT/<suite>.json`` and a markdown table in ``OUTPUT/<suite>.md`` (default
-OUTPUT: ``MODEL_DIR/eval``), which `energyzoo export` turns into the card's `model-index`.
+OUTPUT: ``MODEL_DIR/eval``), which `energyzoo export` turns into the card's `model-index`. An exported folder is what
+gets pushed, as export wrote it: its results go beside it (default ``EXPORT-eval``), never into it, since lm-eval's
+raw JSON names local paths and the machine's environment, which export leaves out.
 """
 
 import json
 import random
 import re
+import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -27,7 +30,7 @@ import yaml
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from ..data.text import python_docs_corpus
-from ..files import read_json, tokenizer_damage
+from ..files import is_export, read_json, tokenizer_damage
 from ..modeling.errors import UserError, needs_extra
 from ..registry import ARCHITECTURES
 from .suites import SUITES
@@ -216,13 +219,11 @@ def evaluate_folder(model_dir: str | Path, suites: list[str] = ("local",), tasks
     if unknown:
         raise UserError(f"unknown suite {unknown[0]!r}; choose from {sorted(SUITES)}")
     with needs_extra("eval"):
-        import lm_eval
         from lm_eval.models.huggingface import HFLM
-        from lm_eval.tasks import TaskManager
 
     model_dir = Path(model_dir)
     require_causal_lm(model_dir)
-    output_dir = Path(output_dir) if output_dir is not None else model_dir / "eval"
+    output_dir = results_folder(model_dir, output_dir)
     if tasks:
         runs = {"tasks": {"tasks": list(tasks), "num_fewshot": None}}
     else:
@@ -231,7 +232,29 @@ def evaluate_folder(model_dir: str | Path, suites: list[str] = ("local",), tasks
                           trust_remote_code=True)
     windows_without_length_alarm(language_model)
     output_dir.mkdir(parents=True, exist_ok=True)
-    local_tasks = str(write_local_tasks(output_dir / "local_tasks"))
+    with tempfile.TemporaryDirectory() as local_tasks:  # data of the run, not of its results
+        return _evaluate_runs(language_model, runs, str(write_local_tasks(local_tasks)), output_dir, batch_size,
+                              device, limit, num_fewshot)
+
+
+def results_folder(model_dir: Path, output_dir: str | Path | None) -> Path:
+    """Where the results of ``model_dir`` go: ``output_dir``, by default ``model_dir/eval``, or beside an exported
+    folder (``EXPORT-eval``), which they may not enter (`files.is_export`)."""
+    if not is_export(model_dir):
+        return Path(output_dir) if output_dir is not None else model_dir / "eval"
+    if output_dir is None:
+        return model_dir.parent / f"{model_dir.name}-eval"
+    if model_dir.resolve() in [Path(output_dir).resolve(), *Path(output_dir).resolve().parents]:
+        raise UserError(f"--output-dir {output_dir} lies in the exported folder {model_dir}, which is uploaded as "
+                        "export wrote it: choose a folder outside it (default: beside it)")
+    return Path(output_dir)
+
+
+def _evaluate_runs(language_model, runs: dict, local_tasks: str, output_dir: Path, batch_size, device: str,
+                   limit: int | None, num_fewshot: int | None) -> dict[str, dict]:
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
     evaluated = {}
     for name, settings in runs.items():
         manager = TaskManager(include_path=local_tasks, include_defaults=name != "local")

@@ -21,6 +21,7 @@ from torch.utils.benchmark import Timer
 from transformers import CompileConfig
 
 from ..modeling.errors import UserError
+from ..modeling.fem_compiled_decoding import COMPILE_AFTER_ENV
 from ..presets import config_from_preset, model_from_preset, preset_card
 from ..registry import ARCHITECTURES, Bench
 from .bench_table import BUSY_IQR, DECISIONS, DECODE_PADDED_BATCH, PROFILE_GROUPS, TIMED, WORKLOADS
@@ -292,6 +293,22 @@ def _reset_peak_resident() -> None:
         handle.write("5")
 
 
+def measure_in_own_process(workload: str, arm: Arm, settings: BenchSettings) -> float:
+    """A workload measured apart from the timed ones: peak memory in MiB, or a fresh process's first generate's
+    seconds."""
+    if workload == "peak_memory":
+        return measure_peak_memory(arm, settings) / 2**20
+    return _fresh_process(workload, arm, settings)
+
+
+def _fresh_process(workload: str, arm: Arm, settings: BenchSettings) -> float:
+    """What a fresh Python process measures of ``arm`` (`_probe`)."""
+    probe = json.dumps({"workload": workload, "arm": asdict(arm), "settings": asdict(settings)})
+    result = subprocess.run([sys.executable, "-m", "energyzoo.eval.speed", probe], capture_output=True, text=True,
+                            check=True, env={**os.environ, **PROBE_ENVIRONMENT})
+    return float(result.stdout.strip().splitlines()[-1])
+
+
 def measure_peak_memory(arm: Arm, settings: BenchSettings) -> int:
     """Peak bytes a train step of ``arm`` needs (parameters, gradients, optimiser state, activations)."""
     if settings.device.startswith("cuda"):
@@ -305,17 +322,28 @@ def measure_peak_memory(arm: Arm, settings: BenchSettings) -> int:
         peak = torch.cuda.max_memory_allocated() - before
         del model, step
         return peak
-    probe = json.dumps({"arm": asdict(arm), "settings": asdict(settings)})
-    result = subprocess.run([sys.executable, "-m", "energyzoo.eval.speed", probe], capture_output=True, text=True,
-                            check=True, env={**os.environ, **PROBE_ENVIRONMENT})
-    return int(result.stdout.strip().splitlines()[-1])
+    return round(_fresh_process("peak_memory", arm, settings))
 
 
-def _memory_probe(payload: str) -> None:
+def _probe(payload: str) -> None:
+    """Print what a fresh process measures of one arm: the resident peak of two train steps (bytes), or the seconds
+    of its first `generate` of ``decode_tokens`` tokens after the decode prompt, FEM's decoding as a user's process
+    runs it (compiled where that pays: `fem_compiled_decoding`)."""
     request = json.loads(payload)
     arm, settings = Arm(**request["arm"]), BenchSettings(**request["settings"])
     if settings.threads is not None:  # the parent's pinned cores are inherited
         torch.set_num_threads(settings.threads)
+    if request["workload"] == "first_generate":
+        os.environ.pop(COMPILE_AFTER_ENV, None)
+        model = _build(arm, settings).eval()
+        prompt = _inputs(model, settings)["input_ids"][:1, :DECODE_PROMPT]
+        clock = _clock(settings.device)
+        start = clock()
+        with torch.no_grad():
+            model.generate(prompt, max_new_tokens=settings.decode_tokens, min_new_tokens=settings.decode_tokens,
+                           do_sample=False)
+        print(clock() - start)
+        return
     with torch.device("meta"):  # import every module the model needs before taking the baseline
         _train_step_fn(model_from_preset(arm.preset), {}, {})
     before = _status_bytes("VmRSS")
@@ -325,6 +353,21 @@ def _memory_probe(payload: str) -> None:
     step()
     step()
     print(_status_bytes("VmHWM") - before)
+
+
+@contextmanager
+def _decoding_compiled_at_once() -> Iterator[None]:
+    """FEM's decoding region compiling at its first step (`fem_compiled_decoding`), so that the decode rows time the
+    steady state a long session reaches (its compile in the first-call notes; `first_generate` times the default)."""
+    before = os.environ.get(COMPILE_AFTER_ENV)
+    os.environ[COMPILE_AFTER_ENV] = "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[COMPILE_AFTER_ENV]
+        else:
+            os.environ[COMPILE_AFTER_ENV] = before
 
 
 def _first_calls(fns: dict, device: str) -> dict[str, float]:
@@ -530,25 +573,26 @@ def _measured(name: str, settings: BenchSettings | None, baseline: str | None, s
               for preset in dict.fromkeys((baseline, *presets))}
     inputs = {length: _inputs(models[baseline], replace(settings, seq_len=length)) for length in lengths}
     times, first_calls = {}, {}
-    for workload in (workload for workload in entry.workloads if workload in TIMED):
-        fns = {arm.label: BUILDERS[workload](models[arm.preset], inputs[arm.seq_len or settings.seq_len],
-                                                    arm.call, settings) for arm in arms[workload]}
-        first_calls[workload] = _first_calls(fns, settings.device)
-        times[workload] = _paired_times(fns, settings.repeats, settings.device)
+    with _decoding_compiled_at_once():
+        for workload in (workload for workload in entry.workloads if workload in TIMED):
+            fns = {arm.label: BUILDERS[workload](models[arm.preset], inputs[arm.seq_len or settings.seq_len],
+                                                 arm.call, settings) for arm in arms[workload]}
+            first_calls[workload] = _first_calls(fns, settings.device)
+            times[workload] = _paired_times(fns, settings.repeats, settings.device)
     configs = {preset: model.config for preset, model in models.items()}
     del models
     rows = []
     for workload in entry.workloads:
         if workload not in TIMED:
-            memory = {arm.label: measure_peak_memory(arm, settings) / 2**20 for arm in arms[workload]}
+            measured = {arm.label: measure_in_own_process(workload, arm, settings) for arm in arms[workload]}
         for arm, reference in compared_pairs(entry, arms[workload]):
             call = target_call(arm, reference)
             target = None if call is None else entry.targets(configs[arm.preset], call).get(workload)
             label = arm.label if reference.baseline else f"{arm.label} vs {reference.label}"
             if workload not in TIMED:
-                ratio = memory[arm.label] / memory[reference.label]
-                rows.append(BenchRow(label, workload, WORKLOADS[workload].unit, memory[arm.label],
-                                     memory[reference.label], ratio, (ratio, ratio), target))
+                ratio = measured[arm.label] / measured[reference.label]
+                rows.append(BenchRow(label, workload, WORKLOADS[workload].unit, measured[arm.label],
+                                     measured[reference.label], ratio, (ratio, ratio), target))
             else:
                 rows.append(timed_row(label, workload, times[workload][arm.label], times[workload][reference.label],
                                       target, per_call=settings.decode_tokens * WORKLOADS[workload].sequences
@@ -573,4 +617,4 @@ def _measured(name: str, settings: BenchSettings | None, baseline: str | None, s
 
 
 if __name__ == "__main__":
-    _memory_probe(sys.argv[1])
+    _probe(sys.argv[1])

@@ -30,7 +30,7 @@ from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerFast
 from ..data.images import image_processor_for
 from ..eval.bench_table import format_table
 from ..eval.harness import scores
-from ..files import MANIFEST, edited_files, write_manifest
+from ..files import MANIFEST, edited_files, is_export, write_manifest
 from ..measured import measured_speed
 from ..measured.ledger import family_ledger
 from ..modeling.errors import UserError
@@ -58,18 +58,20 @@ def export_model(model, output_dir: str | Path, tokenizer=None) -> Path:
     model.config.auto_map = auto_map_for(model.config.model_type)
     model.save_pretrained(output_dir)
     if tokenizer is not None:
-        save_standard_tokenizer(tokenizer, model.config, output_dir)
+        # a model that generates takes batches padded on the left (`generate` continues each row's last token)
+        padding_side = "left" if model.can_generate() else tokenizer.padding_side
+        save_standard_tokenizer(tokenizer, model.config, output_dir, padding_side)
     return output_dir
 
 
-def save_standard_tokenizer(tokenizer, config, output_dir: Path) -> None:
+def save_standard_tokenizer(tokenizer, config, output_dir: Path, padding_side: str = "right") -> None:
     """Save ``tokenizer`` as transformers' standard fast tokenizer (``"tokenizer_class": "PreTrainedTokenizerFast"``,
     the name every supported release loads without remote code), with ``model_max_length`` the model's context (so
     ``truncation=True`` truncates there) and none of the fields `from_pretrained` records about where it was loaded
     from (``is_local``, ``local_files_only``)."""
     context = next((getattr(config, name) for name in CONTEXT_FIELDS if getattr(config, name, None)), None)
     standard = PreTrainedTokenizerFast(tokenizer_object=tokenizer.backend_tokenizer, **tokenizer.special_tokens_map,
-                                       **({"model_max_length": context} if context else {}))
+                                       padding_side=padding_side, **({"model_max_length": context} if context else {}))
     standard.save_pretrained(output_dir)
     path = output_dir / "tokenizer_config.json"
     settings = json.loads(path.read_text())
@@ -216,21 +218,22 @@ def runnable_pipeline(task: str, folder: Path) -> str | None:
 
 
 def render_card(model, model_dir: Path, task: str, repo_id: str | None = None,
-                exported: Path | None = None) -> ModelCard:
+                exported: Path | None = None, name: str | None = None) -> ModelCard:
     """The model card from the architecture's template (registry: template name and its own facts), for the folder
     ``exported`` (default ``model_dir``) of the model in ``model_dir``."""
-    return _card(model, model_dir, _recipe(model_dir), task, repo_id, exported)
+    return _card(model, model_dir, _recipe(model_dir), task, repo_id, exported, name)
 
 
 def _card(model, model_dir: Path, recipe: Recipe | None, task: str, repo_id: str | None,
-          exported: Path | None) -> ModelCard:
+          exported: Path | None, name: str | None = None) -> ModelCard:
     """`render_card` with the folder's recipe read (once, by the caller)."""
     config = model.config
     model_type = config.model_type
     entry = architecture(model_type)
     folder = Path(model_dir).resolve()
     # `energyzoo train` writes runs/<name>/model: name the card after the run
-    name = repo_id.split("/")[-1] if repo_id else (folder.parent.name if folder.name == "model" else folder.name)
+    if name is None:
+        name = repo_id.split("/")[-1] if repo_id else (folder.parent.name if folder.name == "model" else folder.name)
     pipeline_tag = runnable_pipeline(task, exported or model_dir)
     results = eval_results(model_dir, recipe, TASKS[task].pipeline_tag)
     language = recipe.data.language if recipe else None
@@ -254,15 +257,6 @@ def _card(model, model_dir: Path, recipe: Recipe | None, task: str, repo_id: str
     return ModelCard.from_template(card_data, template_str=template.read_text(), **variables)
 
 
-def _is_export(folder: Path) -> bool:
-    """Whether ``folder`` holds an energyzoo export: a config.json and a model card tagged energyzoo (a card without
-    a metadata block is a user's own, read no further: huggingface_hub would warn that it has none)."""
-    card = folder / "README.md"
-    if not ((folder / "config.json").is_file() and card.is_file()) or not card.read_bytes().startswith(b"---"):
-        return False
-    return "energyzoo" in (ModelCard.load(card).data.tags or [])
-
-
 def _shown(names: list[str]) -> str:
     return ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
 
@@ -279,7 +273,7 @@ def check_export_folder(model_dir: Path, output_dir: Path, overwrite: bool = Fal
     present = sorted(path.name for path in target.iterdir()) if target.is_dir() else [target.name] * target.exists()
     if not present:
         return False
-    if not _is_export(target):
+    if not is_export(target):
         raise UserError(f"{output_dir} holds files that are not an energyzoo export ({_shown(present)}); export into "
                          "a new or empty folder")
     edited = edited_files(target)
@@ -293,9 +287,10 @@ def check_export_folder(model_dir: Path, output_dir: Path, overwrite: bool = Fal
 
 
 def export_folder(model_dir: str | Path, output_dir: str | Path, push_to: str | None = None, api: HfApi | None = None,
-                  private: bool = False, overwrite: bool = False) -> Path:
+                  private: bool = False, overwrite: bool = False, name: str | None = None) -> Path:
     """Write the Hub-ready folder of a trained zoo model, with the manifest of what it wrote (so that a later export
-    into it can tell hand edits, `check_export_folder`); with ``push_to``, upload it (card included)."""
+    into it can tell hand edits, `check_export_folder`); with ``push_to``, upload it (card included). The card is
+    titled ``name`` (default: the repository's name, else the run's or the model folder's)."""
     model_dir, output_dir = Path(model_dir), Path(output_dir)
     if check_export_folder(model_dir, output_dir, overwrite):
         logger.warning(f"replacing the earlier export in {output_dir}")
@@ -304,9 +299,12 @@ def export_folder(model_dir: str | Path, output_dir: str | Path, push_to: str | 
 
     def write(folder: Path) -> None:
         export_model(model, folder, tokenizer)
-        if task == "image-classification":
+        saved_processor = model_dir / PREPROCESSOR_FILES["image_processor"]
+        if saved_processor.is_file():  # the model folder's own (a conversion's: the authors' test transform)
+            shutil.copy(saved_processor, folder / saved_processor.name)
+        elif task == "image-classification":
             image_processor_for(recipe.data if recipe else None, model.config).save_pretrained(folder)
-        _card(model, model_dir, recipe, task, push_to, folder).save(folder / "README.md")
+        _card(model, model_dir, recipe, task, push_to, folder, name).save(folder / "README.md")
         if recipe is not None:
             (folder / RECIPE).write_text(yaml.safe_dump(recipe.to_dict(), sort_keys=False))
         if (model_dir / "training_metrics.json").exists():

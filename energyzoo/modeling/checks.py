@@ -20,7 +20,7 @@ from huggingface_hub.dataclasses import strict
 from huggingface_hub.errors import StrictDataclassClassValidationError, StrictDataclassFieldValidationError
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from .errors import UserError, UserTypeError
+from .errors import UserError, UserTypeError, require  # noqa: F401 - require: the config files' check
 from .transformers_compat import check_transformers_release
 
 check_transformers_release()
@@ -53,12 +53,6 @@ BASE_FIELDS = {
         isinstance(name, str) for name in value)), "None or a list of class names"),
     "transformers_version": (lambda value: value is None or isinstance(value, str), "None or a version string"),
 }
-
-
-def require(owner: str, condition: bool, field: str, allowed: str, value) -> None:
-    """Raise ``UserError("<owner>.<field> must be <allowed>, got <value>")`` unless ``condition`` holds."""
-    if not condition:
-        raise UserError(f"{owner}.{field} must be {allowed}, got {value!r}")
 
 
 def _is_integer(value) -> bool:

@@ -64,8 +64,9 @@ class FEMConfig(OwnCacheLayerTypes, PreTrainedConfig):
             flash/memory-efficient kernels on CUDA, or "flash_attention_2"), so it takes only "auto".
         compile_decoding: run each layer's single-token decoding step (no autograd) as one ``torch.compile`` region
             (`fem_compiled_decoding`; speed only): at batch 1 a FEM step is dispatch-bound, and the region fuses its
-            small operators. The first step of a process compiles (once per model shape and batch size: the FEM speed
-            table's first-call lines give its cost); False decodes eagerly.
+            small operators. It compiles where that pays (once per model shape and batch size): on an accelerator at
+            the first step, on a CPU after enough eager steps to earn the compile back (`fem_compiled_decoding`); False
+            decodes eagerly.
         feature_eps: the eps of the nonnegative features ReLU(.) + eps (H.2).
         qk_ratio: total Q (and K) width / hidden_size. Per-head width must be even (RoPE).
         value_ratio: value-path width d / hidden_size; also the width of lambda, g and beta_max.

@@ -15,6 +15,12 @@ class UserError(ValueError):
     """A bad value, type, file or input, named in the message."""
 
 
+def require(owner: str, condition: bool, field: str, allowed: str, value) -> None:
+    """Raise ``UserError("<owner>.<field> must be <allowed>, got <value>")`` unless ``condition`` holds."""
+    if not condition:
+        raise UserError(f"{owner}.{field} must be {allowed}, got {value!r}")
+
+
 class UserTypeError(UserError, TypeError):
     """A value of the wrong type (a config field's annotation, a keyword the forward does not read): a `TypeError`
     too, as Python and huggingface_hub's ``@strict`` raise for a wrong type."""

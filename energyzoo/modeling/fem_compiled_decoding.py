@@ -6,6 +6,14 @@ is the number of operators, not their arithmetic (docs/speed.md has the profile)
 as its arithmetic allows; what remains is removed by compiling the layer's block (norm, mixer, MLP) for single-token
 steps without autograd, which fuses the elementwise tails into a few loops and leaves dispatch to one call.
 
+Compiling pays only after many steps. For the quickstart's model (4 layers) on a CPU a compile took 8.6 s with a warm
+compile cache and 36 s cold, against about 3 ms saved per generated token (0.8 ms per layer-step), so a first
+``generate`` of 30 tokens took 8.6-36 s compiled where eager decoding takes 0.1-0.3 s. So the region compiles where it
+pays: on an accelerator at once; on a CPU once the process has decoded `CPU_LAYER_STEPS_BEFORE_COMPILING` layer-steps
+eagerly (about the cold compile's break-even), with one log line when it starts compiling. The environment variable
+``ENERGYZOO_COMPILE_DECODING_AFTER`` sets that count for a process (0: at once, as the bench's steady decode rows
+measure it).
+
 One compiled function serves every layer of every FEM model in the process: the block is a plain function of the layer
 and its own cache layer (dynamo takes a module's parameters as graph inputs, so two layers of one shape share a graph),
 and the cache's length is a dynamic size, so decoding compiles once per model shape and batch size. The first
@@ -33,6 +41,8 @@ from transformers.utils import logging
 logger = logging.get_logger(__name__)
 
 EAGER_DECODING_ENV = "ENERGYZOO_EAGER_DECODING"
+COMPILE_AFTER_ENV = "ENERGYZOO_COMPILE_DECODING_AFTER"
+CPU_LAYER_STEPS_BEFORE_COMPILING = 40_000  # ~10,000 tokens of a 4-layer model: a cold compile's break-even on a CPU
 
 
 class CompiledDecoding:
@@ -43,12 +53,27 @@ class CompiledDecoding:
         self.block = block
         self.compiled: Callable[..., torch.Tensor] | None = None
         self.unavailable: str | None = None
+        self.eager_steps = 0  # layer-steps decoded eagerly in this process, before the region pays for its compile
+
+    def pays(self, device: torch.device) -> bool:
+        """Whether compiling pays by now: on an accelerator at once, on a CPU after `CPU_LAYER_STEPS_BEFORE_COMPILING`
+        eager layer-steps (``ENERGYZOO_COMPILE_DECODING_AFTER`` overrides the count); counts this step otherwise."""
+        if self.compiled is not None:
+            return True
+        setting = os.environ.get(COMPILE_AFTER_ENV, "")
+        after = int(setting) if setting.isdigit() else 0 if device.type != "cpu" else CPU_LAYER_STEPS_BEFORE_COMPILING
+        if self.eager_steps >= after:
+            logger.warning(f"FEM: compiling the decoding step once for this process (seconds; after {self.eager_steps} "
+                           "eager layer-steps, it pays from here on: energyzoo's fem_compiled_decoding)")
+            return True
+        self.eager_steps += 1
+        return False
 
     def applies(self, config, hidden_states: torch.Tensor, cache_layer, output_attentions: bool, recording: bool
                 ) -> bool:
         """Whether a call is a decoding step the region takes: one token per sequence, a cache, no autograd, nothing
         recorded, not already compiling, not one process of several (whose weights may be sharded: tensor parallelism,
-        FSDP), the config's switch on and the process's not off."""
+        FSDP), the config's switch on and the process's not off, and compiling paying by now (`pays`)."""
         return (
             config.compile_decoding
             and hidden_states.shape[1] == 1
@@ -60,6 +85,7 @@ class CompiledDecoding:
             and not (torch.distributed.is_available() and torch.distributed.is_initialized())
             and self.unavailable is None
             and os.environ.get(EAGER_DECODING_ENV, "0") in ("", "0")
+            and self.pays(hidden_states.device)
         )
 
     def __call__(self, *args, **kwargs) -> torch.Tensor:

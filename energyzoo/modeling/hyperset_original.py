@@ -12,31 +12,16 @@ stacked, nothing else: a converted model computes what the authors' model comput
 """
 
 import math
-import pickle
 import re
+import textwrap
 from pathlib import Path
 
 import torch
 
 from .configuration_hyperset import HyperSETConfig
 from .errors import UserError
+from .hyperset_original_options import ORIGINAL_DATASETS, ORIGINAL_DEFAULTS
 
-# The authors' shipped task YAMLs (configs/task/*.yaml, configs/config.yaml), for what a state dict cannot say.
-ORIGINAL_DEFAULTS = {
-    "image-classification": {"n_recur": 12, "input_cond": False, "lora_alpha": 8,
-                             "attention": "bisoftmax", "ff": "relu", "step_size": 1.0, "dataset": "c10"},
-    "token-classification": {"n_recur": 24, "input_cond": True, "adaptive_mode": "gd_with_learnable_step_size"},
-    "masked-image-modeling": {"n_recur": 12, "img_size": 256, "adaptive_mode": "gd_with_learnable_step_size",
-                              "phi_func": None},
-}
-# Image size and normalisation of the authors' image-classification datasets (ic/dataset.py).
-ORIGINAL_DATASETS = {
-    "c10": (32, [0.4914, 0.4822, 0.4465], [0.2470, 0.2435, 0.2616]),
-    "c100": (32, [0.5071, 0.4867, 0.4408], [0.2675, 0.2565, 0.2761]),
-    "svhn": (32, [0.4377, 0.4438, 0.4728], [0.1980, 0.2010, 0.1970]),
-    "in100": (224, [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]),
-    "in1k": (224, [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]),
-}
 # adaptive_mode -> (update_mode, the fixed (alpha, gamma) of MaskGIT's fixed-step modes)
 ADAPTIVE_MODES = {
     "gd_with_learnable_step_size": ("gd", None),
@@ -114,22 +99,17 @@ def read_original_state_dict(source: str | Path) -> dict[str, torch.Tensor]:
     path = Path(source)
     if not path.is_file():
         raise UserError(f"hyperset-original: no checkpoint file at {path}")
-    try:  # what fails here is the file: its format's reader says how (truncated, overwritten, another format)
+    try:  # what fails here is the file, whatever its reader raises: truncated, overwritten, text, another format
         if path.suffix == ".safetensors":
-            from safetensors import SafetensorError
             from safetensors.torch import load_file
 
-            try:
-                state = load_file(path)
-            except SafetensorError as error:
-                raise ValueError(str(error)) from None
+            state = load_file(path)
         else:
             state = torch.load(path, map_location="cpu", weights_only=True)
-    except (RuntimeError, ValueError, EOFError, OSError, pickle.UnpicklingError) as error:
-        reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:160]
+    except Exception as error:  # noqa: BLE001 - torch's unpickler raises IndexError, KeyError, ... for a text file
         kind = "safetensors" if path.suffix == ".safetensors" else "torch"
-        raise UserError(f"hyperset-original: {path} is not a {kind} checkpoint that loads ({reason}): truncated, "
-                        "overwritten or another format?") from None
+        raise UserError(f"hyperset-original: {path} is not a {kind} checkpoint that loads ({_reader_reason(error)}): "
+                        "truncated, overwritten or another format?") from None
     for wrapper in ("model_state_dict", "state_dict"):
         if isinstance(state, dict) and isinstance(state.get(wrapper), dict):
             state = state[wrapper]
@@ -139,6 +119,15 @@ def read_original_state_dict(source: str | Path) -> dict[str, torch.Tensor]:
         if state and all(key.startswith(prefix) for key in state):
             state = {key[len(prefix):]: value for key, value in state.items()}
     return state
+
+
+def _reader_reason(error: Exception) -> str:
+    """The reader's own reason in a few words: the unpickler's error of torch's weights-only notice (which opens with a
+    paragraph on ``weights_only``), else the first line, shortened at a word."""
+    text = str(error).strip()
+    text = text.split("WeightsUnpickler error:", 1)[-1].strip() if "WeightsUnpickler error:" in text else text
+    first = (text.splitlines() or [""])[0]
+    return textwrap.shorten(first, 120, placeholder=" ...") if first else type(error).__name__
 
 
 def original_task(state: dict[str, torch.Tensor]) -> str:

@@ -11,28 +11,41 @@
 - A checkpoint records what it holds when it is written (`write_manifest`: each file's size and SHA-256), so that a
   file damaged afterwards (an interrupted copy of the run folder, a truncated ``optimizer.bin``) is found before
   resuming: `latest_checkpoint` takes the newest intact checkpoint and says which it skipped and why.
-- A disk that fills during a save (`disk_full`) leaves the folder as it was before that save, resumable from its newest
-  complete checkpoint.
+- A save that fails (a full disk, the file-size limit, Ctrl-C: `files.write_fault`) leaves the folder as it was before
+  that save, resumable from its newest complete checkpoint.
+- One process writes a run folder (`files.FolderLock`, held for the whole run); ``--overwrite`` sets the old run's
+  files aside in ``.replaced-run/`` and removes them only once the new run ends well, so that an interrupted start
+  over loses nothing (`claim_output_dir`).
 - `rotate_checkpoints` keeps the newest ``training.save_total_limit`` checkpoints.
 - The run's other files: ``metrics.jsonl`` (`append_metrics`, cut back to a resumed checkpoint by `truncate_metrics`),
   ``loss_curve.png`` (`plot_loss_curve`), a stream's position per process (`stream_state_file`), and model folders
   (`save_model_folder` writes one; `files.model_folder` finds the one `energyzoo eval` and `export` take).
 """
 
-import errno
 import json
 import logging
 import os
 import re
 import shutil
 from collections.abc import Callable
+from contextlib import ExitStack
+from functools import partial
 from pathlib import Path
 
 import yaml
 from accelerate import Accelerator
+from accelerate.utils import broadcast_object_list
 
-from ..files import CHECKPOINTS, MODEL, check_tokenizer_folder, manifest_damage, read_json, write_manifest
-from ..modeling.errors import UserError
+from ..files import (
+    CHECKPOINTS,
+    MODEL,
+    FolderLock,
+    check_tokenizer_folder,
+    manifest_damage,
+    read_json,
+    write_manifest,
+)
+from ..modeling.errors import UserError, did_you_mean
 from ..registry import ARCHITECTURES, auto_map_for
 from .engines import check_resumable, engine_of, gathered_state_dict
 from .recipe import Recipe, flat_settings, read_recipe
@@ -48,6 +61,7 @@ TRACKERS = "trackers"  # accelerate's trackers (tensorboard, ...) log under outp
 LOSS_CURVE = "loss_curve.png"
 RUN_FILES = (RECIPE, METRICS, LOSS_CURVE, TOKENIZER, CHECKPOINTS, MODEL, BEST_MODEL, TRACKERS)
 PARTIAL = ".partial"
+REPLACED = ".replaced-run"  # the files of the run an --overwrite replaces, until the new run ends well
 CHECKPOINT_NAME = re.compile(r"step-(\d{7})")
 # Recipe settings a resumed run may change: when and where it logs, evaluates and saves, and how each process
 # computes its share of the global batch (the data, the optimiser and the steps stay those of the run).
@@ -93,19 +107,28 @@ def publish(written: Path, path: Path) -> None:
 
 def write_folder_whole(path: Path, write) -> None:
     """``write(folder)`` into a fresh partial folder beside ``path`` (one an interrupted write left is removed), then
-    `publish` it as ``path``: for folders one process writes."""
+    `publish` it as ``path``: for folders one process writes. A write that fails (a full disk, Ctrl-C) leaves
+    ``path`` as it was and no partial folder."""
     written = partial_path(path)
     shutil.rmtree(written, ignore_errors=True)
-    write(written)
-    publish(written, path)
+    try:
+        write(written)
+        publish(written, path)
+    except BaseException:
+        shutil.rmtree(written, ignore_errors=True)
+        raise
 
 
 def write_text_whole(path: Path, text: str) -> None:
     written = partial_path(path)
-    written.write_text(text)
-    with open(written, "rb") as handle:
-        os.fsync(handle.fileno())
-    os.replace(written, path)
+    try:
+        written.write_text(text)
+        with open(written, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(written, path)
+    except BaseException:
+        written.unlink(missing_ok=True)
+        raise
 
 
 def run_files(output_dir: Path) -> list[str]:
@@ -127,6 +150,10 @@ def claim_run_folder(output_dir: Path, recipe: dict, resume: bool, overwrite: bo
     if resume and overwrite:
         raise UserError("--resume continues the run in output_dir and --overwrite starts it over: pass one of them")
     found = run_files(output_dir)
+    if resume and not found:
+        runs = [folder.name for folder in output_dir.parent.glob("*") if (folder / RECIPE).is_file()]
+        raise UserError(f"--resume: {output_dir} holds no run to continue (no {RECIPE})"
+                        f"{did_you_mean(output_dir.name, runs)}")
     if not found or overwrite:
         return bool(found)
     if not resume:
@@ -140,6 +167,10 @@ def claim_run_folder(output_dir: Path, recipe: dict, resume: bool, overwrite: bo
         raise UserError(f"--resume: this recipe changes {'; '.join(changes)} from the run in {output_dir}, which "
                          "would mix two runs: resume with the run's settings, or start a new run (--overwrite or "
                          "another output_dir)")
+    finished = output_dir / MODEL / "training_metrics.json"
+    if finished.is_file() and read_json(finished).get("steps") == recipe["training"]["steps"]:
+        raise UserError(f"--resume: the run in {output_dir} finished (step {recipe['training']['steps']}; its model is "
+                        f"{output_dir / MODEL}): there is nothing to continue")
     if (output_dir / TOKENIZER).is_dir():  # read again by the resumed run: checked before anything is written
         check_tokenizer_folder(output_dir / TOKENIZER, "the run's tokenizer, which the resumed run reads")
     metrics_rows(output_dir / METRICS)
@@ -169,14 +200,6 @@ def damage(folder: Path) -> str | None:
 
 def checkpoint_step(folder: Path) -> int:
     return json.loads((folder / STATE_FILE).read_text())["step"]
-
-
-def disk_full(error: BaseException) -> bool:
-    """Whether a save failed for want of space: ``ENOSPC``, or torch's zip writer reporting the short write it got
-    ("unexpected pos", torch.save's message on a full disk)."""
-    if isinstance(error, OSError):
-        return error.errno in (errno.ENOSPC, errno.EDQUOT)
-    return isinstance(error, RuntimeError) and ("unexpected pos" in str(error) or "No space left" in str(error))
 
 
 def complete_checkpoints(output_dir: Path) -> list[Path]:
@@ -301,7 +324,7 @@ def save_model_folder(accelerator: Accelerator, model, model_dir: Path, tokenize
 def saved_whole(accelerator: Accelerator, path: Path, write: Callable[[Path], None]) -> None:
     """``write(folder)`` on every process into a partial folder, which the main process records (`write_manifest`)
     and publishes as ``path`` once every process is done: the folder is whole or absent whenever the run is killed,
-    and a save that fills the disk leaves no partial folder behind (`run_training` says so)."""
+    and a save that fails (a full disk, Ctrl-C) leaves no partial folder behind (`run_training` says so)."""
     written = partial_path(path)
     if accelerator.is_main_process:
         shutil.rmtree(written, ignore_errors=True)  # a save a kill interrupted
@@ -312,25 +335,60 @@ def saved_whole(accelerator: Accelerator, path: Path, write: Callable[[Path], No
         if accelerator.is_main_process:
             write_manifest(written)
             publish(written, path)
-    except (OSError, RuntimeError) as error:
-        if disk_full(error):
+    except BaseException:  # a full disk, a file-size limit, Ctrl-C: the folder stays as it was before this save
+        if accelerator.is_main_process:
             shutil.rmtree(written, ignore_errors=True)
         raise
 
 
-def claim_output_dir(accelerator: Accelerator, recipe: Recipe, resume: bool, overwrite: bool) -> Path:
-    """The run folder, checked by every process (`claim_run_folder`), cleared by the main process under ``overwrite``,
-    with this run's recipe.yaml."""
+def claim_output_dir(accelerator: Accelerator, recipe: Recipe, resume: bool, overwrite: bool,
+                     held: ExitStack) -> Path:
+    """The run folder, locked by the main process for as long as ``held`` is open (`files.FolderLock`), checked by
+    every process (`claim_run_folder`), with this run's recipe.yaml. Under ``overwrite`` the old run's files are set
+    aside (`REPLACED`) and removed when ``held`` closes without an error; a run that fails or is stopped leaves them
+    there, with its own files beside them."""
     output_dir = Path(recipe.output_dir)
+    refused = [None]
+    if accelerator.is_main_process:
+        try:
+            held.enter_context(FolderLock(output_dir))
+        except UserError as error:
+            refused = [str(error)]
+    refused = broadcast_object_list(refused)  # every process answers the main one's refusal, none waits on it
+    if refused[0] is not None:
+        raise UserError(refused[0])
     remove = claim_run_folder(output_dir, recipe.to_dict(), resume, overwrite)
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         if remove:
-            remove_run_files(output_dir)
-        output_dir.mkdir(parents=True, exist_ok=True)
+            set_aside_run_files(output_dir)
+        if (output_dir / REPLACED).is_dir():
+            held.push(partial(_settle_replaced_run, output_dir))
         write_text_whole(output_dir / RECIPE, yaml.safe_dump(recipe.to_dict(), sort_keys=False))
     accelerator.wait_for_everyone()
     return output_dir
+
+
+def set_aside_run_files(output_dir: Path) -> None:
+    """Move the run files of ``output_dir`` into ``output_dir/.replaced-run`` (where an interrupted replacement left
+    one, the run it replaced stays there and the interrupted run's files are removed)."""
+    replaced = output_dir / REPLACED
+    if replaced.is_dir():
+        logger.warning(f"{replaced} holds the run an interrupted --overwrite replaced: kept until this run ends well")
+        remove_run_files(output_dir)
+        return
+    replaced.mkdir()
+    for name in run_files(output_dir):
+        (output_dir / name).rename(replaced / name)
+    remove_run_files(output_dir)  # partial writes the old run left
+
+
+def _settle_replaced_run(output_dir: Path, error_type, error, traceback) -> None:
+    """The replaced run's files removed once the run that replaced them ends well; kept (and said where) otherwise."""
+    if error_type is None:
+        shutil.rmtree(output_dir / REPLACED)
+    else:
+        logger.warning(f"the run --overwrite replaced is kept in {output_dir / REPLACED} until a run here ends well")
 
 
 def resumed_step(accelerator: Accelerator, output_dir: Path, resume: bool) -> tuple[int, Path | None]:

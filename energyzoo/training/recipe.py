@@ -1,6 +1,9 @@
 """Run recipes (`energyzoo/configs/*.yaml`): what to train, on which data, how (recipes live in `configs/`, model
 definitions in `models/`).
 
+Reading a recipe (`read_recipe`: its keys and types) imports neither torch nor transformers, so that `energyzoo train`
+answers a mistyped override at once; validating it (`Recipe.validate`) loads the tables it checks against.
+
 A recipe is YAML with four sections and an output folder::
 
     model:     {preset: fem-lm-tiny, overrides: {max_position_embeddings: 512}}   # or config: {model_type: ...}
@@ -25,21 +28,14 @@ from pathlib import Path
 
 import pycountry
 import yaml
-from accelerate.utils import LoggerType
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
-from transformers import PretrainedConfig
 
-from ..data.digits import MASK_SCHEDULES
 from ..files import model_folder_damage
-from ..modeling.checks import require
-from ..modeling.errors import UserError
-from ..presets import config_with_overrides, preset_card, preset_config_fields
+from ..modeling.errors import UserError, require
 from .recipe_files import recipe_file
-from .tasks import TRAINING_TASKS, training_task
 
 logger = logging.getLogger(__name__)
-DATA_SOURCES = tuple(dict.fromkeys(source for task in TRAINING_TASKS.values() for source in task.sources))
 MIXED_PRECISION = ("no", "bf16", "fp16")
 LR_SCHEDULES = ("cosine", "linear", "constant_with_warmup")  # transformers' `get_scheduler` names
 RESOLVER_CALL = re.compile(r"\$\{[^}]*:")  # ${name:arguments}; a plain ${a.b} reference has no colon
@@ -59,10 +55,14 @@ class ModelSection:
     init_from: str | None = None
 
     def validate(self) -> None:
+        from .tasks import TRAINING_TASKS
+
         owner = "recipe model"
         require(owner, (self.preset is None) != (self.config is None), "preset",
                 "given, or else model.config (exactly one of them)", self.preset)
         if self.preset is not None:
+            from ..presets import preset_card
+
             card_task = preset_card(self.preset)["task"]
             require(owner, self.task in (None, card_task), "task", f"{card_task!r} (preset {self.preset}'s card)",
                     self.task)
@@ -81,11 +81,15 @@ class ModelSection:
 
     def base_fields(self) -> dict:
         """The config fields before overrides: the preset's, or ``config``."""
+        from ..presets import preset_config_fields
+
         return preset_config_fields(self.preset) if self.preset is not None else dict(self.config)
 
-    def build_config(self, **fields) -> PretrainedConfig:
+    def build_config(self, **fields) -> "PretrainedConfig":  # noqa: F821 - transformers', imported when used
         """The model's config: the preset's (or ``config``) with the overrides and then ``fields`` (the tokenizer's
         vocabulary and special ids) applied, each name checked against the config class, every value by it."""
+        from ..presets import config_with_overrides
+
         return config_with_overrides(self.base_fields(), {**self.overrides, **fields})
 
 
@@ -130,6 +134,9 @@ class DataSection:
 
     def validate(self, task: str) -> None:
         owner = "recipe data"
+        from ..data.digits import MASK_SCHEDULES
+        from .tasks import training_task
+
         sources = training_task(task).sources
         require(owner, self.source in sources, "source", f"one of {list(sources)} (the sources of {task!r})",
                 self.source)
@@ -226,6 +233,8 @@ class TrainingSection:
         owner = "recipe training"
         require(owner, isinstance(self.activation_checkpointing, bool), "activation_checkpointing", "true or false",
                 self.activation_checkpointing)
+        from accelerate.utils import LoggerType
+
         known = [tracker.value for tracker in LoggerType if tracker.value != "all"]
         named = isinstance(self.report_to, (str, list)) and (
             self.report_to in ("auto", "none") or all(name in known for name in self.trackers()))
@@ -323,9 +332,8 @@ def _yaml_file(path: Path):
         raise UserError(f"{path}: cannot be read ({error.strerror or error})") from None
     except UnicodeDecodeError:
         raise UserError(f"{path}: not text (bytes that are no UTF-8: overwritten?)") from None
-    if not isinstance(loaded, DictConfig):
-        raise UserError(f"{path}: holds a YAML list, not the mapping of sections a recipe is (model:, data:, "
-                        "training:, ...)")
+    if not isinstance(loaded, DictConfig) or not isinstance(yaml.safe_load(path.read_text()), dict):
+        raise UserError(f"{path}: holds no YAML mapping of sections, which a recipe is (model:, data:, training:, ...)")
     return loaded
 
 

@@ -23,6 +23,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -37,7 +38,7 @@ from transformers import AutoTokenizer, get_scheduler
 
 from ..data.hub import tokenizer_training_texts
 from ..data.text import train_bpe_tokenizer
-from ..files import check_tokenizer_folder
+from ..files import check_tokenizer_folder, write_fault
 from ..modeling.checks import require
 from ..modeling.errors import UserError
 from ..registry import TASKS
@@ -53,7 +54,6 @@ from .checkpoints import (
     checkpoint_path,
     checkpoint_step,
     claim_output_dir,
-    disk_full,
     latest_checkpoint,
     plot_loss_curve,
     resumed_step,
@@ -146,17 +146,38 @@ def run_training(recipe: Recipe, resume: bool = False, overwrite: bool = False, 
     threads = torch.get_num_threads()
     if recipe.training.num_threads is not None:
         torch.set_num_threads(recipe.training.num_threads)
+    reached = _Reached()
     try:
-        return _train(recipe, resume, overwrite, stop_after, progress, evaluation_hook)
-    except (OSError, RuntimeError) as error:
-        if not disk_full(error):
+        return _train(recipe, resume, overwrite, stop_after, progress, evaluation_hook, reached)
+    except KeyboardInterrupt:
+        if not reached.claimed:
             raise
-        resumable = latest_checkpoint(Path(recipe.output_dir), main=False)
-        step = checkpoint_step(resumable) if resumable else 0
-        raise UserError(f"no space left on the device of {recipe.output_dir}: the run can resume from step {step} "
-                        "(free some space, then run again with --resume)") from error
+        raise RunStopped(f"stopped at step {reached.step} (Ctrl-C); --resume continues from step "
+                         f"{_resumable_step(recipe)}") from None
+    except Exception as error:
+        if (fault := write_fault(error)) is None or not reached.claimed:
+            raise
+        raise UserError(f"cannot write {fault}; the run in {recipe.output_dir} can resume from step "
+                        f"{_resumable_step(recipe)} (make room, then run again with --resume)") from error
     finally:
         torch.set_num_threads(threads)
+
+
+class RunStopped(KeyboardInterrupt):
+    """Ctrl-C during a run, with the step it reached and the step ``--resume`` continues from."""
+
+
+@dataclass
+class _Reached:
+    """How far a run got: whether it holds its folder, and its last completed step."""
+
+    claimed: bool = False
+    step: int = 0
+
+
+def _resumable_step(recipe: Recipe) -> int:
+    newest = latest_checkpoint(Path(recipe.output_dir), main=False)
+    return checkpoint_step(newest) if newest else 0
 
 
 def _threads_for(model) -> None:
@@ -258,13 +279,14 @@ class _Run:
     stream: object = None
 
     @classmethod
-    def prepare(cls, recipe: Recipe, resume: bool, overwrite: bool) -> "_Run":
-        """Claim the folder, read the data, build the model and hand it to accelerate."""
+    def prepare(cls, recipe: Recipe, resume: bool, overwrite: bool, held: ExitStack) -> "_Run":
+        """Claim the folder (for as long as ``held`` is open), read the data, build the model and hand it to
+        accelerate."""
         settings = recipe.training
         accelerator = _accelerator(recipe)
         micro = _micro_batch_size(recipe, accelerator)
         hand_recipe_to_deepspeed(accelerator, settings.max_grad_norm, settings.gradient_accumulation, micro)
-        output_dir = claim_output_dir(accelerator, recipe, resume, overwrite)
+        output_dir = claim_output_dir(accelerator, recipe, resume, overwrite, held)
         set_seed(settings.seed)
         data, tokenizer = prepare_data(recipe, output_dir, accelerator.is_main_process, accelerator)
         if len(data.validation_inputs) < accelerator.num_processes:
@@ -383,11 +405,20 @@ class _Run:
 
 
 def _train(recipe: Recipe, resume: bool, overwrite: bool, stop_after: int | None, progress: bool,
-           evaluation_hook: Callable | None) -> TrainingResult:
+           evaluation_hook: Callable | None, reached: _Reached) -> TrainingResult:
+    with ExitStack() as held:  # the run folder's lock, and the run an --overwrite replaces
+        run = _Run.prepare(recipe, resume, overwrite, held)
+        reached.claimed = True
+        return _train_steps(run, resume, stop_after, progress, evaluation_hook, reached)
+
+
+def _train_steps(run: "_Run", resume: bool, stop_after: int | None, progress: bool, evaluation_hook: Callable | None,
+                 reached: _Reached) -> TrainingResult:
+    recipe = run.recipe
     settings = recipe.training
-    run = _Run.prepare(recipe, resume, overwrite)
     accelerator, output_dir = run.accelerator, run.output_dir
     start_step, checkpoint = resumed_step(accelerator, output_dir, resume)
+    reached.step = start_step
     batches = run.batches(start_step, checkpoint)
     accelerator.init_trackers(output_dir.name, config=tracker_config(recipe))
     end_step = settings.steps if stop_after is None else min(settings.steps, start_step + stop_after)
@@ -403,7 +434,7 @@ def _train(recipe: Recipe, resume: bool, overwrite: bool, stop_after: int | None
         step_loss, parts = run.optimizer_step(batches)
         global_loss = float(accelerator.reduce(step_loss, reduction="mean"))
         losses.append(global_loss)
-        done = step + 1
+        done = reached.step = step + 1
         bar.set_postfix(loss=f"{global_loss:.4f}")
         if done % settings.log_every == 0 or done == settings.steps:
             reduced = {name: float(accelerator.reduce(value, reduction="mean"))
