@@ -241,7 +241,8 @@ def _eval_verb(commands) -> None:
     evaluate.add_argument("--tasks", nargs="+", default=None,
                           help="lm-eval task names instead of the suites (results in OUTPUT/tasks.json)")
     evaluate.add_argument("--num-fewshot", type=int, default=None, help="default: each suite's own setting")
-    evaluate.add_argument("--output-dir", default=None, help="default: MODEL_DIR/eval")
+    evaluate.add_argument("--output-dir", default=None,
+                          help="default: MODEL_DIR/eval; for an exported folder, EXPORT-eval beside it")
     evaluate.add_argument("--batch-size", default="8", help="an integer, or 'auto' (lm-eval finds the largest)")
     evaluate.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, mps, ...")
     evaluate.add_argument("--dtype", default="auto", help="auto (the saved dtype), float32, bfloat16 or float16")

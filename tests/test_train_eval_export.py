@@ -19,7 +19,7 @@ from contract import REMOTE_LOAD_SCRIPT, fresh_process_env
 from huggingface_hub import ModelCard
 from huggingface_hub.repocard_data import model_index_to_eval_results
 from safetensors.torch import load_file
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from energyzoo.cli import main
 from energyzoo.eval.harness import evaluate_folder, local_task_documents, write_local_tasks
@@ -568,3 +568,17 @@ def test_short_quickstart_trains_evaluates_and_exports(tmp_path):
     model = AutoModelForCausalLM.from_pretrained(report.export_dir, trust_remote_code=True)
     assert model.config.model_type == "fem"
     assert report.energy_plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert card.data.model_name == "qs"  # the quickstart's folder, not its run subfolder "train"
+    # batched generate continues each row's last token: the exported tokenizer pads on the left
+    tokenizer = AutoTokenizer.from_pretrained(report.export_dir)
+    assert tokenizer.padding_side == "left"
+    batch = tokenizer(["The assert statement", "A"], return_tensors="pt", padding=True)
+    together = model.generate(**batch, max_new_tokens=4, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    alone = model.generate(**tokenizer(["A"], return_tensors="pt"), max_new_tokens=4, do_sample=False,
+                           pad_token_id=tokenizer.pad_token_id)
+    assert torch.equal(together[1, -4:], alone[0, -4:])
+    # a second quickstart into the folder replaces it only when told, and the earlier export stays until then
+    earlier = (report.export_dir / "model.safetensors").read_bytes()
+    with pytest.raises(ValueError, match="holds an earlier quickstart"):
+        run_quickstart(tmp_path / "qs", steps=40, batch_size=8, progress=False)
+    assert (report.export_dir / "model.safetensors").read_bytes() == earlier
