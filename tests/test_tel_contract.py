@@ -72,6 +72,8 @@ class TestTELGPT2Contract(TELTester, CausalLMContract):
     task = "causal-lm"
     lora_target_modules = ["c_attn", "c_proj", "c_fc"]
     invalid_config_values = INVALID_TEL_VALUES + [("tel_placement", [2]), ("tel_entropy_pooling", "sequence")]
+    int8_refused = {"torchao-int8-weight-only": "torchao's config quantizes nn.Linear layers and GPT-2's are Conv1D: "
+                    "GPT-2 itself loads unchanged (output error 0), so there is no error to compare with"}
 
     def make_config(self, **overrides):
         fields = dict(vocab_size=97, n_positions=64, n_embd=32, n_layer=2, n_head=4, resid_pdrop=0.0, embd_pdrop=0.0,
@@ -90,6 +92,9 @@ class VisionContract(TELTester, ModelContract):
 class TestTELViTContract(VisionContract):
     model_type = "tel-vit"
     task = "image-classification"
+    dispatch_refused = ("transformers' ViT renames its checkpoint's names onto its modules when it loads (5.24: "
+                        "vit.encoder.layer.N -> vit.layers.N), which accelerate's load_checkpoint_and_dispatch does "
+                        "not: ViT itself fails there (KeyError: 'vit.layers.0.layernorm_before.weight')")
     checkpointed_block = "ViTLayer"
     lora_target_modules = ["q_proj", "v_proj", "fc1", "fc2"]
     invalid_config_values = INVALID_TEL_VALUES + [("tel_placement", [2])]
@@ -110,6 +115,8 @@ class TestTELResNetContract(VisionContract):
     has_attentions = False
     lora_target_modules = ["convolution"]
     takes_any_image_size = True  # its pooler takes any size
+    int8_refused = {"torchao-int8-weight-only": "transformers' ResNet itself fails to load with TorchAoConfig (5.24: "
+                    "the quantizer asks ResNetModel for get_input_embeddings, which it does not implement)"}
     accumulation_left_out = "ResNet's BatchNorm pools statistics over the batch, so each micro-batch has its own"
     invalid_config_values = INVALID_TEL_VALUES + [("tel_placement", [4])]
 

@@ -25,7 +25,7 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
 from .configuration_eqt import EqTLlamaConfig
-from .numerics import widened
+from .numerics import applied_weight, own_parameter, widened
 
 _HASH_MULTIPLIER = 0x9E3779B1  # Knuth's multiplicative hash (golden ratio * 2^32), for the position-keyed mask
 
@@ -154,7 +154,8 @@ class EqTEnergyNetwork(nn.Module):
         window_valid = valid[:, index] & inside
         previous = (positions - 1).clamp_min(0)
         has_previous = (valid[:, previous] & (positions - 1 >= 0)).unsqueeze(-1)
-        rev_state = torch.where(has_previous, states[:, previous], self.rev_start) + self.rev_offset.weight
+        offsets = self.rev_offset(torch.arange(window, device=ids.device))
+        rev_state = torch.where(has_previous, states[:, previous], own_parameter(self, "rev_start")) + offsets
         masked = window_valid & position_mask(keys[:, index], config.erm_mask_ratio, config.erm_mask_seed)
         if config.erm_head_vocabulary == "full":
             candidates, targets, allowed = self.embed_proj(embeddings), window_ids, None
@@ -185,7 +186,7 @@ class EqTEnergyNetwork(nn.Module):
     def relevant_memories(self, site: int, proposal: torch.Tensor) -> torch.Tensor:
         """Eq. 15's relevant prototypes r_i = 1: the `erm_memory_topk` slots most cosine-similar to the proposal f
         (the paper leaves r_i unspecified; fixed for the whole refinement), unit-normalised, (B, n, k, d)."""
-        bank = F.normalize(self.memory_banks[site].to(proposal.dtype), dim=-1)
+        bank = F.normalize(own_parameter(self, "memory_banks")[site].to(proposal.dtype), dim=-1)
         similarity = F.normalize(proposal, dim=-1) @ bank.T
         return bank[similarity.topk(self.config.erm_memory_topk, dim=-1).indices]
 
@@ -212,18 +213,21 @@ class EqTEnergyNetwork(nn.Module):
         normalised, inverse = rms_normalise(context.rev_state + self.rev_cond(hidden).unsqueeze(-2),
                                             self.config.rms_norm_eps)
         normalised = normalised.to(hidden.dtype)
-        output = self.rev_out(self.rev_norm_weight * normalised)
+        norm_weight = own_parameter(self, "rev_norm_weight")
+        output = self.rev_out(norm_weight * normalised)
         return self._head_energy(output, context, context.window_valid, with_gradient, lambda grad_output: (
-            rms_norm_backward(normalised, inverse, (grad_output @ self.rev_out.weight) * self.rev_norm_weight)
-            .to(hidden.dtype).sum(-2) @ self.rev_cond.weight))
+            rms_norm_backward(normalised, inverse, (grad_output @ applied_weight(self.rev_out, hidden)) * norm_weight)
+            .to(hidden.dtype).sum(-2) @ applied_weight(self.rev_cond, hidden)))
 
     def masked_energy(self, hidden, context: EnergyContext, with_gradient: bool):
         """Eq. 13: the mean over the window's masked slots of -log p_psi(x_i | h) (0 where none is masked), and
         its h-gradient."""
-        pre = self.mask_in(hidden).unsqueeze(-2) + self.mask_offset.weight
+        offsets = self.mask_offset(torch.arange(self.config.erm_rev_window, device=hidden.device))
+        pre = self.mask_in(hidden).unsqueeze(-2) + offsets
         output = self.mask_out(F.gelu(pre))
         return self._head_energy(output, context, context.masked, with_gradient, lambda grad_output: (
-            ((grad_output @ self.mask_out.weight) * gelu_derivative(pre)).sum(-2) @ self.mask_in.weight))
+            ((grad_output @ applied_weight(self.mask_out, hidden)) * gelu_derivative(pre)).sum(-2)
+            @ applied_weight(self.mask_in, hidden)))
 
     def _head_energy(self, output, context: EnergyContext, scored: torch.Tensor, with_gradient: bool, backward):
         """Mean NLL of the scored slots' tokens under softmax(<candidates, output>), and (through ``backward``,

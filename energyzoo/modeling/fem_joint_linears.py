@@ -32,7 +32,7 @@ class JointLinears:
         self.names = list(names)
         self.weight: torch.Tensor | None = None  # (sum of out_features, in_features), the blocks in ``names`` order
         self.bias: torch.Tensor | None = None  # None when no map has a bias; zero rows for maps without one
-        self.widths: list[int] = []  # the maps' output widths when joined
+        self.widths: list[int] = []  # the maps' output widths
         # per map: the byte offsets of its weight and bias (or None) in the joint tensors (offsets, not addresses: a
         # deep copy or a pickled model keeps its parameters' blocks of its own copy of the joint tensors)
         self.blocks: list[tuple[int, int | None]] = []
@@ -48,6 +48,7 @@ class JointLinears:
         linears = self.linears(owner)
         if self.joined(linears):
             return
+        self.widths = [linear.out_features for linear in linears]
         weights = [linear.weight for linear in linears] if all(type(linear) is nn.Linear for linear in linears) else []
         biases = [linear.bias for linear in linears if linear.bias is not None]
         movable = weights and all(_movable(tensor, (self.weight, self.bias)) and tensor.dtype == weights[0].dtype
@@ -67,7 +68,7 @@ class JointLinears:
             self.blocks.append((linear.weight.data_ptr() - weight.data_ptr(),
                                 None if linear.bias is None else linear.bias.data_ptr() - bias.data_ptr()))
             rows += linear.out_features
-        self.weight, self.bias, self.widths = weight, bias, [linear.out_features for linear in linears]
+        self.weight, self.bias = weight, bias
 
     def __call__(self, owner: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
         """x through every map, as one (..., sum of out_features) tensor; None where the maps must run one by one."""
@@ -125,8 +126,9 @@ def _movable(tensor: torch.Tensor, joint: tuple[torch.Tensor | None, ...]) -> bo
 
 def _whole_plain_linear(linear: nn.Module) -> bool:
     """A plain ``nn.Linear`` whose weight is a plain tensor of its full shape here (not a DTensor shard, not a
-    parameter DeepSpeed has partitioned away until the module's own forward gathers it)."""
-    return (type(linear) is nn.Linear and type(linear.weight) is nn.Parameter
+    parameter DeepSpeed has partitioned away until the module's own forward gathers it, not one accelerate's
+    dispatch offloads: its hook loads it for the module's own call only, and keeps the meta device between calls)."""
+    return (type(linear) is nn.Linear and type(linear.weight) is nn.Parameter and not hasattr(linear, "_hf_hook")
             and linear.weight.shape == (linear.out_features, linear.in_features))
 
 

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .numerics import cast, widened, work_dtype
+from .numerics import cast, own_parameter, widened, work_dtype
 
 REFERENCE_ENVELOPE_FLOOR = 1e-12  # the public reference layer's D + 1e-12
 REFERENCE_SHORTCUT_EPS = 1e-8  # its softplus(a) + 1e-8, l2-normalised with eps 1e-8
@@ -197,7 +197,7 @@ class TimeDecayConditioner(nn.Module):
             columns = [(tensor.shape[-1], slice(None)) for tensor in tensors]
         else:
             columns = [held_output_columns(linear) for linear in projections]
-        weight = cast(self.out_proj, features.dtype)
+        weight = cast(own_parameter(self, "out_proj"), features.dtype)  # read outside forward: an offloaded one too
         widths = [width for width, _ in columns]
         if torch.is_grad_enabled() and any(t.requires_grad for t in (weight, features, *tensors)):
             modulators = (features @ weight).split(widths, dim=-1)
@@ -210,7 +210,7 @@ class TimeDecayConditioner(nn.Module):
     def modulate_joint(self, joint: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
         """x (1 + c) for all projections at once: ``joint`` holds them side by side in the column order of c (FEM
         eq. 34a-d), so one product and one multiply-add do what `modulate` does per tensor."""
-        return _modulated(joint, features @ cast(self.out_proj, features.dtype))
+        return _modulated(joint, features @ cast(own_parameter(self, "out_proj"), features.dtype))
 
 
 def _modulated(x: torch.Tensor, modulator: torch.Tensor) -> torch.Tensor:

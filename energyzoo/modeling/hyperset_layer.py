@@ -27,7 +27,7 @@ from torch.utils.checkpoint import checkpoint
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 from .configuration_hyperset import HyperSETConfig
-from .numerics import applied_weight
+from .numerics import applied_bias, applied_weight
 
 # Running statistics of one half-step's update rule (`DescentUpdate`): () for plain descent.
 Moments = tuple[torch.Tensor, ...]
@@ -394,7 +394,7 @@ class HyperSETStepSizes(nn.Module):
     def half(self, time_embedding: torch.Tensor, condition: torch.Tensor, half: int) -> torch.Tensor:
         """alpha (``half`` 0) or gamma (1) alone: the output layer's rows of that half only."""
         weight, bias = (None if tensor is None else tensor.chunk(2)[half]
-                        for tensor in (applied_weight(self.out_proj), self.out_proj.bias))
+                        for tensor in (applied_weight(self.out_proj), applied_bias(self.out_proj)))
         return F.linear(self._hidden(time_embedding, condition), weight, bias)
 
     def _hidden(self, time_embedding, condition):

@@ -39,7 +39,7 @@ from .eqt_cache import WINDOW_LAYERS, TokenWindow
 from .eqt_energy import EnergyContext, EqTEnergyNetwork
 from .errors import UserError
 from .inputs import CausalLMLossMixin, check_labels, check_token_inputs
-from .numerics import widened, work_dtype
+from .numerics import applied_weight, own_parameter, widened, work_dtype
 from .outputs import (
     BaseModelOutputWithEnergies,
     CausalLMOutputWithEnergies,
@@ -285,7 +285,7 @@ class EqTLlamaModel(EqTLlamaPreTrainedModel, LlamaModel):
         causal_mask = create_causal_mask(config=config, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
                                          position_ids=position_ids, **with_cache(cache))
         valid, context = self._energy_inputs(input_ids, inputs_embeds, attention_mask, cache)
-        readout = self.embed_tokens.weight if readout_weight is None else readout_weight
+        readout = own_parameter(self.embed_tokens, "weight") if readout_weight is None else readout_weight
 
         hidden_states = inputs_embeds
         position_embeddings = self.rotary_emb(hidden_states, position_ids=position_ids)
@@ -349,7 +349,8 @@ class EqTLlamaModel(EqTLlamaPreTrainedModel, LlamaModel):
             layer.store(ids, all_valid, all_keys, real_seen + valid.sum(-1), keep=keep)
         if not (config.lambda_rev or config.lambda_mask):
             return valid, None
-        return valid, self.erm.energy.context(self.embed_tokens.weight, ids, all_valid, all_keys, length)
+        return valid, self.erm.energy.context(own_parameter(self.embed_tokens, "weight"), ids, all_valid, all_keys,
+                                              length)
 
     @staticmethod
     def _window_layer(cache: Cache | None) -> TokenWindow | None:
@@ -364,7 +365,8 @@ class EqTLlamaModel(EqTLlamaPreTrainedModel, LlamaModel):
                 logits = self.norm(proposal) @ readout.T
                 candidates = logits.topk(config.erm_confidence_topk, dim=-1).indices
             readout = readout[candidates]
-        return SiteInputs(proposal, context, memories, readout, self.norm.weight, self.norm.variance_epsilon)
+        return SiteInputs(proposal, context, memories, readout, own_parameter(self.norm, "weight"),
+                          self.norm.variance_epsilon)
 
 
 class EqTLlamaForCausalLM(CausalLMLossMixin, CacheKindsMixin, EqTLlamaPreTrainedModel, GenerationMixin):
@@ -416,7 +418,7 @@ class EqTLlamaForCausalLM(CausalLMLossMixin, CacheKindsMixin, EqTLlamaPreTrained
             use_cache=use_cache,
             output_energies=output_energies,
             refinement_steps=refinement_steps,
-            readout_weight=self.lm_head.weight,
+            readout_weight=applied_weight(self.lm_head),  # the matrix it applies: quantized or offloaded too
             return_refined_energy=labels is not None,
             **kwargs,
         )

@@ -111,7 +111,8 @@ class HyperSETEmbeddings(nn.Module):
                              f"{own} or inputs_embeds, got {given or 'none'}")
         if pixel_values is not None:
             check_pixel_values(owner, pixel_values, config.num_channels, config.image_size)
-            pixel_values = pixel_values.to(self.patch_embeddings[1].weight.dtype)  # float images of any dtype, as ViT
+            # float images of any dtype, as ViT; in the patch norm's dtype, which int8 quantizers leave as it is
+            pixel_values = pixel_values.to(self.patch_embeddings[0].weight.dtype)
             inputs_embeds = self.patch_embeddings(self.patches(pixel_values))
         else:
             vocab_size = self.token_embeddings.num_embeddings if input_ids is not None else config.vocab_size
@@ -149,6 +150,10 @@ class HyperSETPreTrainedModel(PreTrainedModel):
     main_input_name = "pixel_values"
     supports_gradient_checkpointing = True
     _no_split_modules = ["HyperSETLayer", "TransformerBaselineLayer"]
+    # an iteration's non-tensor arguments (`IteratedLayer.forward`'s ``others``: the step-size head module among
+    # them) stay as they are when accelerate's dispatch moves a layer's inputs to its device: moving a module there
+    # would move its (offloaded, meta) weights
+    _skip_keys_device_placement = ["others"]
     _can_compile_fullgraph = True
     # a state per iteration of each layer, so indices (negative ones too) count layer iterations
     _can_record_outputs = {"hidden_states": OutputRecorder(IteratedLayer, num_hidden_layers_key="num_layer_iterations")}

@@ -21,6 +21,16 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+from big_models import (
+    LOADINGS,
+    QUANTIZATIONS,
+    adapters_on_the_cpu,
+    load_offloaded,
+    offloaded_in_part,
+    quantized,
+    relative_error,
+    same_size_baseline,
+)
 from transformers import AutoConfig, AutoModel, Trainer, TrainingArguments
 
 from energyzoo.hub_cards import export_model
@@ -499,6 +509,107 @@ class ModelContract:
         for refused in ("flash_attention_2", "no_such_attention"):
             with pytest.raises((ValueError, ImportError)):
                 model.set_attn_implementation(refused)
+
+    # 12. big models on small machines (docs/big-models.md) ------------------------------------------------
+    int8_refused: dict[str, str] = {}  # quantization -> why this head's transformers baseline cannot take it either
+    int8_error_ratio: float = 2.0  # the bound on int8's output error against the same-size baseline's
+    dispatch_refused: str | None = None  # why accelerate's load_checkpoint_and_dispatch cannot load the baseline either
+
+    @pytest.mark.parametrize("loading", LOADINGS)
+    def test_offloaded_model_computes_and_trains_as_the_model_in_memory(self, tmp_path, loading):
+        """Loaded with part of it in CPU memory and the rest offloaded to disk (``from_pretrained(device_map=
+        "auto")``, or accelerate's ``init_empty_weights`` + ``load_checkpoint_and_dispatch``), the model gives the
+        in-memory model's outputs, hidden states and energies, greedy tokens (language models) and a LoRA step's
+        loss and adapter gradients (the adapters, which peft puts on the meta device beside an offloaded layer, moved
+        to the CPU as docs/big-models.md shows)."""
+        from peft import LoraConfig, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
+
+        if loading == "dispatch" and self.dispatch_refused:
+            pytest.skip(self.dispatch_refused)
+        model = self.build()
+        inputs = self.make_inputs(model.config)
+        plain = self.without_labels(inputs)
+        model.save_pretrained(tmp_path)
+        offloaded = load_offloaded(self.head_auto_class, tmp_path, loading)
+        assert offloaded_in_part(offloaded), getattr(offloaded, "hf_device_map", None)
+        traced = dict(output_hidden_states=True, output_energies=True)
+        with torch.no_grad():
+            expected, got = model(**plain, **traced), offloaded(**plain, **traced)
+        tolerance = dict(rtol=self.tolerance, atol=self.tolerance)
+        torch.testing.assert_close(output_tensor(got), output_tensor(expected), **tolerance)
+        for state, expected_state in zip(got.hidden_states, expected.hidden_states, strict=True):
+            torch.testing.assert_close(state, expected_state, **tolerance)
+        assert expected.energies.layers
+        self.assert_same_trace(got.energies, expected.energies)
+        if self.causal_lm:
+            settings = dict(max_new_tokens=6, do_sample=False, pad_token_id=model.config.pad_token_id)
+            assert torch.equal(offloaded.generate(**plain, **settings), model.generate(**plain, **settings))
+        adapters = LoraConfig(r=4, lora_alpha=8, target_modules=self.lora_target_modules)
+        in_memory, tuned = get_peft_model(model, adapters), get_peft_model(offloaded, adapters)
+        adapters_on_the_cpu(tuned)
+        assert not set_peft_model_state_dict(tuned, get_peft_model_state_dict(in_memory)).unexpected_keys
+        steps = []
+        for lora in (in_memory, tuned):
+            loss = lora(**inputs).loss
+            loss.backward()
+            steps.append((loss.detach(), {name: parameter.grad for name, parameter in lora.named_parameters()
+                                          if parameter.requires_grad}))
+        (expected_loss, expected_grads), (loss, grads) = steps
+        torch.testing.assert_close(loss, expected_loss, **tolerance)
+        assert grads.keys() == expected_grads.keys() and all(grad is not None for grad in grads.values())
+        for name, grad in grads.items():
+            torch.testing.assert_close(grad, expected_grads[name], rtol=1e-4, atol=1e-5)
+
+    @pytest.mark.parametrize("quantization", QUANTIZATIONS)
+    def test_int8_model_errs_at_most_twice_its_transformers_baseline(self, tmp_path, quantization):
+        """Quantized to int8 (torchao weight-only on loading; torch.ao's dynamic quantization after it), the model
+        runs and generates (language models), and over three seeds its outputs move from the float32 model's by at
+        most `int8_error_ratio` (2) times what the same quantization moves the vanilla transformers model of its size
+        by (`same_size_baseline`)."""
+        if quantization in self.int8_refused:
+            pytest.skip(self.int8_refused[quantization])
+        errors = {"model": [], "baseline": []}
+        for seed in range(3):
+            model = self.int8_model(seed)
+            plain = self.without_labels(self.make_inputs(model.config, seed=seed))
+            torch.manual_seed(seed)
+            baseline = same_size_baseline(model.config, self.task).eval()
+            for name, network in (("model", model), ("baseline", baseline)):
+                network.save_pretrained(tmp_path / f"{name}-{seed}")
+                int8 = quantized(type(network), tmp_path / f"{name}-{seed}", quantization)
+                with torch.no_grad():
+                    output = output_tensor(int8(**plain))
+                    errors[name].append(relative_error(output, output_tensor(network(**plain))))
+                assert torch.isfinite(output).all()
+                if self.causal_lm and name == "model":
+                    settings = dict(max_new_tokens=6, do_sample=False, pad_token_id=model.config.pad_token_id)
+                    generated = int8.generate(**plain, **settings)
+                    assert generated.shape[1] > plain["input_ids"].shape[1]
+                    assert torch.equal(generated[:, :plain["input_ids"].shape[1]], plain["input_ids"])
+        assert 0 < sum(errors["model"]) <= self.int8_error_ratio * sum(errors["baseline"]), errors
+
+    def int8_model(self, seed: int):
+        """The model the int8 comparison quantizes (default: the contract's perturbed model)."""
+        return self.build(seed=seed)
+
+    @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+    def test_half_precision_loading_runs_without_nan(self, tmp_path, dtype):
+        """``from_pretrained(dtype=...)`` gives a model in that dtype (but the parameters its class keeps in float32)
+        whose outputs are finite and (language models) whose greedy generation's every step's scores have no NaN."""
+        model = self.build()
+        model.save_pretrained(tmp_path)
+        loaded = self.head_auto_class.from_pretrained(tmp_path, dtype=dtype).eval()
+        kept = [*(loaded._keep_in_fp32_modules or ()), *(loaded._keep_in_fp32_modules_strict or ())]
+        for name, parameter in loaded.named_parameters():  # float32 only where the class keeps it so
+            assert parameter.dtype == (torch.float32 if any(key in name for key in kept) else dtype), name
+        plain = self.cast_inputs(self.without_labels(self.make_inputs(model.config)), dtype)
+        with torch.no_grad():
+            assert torch.isfinite(output_tensor(loaded(**plain))).all()
+        if self.causal_lm:
+            generated = loaded.generate(**plain, max_new_tokens=6, do_sample=False, output_scores=True,
+                                        return_dict_in_generate=True, pad_token_id=model.config.pad_token_id)
+            assert len(generated.scores) == 6 and all(torch.isfinite(score).any(-1).all() and not score.isnan().any()
+                                                      for score in generated.scores)
 
 
 class TokenContract(ModelContract):

@@ -14,14 +14,18 @@ one skip of its kind in the suite. To use transformers' own checkout::
     ENERGYZOO_TRANSFORMERS_TESTS=~/transformers/tests python -m pytest -q tests/test_*_transformers.py
 """
 
+import copy
 import os
 import sys
+import tempfile
 import unittest
 from pathlib import Path
 
 import pytest
+import torch
 import transformers
 from packaging.version import Version
+from transformers import set_seed
 
 RELEASE = ".".join(map(str, Version(transformers.__version__).release[:2]))
 TRANSFORMERS_TESTS = os.environ.get("ENERGYZOO_TRANSFORMERS_TESTS")
@@ -34,8 +38,8 @@ if not (Path(TRANSFORMERS_TESTS) / "test_modeling_common.py").is_file():  # a wr
 sys.path.insert(0, str(Path(TRANSFORMERS_TESTS).resolve().parent))
 
 from tests.generation.test_utils import GenerationTesterMixin  # noqa: E402
+from tests.test_modeling_common import ModelTesterMixin as TransformersModelTesterMixin  # noqa: E402
 from tests.test_modeling_common import (  # noqa: E402
-    ModelTesterMixin,
     floats_tensor,
     ids_tensor,
     random_attention_mask,
@@ -123,6 +127,41 @@ class TinyImageTester:
     def prepare_config_and_inputs_for_common(self):
         pixels = floats_tensor([self.batch_size, self.num_channels, self.image_size, self.image_size])
         return self.get_config(), {"pixel_values": pixels}
+
+
+class ModelTesterMixin(TransformersModelTesterMixin):
+    """transformers' common model tests, plus the two offload tests it runs only on an accelerator
+    (``test_disk_offload_safetensors``, ``test_cpu_offload``) carried to a CPU and a disk: their loading, device-map
+    check and assertions, with the CPU as the main device and the disk as the offload."""
+
+    def test_disk_offload_safetensors_on_the_cpu(self):
+        """``test_disk_offload_safetensors``'s and ``test_disk_offload_bin``'s splits of the model (70 % and 50 % of
+        its size in memory): loaded with ``device_map="auto"``, part of it on disk, the parameters where the device map
+        puts them (on disk: the meta device), the outputs those of the model in memory."""
+        config, inputs_dict = self.model_tester.prepare_config_and_inputs_for_common()
+        for model_class in self.all_model_classes:
+            if model_class._no_split_modules is None:
+                continue
+            inputs = self._prepare_for_class(inputs_dict, model_class)
+            model = model_class(copy.deepcopy(config)).eval()
+            set_seed(42)
+            base_output = model(**inputs)
+            model_size = sum(tensor.numel() * tensor.element_size() for tensor in model.state_dict().values())
+            with tempfile.TemporaryDirectory() as folder:
+                model.save_pretrained(folder)
+                for share in self.model_split_percents[:2]:
+                    new_model = model_class.from_pretrained(folder, device_map="auto", offload_folder=folder,
+                                                            max_memory={"cpu": int(share * model_size)})
+                    self.assertIn("disk", set(new_model.hf_device_map.values()))
+                    for name, parameter in new_model.named_parameters():
+                        place = name
+                        while place and place not in new_model.hf_device_map:
+                            place = place.rpartition(".")[0]
+                        expected = "meta" if new_model.hf_device_map[place] == "disk" else "cpu"
+                        self.assertEqual(parameter.device.type, expected, name)
+                    set_seed(42)
+                    new_output = new_model(**inputs)
+                    torch.testing.assert_close(new_output[0], base_output[0], rtol=1e-5, atol=1e-5)
 
 
 def with_skips(skips: dict[str, str]):
