@@ -7,9 +7,11 @@ region on with a fresh compiled function, so that each test sees its own compile
 
 import pytest
 import torch
+from big_models import load_offloaded, offloaded_in_part
 from test_fem_contract import perturb_fem
 from torch._dynamo.exc import TorchDynamoException
 from torch._dynamo.utils import counters
+from transformers import AutoModelForCausalLM
 from transformers.testing_utils import CaptureLogger
 
 from energyzoo import FEMConfig, FEMForCausalLM
@@ -138,6 +140,21 @@ def test_the_region_takes_single_token_steps_without_autograd_only(region, monke
     with torch.no_grad():
         model(**step, cache=model(ids, attention_mask=mask).past_key_values)
     assert calls == []
+
+
+def test_a_dispatched_model_decodes_eagerly_the_tokens_of_the_model_in_memory(region, monkeypatch, tmp_path):
+    """Loaded with ``device_map="auto"`` and part of it on disk, the model's layers carry accelerate's offload hooks:
+    the region takes none of its steps (dynamo does not trace the hooks), and the tokens are the model's in memory."""
+    model = perturbed_fem()
+    calls = recording_region(region)
+    model.save_pretrained(tmp_path)
+    offloaded = load_offloaded(AutoModelForCausalLM, tmp_path, "device_map")
+    assert offloaded_in_part(offloaded)
+    decoded = greedy(offloaded)
+    assert calls == []
+    assert torch.equal(decoded.sequences, eager_greedy(model, monkeypatch).sequences)
+    greedy(model)  # the region on the model in memory, as a control
+    assert calls
 
 
 def test_energies_and_attentions_of_a_step_are_the_eager_layers(region, monkeypatch):

@@ -24,8 +24,9 @@ decodes the others eagerly, with torch's warning.
 
 Everything else runs eagerly, as before: prompts and any step of more than one token, training and autograd, energy
 traces, ``output_attentions``, steps already under a compiler (``torch.compile`` of the whole model, transformers'
-static-cache compile) and distributed processes. Where compiling is impossible (no C++ compiler, an unsupported Python),
-the first step says so in one warning and the process decodes eagerly. ``ENERGYZOO_EAGER_DECODING=1`` turns the region
+static-cache compile), distributed processes, and layers accelerate's big-model dispatch has hooked (`dispatched`).
+Where compiling is impossible (no C++ compiler, an unsupported Python), the first step says so in one warning and the
+process decodes eagerly. ``ENERGYZOO_EAGER_DECODING=1`` turns the region
 off in a whole process, whatever the configs say (the test suite sets it; the region has tests of its own).
 """
 
@@ -34,6 +35,7 @@ import platform
 from collections.abc import Callable
 
 import torch
+from torch import nn
 from torch._dynamo.exc import TorchDynamoException
 from torch._inductor.exc import InductorError
 from transformers.utils import logging
@@ -43,6 +45,14 @@ logger = logging.get_logger(__name__)
 EAGER_DECODING_ENV = "ENERGYZOO_EAGER_DECODING"
 COMPILE_AFTER_ENV = "ENERGYZOO_COMPILE_DECODING_AFTER"
 CPU_LAYER_STEPS_BEFORE_COMPILING = 40_000  # ~10,000 tokens of a 4-layer model: a cold compile's break-even on a CPU
+
+
+def dispatched(layer: nn.Module) -> bool:
+    """Whether accelerate's big-model dispatch put hooks on the layer (``device_map``,
+    ``load_checkpoint_and_dispatch``): an offloaded module's weights are loaded by its hook around its own call, and
+    dynamo does not trace the hooks (accelerate disables the compiler inside them), so the region steps aside and
+    the layer decodes eagerly."""
+    return any(hasattr(module, "_hf_hook") for module in layer.modules())
 
 
 class CompiledDecoding:
@@ -69,13 +79,14 @@ class CompiledDecoding:
         self.eager_steps += 1
         return False
 
-    def applies(self, config, hidden_states: torch.Tensor, cache_layer, output_attentions: bool, recording: bool
-                ) -> bool:
-        """Whether a call is a decoding step the region takes: one token per sequence, a cache, no autograd, nothing
-        recorded, not already compiling, not one process of several (whose weights may be sharded: tensor parallelism,
-        FSDP), the config's switch on and the process's not off, and compiling paying by now (`pays`)."""
+    def applies(self, layer: nn.Module, hidden_states: torch.Tensor, cache_layer, output_attentions: bool,
+                recording: bool) -> bool:
+        """Whether a call of ``layer`` is a decoding step the region takes: one token per sequence, a cache, no
+        autograd, nothing recorded, not already compiling, not one process of several (whose weights may be sharded:
+        tensor parallelism, FSDP), not a layer accelerate's big-model dispatch hooks (`dispatched`), the config's
+        switch on and the process's not off, and compiling paying by now (`pays`)."""
         return (
-            config.compile_decoding
+            layer.self_attn.config.compile_decoding
             and hidden_states.shape[1] == 1
             and cache_layer is not None
             and not torch.is_grad_enabled()
@@ -85,6 +96,7 @@ class CompiledDecoding:
             and not (torch.distributed.is_available() and torch.distributed.is_initialized())
             and self.unavailable is None
             and os.environ.get(EAGER_DECODING_ENV, "0") in ("", "0")
+            and not dispatched(layer)
             and self.pays(hidden_states.device)
         )
 

@@ -6,7 +6,9 @@ it only then. It holds a detached alias of the parameter it read: the alias shar
 counter, so an in-place write (an optimiser step, ``copy_``, loading into it) bumps the version it compares, and a
 replaced tensor (``.to()``, loading by assignment) has another data pointer, since the held alias keeps the old
 storage from being reused. Under autograd (the value must carry gradients) and under ``torch.compile`` (which cannot
-trace the check, and fuses the arithmetic itself) the value is computed on every call.
+trace the check, and fuses the arithmetic itself) the value is computed on every call. A parameter accelerate's
+dispatch offloads is loaded by its module's hook for each call: a tensor it has not seen (another data pointer) is
+computed again, and the tensor the loader hands again is the same values.
 """
 
 from collections.abc import Callable

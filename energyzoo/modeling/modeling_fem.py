@@ -283,7 +283,7 @@ class FEMDecoderLayer(GradientCheckpointingLayer):
         """The block; a decoding step runs it compiled where `COMPILED_DECODING` applies (``compile_decoding``)."""
         cache_layer = self.self_attn.own_cache_layer(cache)
         recording = recording_energies()
-        if COMPILED_DECODING.applies(self.self_attn.config, hidden_states, cache_layer, output_attentions, recording):
+        if COMPILED_DECODING.applies(self, hidden_states, cache_layer, output_attentions, recording):
             return COMPILED_DECODING(self, hidden_states, cache_layer=cache_layer, recording=False, **kwargs)
         return decoder_block(self, hidden_states, cache_layer=cache_layer, recording=recording,
                              output_attentions=output_attentions, **kwargs)
