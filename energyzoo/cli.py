@@ -429,6 +429,11 @@ def _bench_verb(commands) -> None:
                        choices=ReadWhenUsed(lambda: _workloads(timed_only=True)),
                        help="instead: torch.profiler's top operators of one call of WORKLOAD per model (where the "
                             "time goes)")
+    bench.add_argument("--offload", default=None, metavar="MEMORY",
+                       help="instead: a language-model preset with random weights, loaded whole and with "
+                            "device_map='auto', max_memory={'cpu': MEMORY} (e.g. 2GiB) and disk offload, in float32 "
+                            "and --dtype, each in a fresh process: peak resident memory, and whether its greedy tokens "
+                            "are the whole model's (docs/big-models.md)")
     bench.set_defaults(run=_bench)
 
 
@@ -448,6 +453,8 @@ def _bench(args) -> int:
                              threads=args.threads or None,
                              attn_implementation=args.attn_implementation, overrides=overrides,
                              workloads=tuple(args.workloads) if args.workloads else None)
+    if args.offload:
+        return _offload_bench(args)
     if args.profile:
         if args.all:
             raise UserError("--profile takes one NAME, not --all")
@@ -466,6 +473,18 @@ def _bench(args) -> int:
     result = run_bench(args.name or "fem", settings, baseline=args.baseline,
                        sweep=tuple(args.sweep) if args.sweep else None)
     _print_and_save(format_table(result), result, output)
+    return 0
+
+
+def _offload_bench(args) -> int:
+    from .eval.offload import format_offload_table, run_offload_bench
+    from .presets import preset_card, preset_names
+
+    if args.all or args.name not in preset_names() or preset_card(args.name)["task"] != "causal-lm":
+        raise UserError("--offload takes one language-model preset as NAME (e.g. fem-lm-1.3b)")
+    dtypes = tuple(dict.fromkeys(("float32", args.dtype)))
+    result = run_offload_bench(args.name, args.offload, dtypes)
+    _print_and_save(format_offload_table(result), result, "offload.json" if args.output is None else args.output)
     return 0
 
 

@@ -8,7 +8,8 @@ reproduce all`), both shipped in `energyzoo.measured`. A document marks each ren
 
 Blocks: ``bench MODEL_TYPE...`` (each bench table of those architectures), ``profiles MODEL_TYPE...`` (their
 operator counts and time splits, ``profiles.json`` from `energyzoo bench NAME --profile WORKLOAD`), ``speed-summary``
-(a row per bench table), ``ledger EXPERIMENT...`` (each experiment's verdicts), ``ledger-summary`` (a row per
+(a row per bench table), ``offload PRESET...`` (`energyzoo bench PRESET --offload`'s table, ``offload.json``),
+``ledger EXPERIMENT...`` (each experiment's verdicts), ``ledger-summary`` (a row per
 experiment), ``reference-differences FAMILY`` (the family's differences from its authors' public code, as its model
 card has).
 ``python -m energyzoo.documents FILE...`` rewrites the blocks of each file; a test checks they are current.
@@ -20,8 +21,9 @@ from collections import Counter
 from pathlib import Path
 
 from .eval.bench_table import format_table, profile_table
+from .eval.offload import format_offload_table
 from .hub_cards.export import reference_differences
-from .measured import measured_ledger, measured_profiles, measured_speed
+from .measured import measured_ledger, measured_offload, measured_profiles, measured_speed
 from .measured.ledger import ledger_tables
 from .reproduce.experiments import EXPERIMENTS
 from .reproduce.report import headline, primary_table
@@ -93,7 +95,12 @@ def ledger_summary() -> str:
     return "\n".join(lines)
 
 
+def offload_tables(presets: list[str]) -> str:
+    return "\n\n".join(format_offload_table(result) for result in measured_offload() if result["preset"] in presets)
+
+
 RENDERERS = {"bench": bench_tables, "profiles": profile_tables, "speed-summary": lambda names: speed_summary(),
+             "offload": offload_tables,
              "ledger": ledger_tables, "ledger-summary": lambda names: ledger_summary(),
              "reference-differences": lambda names: "\n\n".join(map(reference_differences, names))}
 

@@ -14,6 +14,7 @@ from energyzoo import model_from_preset
 from energyzoo.cli import main
 from energyzoo.eval import speed
 from energyzoo.eval.bench_table import format_table
+from energyzoo.eval.offload import LOADINGS, NEW_TOKENS, format_offload_table, run_offload_bench
 from energyzoo.eval.speed import (
     Arm,
     BenchSettings,
@@ -354,3 +355,28 @@ def test_eqt_trains_at_its_own_settings_in_the_bench_against_the_papers_bound(mo
     assert calls == [("llama", {}), ("eqt-llama", {})]
     settings.overrides = {"lambda_mem": 0.0}
     assert run_bench("eqt-llama-tiny", settings)["rows"][0]["target"] is None
+
+
+@pytest.mark.slow
+def test_the_offload_bench_loads_each_checkpoint_whole_and_part_on_disk_in_fresh_processes(tmp_path):
+    """`energyzoo bench PRESET --offload`: each (checkpoint dtype, loading dtype) whole and offloaded, the offloaded
+    model's blocks partly on disk, its tokens the whole model's; each peak a process's own (a parent's larger peak
+    would be inherited by ``ru_maxrss``)."""
+    ballast = torch.ones(2**30, dtype=torch.uint8)  # 1 GiB resident in this process, none of it in the children's
+    ballast.add_(1)
+    result = run_offload_bench("fem-lm-tiny", "1MB", ("float32", "bfloat16"), folder=str(tmp_path))
+    rows = result["rows"]
+    assert [(row["checkpoint"], row["dtype"], row["loading"]) for row in rows] == [
+        (checkpoint, dtype, loading) for checkpoint, dtype in
+        [("float32", "float32"), ("float32", "bfloat16"), ("bfloat16", "bfloat16")] for loading in LOADINGS]
+    for row in rows:
+        assert len(row["tokens"]) == NEW_TOKENS and row["tokens_equal_whole"]
+        assert ("disk" in row["devices"]) == (row["loading"] == "offloaded")
+        assert 0 < row["peak_rss_bytes"] < 2**30
+    assert format_offload_table(result).count("| yes |") == len(rows)
+
+
+def test_the_offload_bench_takes_one_language_model_preset(capsys):
+    for name in ("fem", "hyperset-digits-tiny"):
+        assert main(["bench", name, "--offload", "1MB"]) == 2
+        assert "--offload takes one language-model preset as NAME" in capsys.readouterr().err

@@ -18,7 +18,8 @@ ATTENTIONS_UNDER_SDPA = ("it asks for output_attentions=True under SDPA; FEM ref
 SKIPS = {"test_model_outputs_equivalence": ATTENTIONS_UNDER_SDPA,
          "test_capture_outputs_decorator": ATTENTIONS_UNDER_SDPA}
 RECURRENT_SKIPS = {"test_can_set_attention_dynamically": RECURRENT_ATTENTION,
-                   "test_retain_grad_hidden_states_attentions": RECURRENT_ATTENTION}
+                   "test_retain_grad_hidden_states_attentions": RECURRENT_ATTENTION,
+                   "test_eager_matches_sdpa_generate": RECURRENT_ATTENTION}  # a RUN_SLOW=1 test
 WITHOUT_QUERIES_SKIPS = {"test_model_rope_scaling_from_config": (
     "the AFT and SSM priors have no queries or keys for RoPE to rotate, so RoPE scaling changes nothing (a "
     "non-default rope_parameters is warned about once)")}

@@ -1,5 +1,6 @@
 """What energyzoo measured, as shipped: ``bench.json`` (`energyzoo bench --all`), ``profiles.json`` (`energyzoo bench
-NAME --profile WORKLOAD`) and ``ledger.json`` (`energyzoo reproduce all`, with its provenance). The model cards and
+NAME --profile WORKLOAD`), ``offload.json`` (`energyzoo bench PRESET --offload MEMORY` per 1.3B language model) and
+``ledger.json`` (`energyzoo reproduce all`, with its provenance). The model cards and
 the documents (`energyzoo.documents`) read them here; `ledger` renders the ledger's tables."""
 
 import json
@@ -18,6 +19,11 @@ def measured_speed() -> list[dict]:
 def measured_profiles() -> list[dict]:
     """`energyzoo bench NAME --profile WORKLOAD` per family as measured (docs/speed.md)."""
     return _shipped("profiles.json")
+
+
+def measured_offload() -> list[dict]:
+    """`energyzoo bench PRESET --offload 2GiB --dtype bfloat16` of the 1.3B language models (docs/big-models.md)."""
+    return _shipped("offload.json")
 
 
 def measured_ledger() -> dict:

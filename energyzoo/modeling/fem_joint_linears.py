@@ -13,9 +13,10 @@ Whatever replaces a parameter's tensor instead (``.to()``, transformers' loading
 parallelism, peft's wrapping) leaves it off the joint storage; the owner joins again after ``.to()`` and loading,
 and `JointLinears.__call__` checks the blocks before each use, so a replaced map is never read stale: the maps then
 run one by one (None). So do maps accelerate's big-model dispatch offloads: their hooks keep the weights on the meta
-device and load them for each map's own call, which the joint product would not make. Under autograd the product uses the concatenated weights (one copy, which autograd splits
-back into each map's gradient); under ``torch.compile`` the maps run one by one (the check reads data pointers,
-which dynamo cannot trace, and inductor compiles the maps' products itself).
+device and load them for each map's own call, which the joint product would not make. Under autograd the product
+uses the concatenated weights (one copy, which autograd splits back into each map's gradient); under
+``torch.compile`` the maps run one by one (the check reads data pointers, which dynamo cannot trace, and inductor
+compiles the maps' products itself).
 
 State dicts: blocks of one storage are what accelerate's and transformers' savers take for tied weights (accelerate
 drops all but one of them), so `cloned_blocks` gives a state dict the maps' own copies.
