@@ -50,8 +50,8 @@ def cases(dtypes: tuple[str, ...]) -> list[tuple[str, str]]:
 
 
 def format_offload_table(result: dict) -> str:
-    lines = [f"{result['preset']}: {result['new_tokens']} greedy tokens after a {result['prompt_tokens']}-token "
-             f"prompt; offloaded = device_map='auto', max_memory={{'cpu': '{result['max_memory']}'}}, the rest on disk",
+    lines = [f"{result['preset']}: {result['new_tokens']} greedy tokens after a prompt of {result['prompt_tokens']} "
+             f"tokens; offloaded = device_map='auto', max_memory={{'cpu': '{result['max_memory']}'}}, the rest on disk",
              "",
              "| checkpoint | loaded in | loading | placed on | peak resident memory (GiB) | load (s) | generate (s) "
              "| tokens = whole model's |",
