@@ -26,6 +26,7 @@ import torch
 import transformers
 from packaging.version import Version
 from transformers import set_seed
+from transformers.exporters import ExportedModel
 
 RELEASE = ".".join(map(str, Version(transformers.__version__).release[:2]))
 TRANSFORMERS_TESTS = os.environ.get("ENERGYZOO_TRANSFORMERS_TESTS")
@@ -129,10 +130,27 @@ class TinyImageTester:
         return self.get_config(), {"pixel_values": pixels}
 
 
+# The copies of tests/exporters this machine keeps are a 5.16.0.dev0 checkout's (the sdists ship none): their
+# torch.export tests call `ExportedModel.module()`, which the exporters of 5.23 and 5.24 no longer have, so they fail
+# for every model, transformers' own Llama included. The releases' own copies cannot be fetched here (the repository's
+# snapshot is past the fetch tool's size limit); a copy that does not call it runs them.
+STALE_EXPORT_TESTS = (not hasattr(ExportedModel, "module")
+                      and "exported_program.module()" in (Path(TRANSFORMERS_TESTS) / "exporters" / "test_export.py")
+                      .read_text())
+
+
 class ModelTesterMixin(TransformersModelTesterMixin):
     """transformers' common model tests, plus the two offload tests it runs only on an accelerator
     (``test_disk_offload_safetensors``, ``test_cpu_offload``) carried to a CPU and a disk: their loading, device-map
     check and assertions, with the CPU as the main device and the disk as the offload."""
+
+    def _skip_if_not_exportable(self):
+        """transformers' check, then the export tests of a copy written for another exporters API skipped with why
+        (`STALE_EXPORT_TESTS`): the RUN_SLOW=1 export tests, model and generate."""
+        super()._skip_if_not_exportable()
+        if STALE_EXPORT_TESTS:
+            self.skipTest(reason="this copy of transformers' export tests calls ExportedModel.module(), which this "
+                                 "transformers' exporters do not have (transformers' own Llama fails them alike)")
 
     def test_disk_offload_safetensors_on_the_cpu(self):
         """``test_disk_offload_safetensors``'s and ``test_disk_offload_bin``'s splits of the model (70 % and 50 % of
