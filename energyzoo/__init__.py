@@ -7,10 +7,27 @@ answer without importing torch.
 """
 
 import importlib
+import logging
 import sys
 from pathlib import Path
 
 __version__ = "0.1.0"
+
+
+def _not_torchaos_import_notices(record: logging.LogRecord) -> bool:
+    """False for what torchao (the [quantization] extra) logs when it is imported on a CPU build of torch: a line per
+    CUDA kernel library such a build cannot load, and torch's notice that torchao registers enums in a deprecated way.
+    transformers imports torchao with every model, so each energyzoo command (a one-line error included) would
+    otherwise begin with four lines no user can act on."""
+    import torch
+
+    message = record.getMessage()
+    return not ((record.name == "torchao" and torch.version.cuda is None and message.startswith("Failed to load "))
+                or "Calling register_constant() on Enum subclasses is deprecated" in message)
+
+
+for _logger in ("torchao", "torch.utils._pytree"):
+    logging.getLogger(_logger).addFilter(_not_torchaos_import_notices)
 
 # What energyzoo exports beside the architectures' own classes, which come from the registry (`_architecture_names`):
 # a new architecture adds nothing here
