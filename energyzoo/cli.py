@@ -360,7 +360,7 @@ def _print_and_save(table: str, result: dict | list, output: str) -> None:
 
 
 def _available_device(name: str) -> str:
-    """``name`` if this torch can run on that device, else a one-line `ValueError`."""
+    """``name`` if this torch can run on that device, else a one-line `UserError`."""
     import torch
 
     try:
@@ -386,9 +386,6 @@ def _config_fields(assignments: list[str]) -> dict:
     return fields
 
 
-RENAMED_BENCH_FLAGS = ("prior", "kernel")  # FEM's --prior and --kernel: config fields like any other, for --set
-
-
 def _bench_verb(commands) -> None:
     bench = commands.add_parser(
         "bench", help="an architecture vs its baseline: forward, train step, peak memory, decoding",
@@ -410,8 +407,6 @@ def _bench_verb(commands) -> None:
     bench.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     bench.add_argument("--output", default=None,
                        help="JSON file for the results (default: bench.json, with --profile profile.json; '' to skip)")
-    for field in RENAMED_BENCH_FLAGS:  # hidden: the same as --set FIELD=VALUE, which they became
-        bench.add_argument(f"--{field}", default=None, help=argparse.SUPPRESS)
     bench.add_argument("--set", nargs="+", default=[], metavar="FIELD=VALUE",
                        help="config fields of the measured presets, never of the baseline (e.g. prior=gla "
                             "kernel=torch use_time_decay=false)")
@@ -443,11 +438,6 @@ def _bench(args) -> int:
 
     _available_device(args.device)
     overrides = _config_fields(args.set)
-    for field in RENAMED_BENCH_FLAGS:
-        if (value := getattr(args, field)) is not None:
-            print(f"energyzoo bench: --{field} {value} is --set {field}={value} now (--{field} goes in a later "
-                  f"release)", file=sys.stderr)
-            overrides.setdefault(field, value)
     settings = BenchSettings(batch_size=args.batch_size, seq_len=args.seq_len, repeats=args.repeats,
                              device=args.device, dtype=args.dtype, compile=args.compile,
                              threads=args.threads or None,
@@ -534,7 +524,7 @@ def _setting(args) -> str:
 
 def _reproduce_verb(commands) -> None:
     reproduce = commands.add_parser(
-        "reproduce", intermixed=True, help="a CPU-scale rerun of a paper experiment, with a report",
+        "reproduce", intermixed=True, help="a rerun of a paper experiment (CPU-scale, or --paper-scale), with a report",
         description="Run an experiment of the table in energyzoo/reproduce/experiments.py and write its report "
                     "(markdown, JSON, PNG). Settings are the fields of the experiment's settings class, overridden "
                     "as field=value (typed by the field: seeds=[0,1,2], max_epochs=30).",

@@ -78,7 +78,7 @@ class Bench:
 
     presets: measured together, in one paired run, against the one baseline their cards name (or ``baseline``).
     workloads: names in `eval.bench_table.WORKLOADS` ("forward", "train_step", "peak_memory"; for language models
-    "decode" and "decode_static").
+    also "decode", "decode_static", "decode_padded" and "first_generate", which no entry names: `--workloads` asks).
     targets(config, call): the bound on each workload's ratio (arm / baseline) for a model of that config run with
     the forward keywords ``call`` (and ``seq_len`` in a length sweep): an upper bound, a lower one for a rate
     (tokens/s). A length sweep's growth row (a preset's longest length against its shortest) passes ``seq_len`` and

@@ -453,17 +453,20 @@ def test_the_quickstart_is_quiet_and_offline_without_being_told(tmp_path):
     assert "exported to" in done.stdout
 
 
-def test_bench_prior_and_kernel_flags_became_set_fields_and_say_so(monkeypatch, capsys):
-    """``--prior`` and ``--kernel`` (FEM's own flags before) still work, as ``--set prior=... kernel=...``, and say
-    so: a renamed argument is never dropped silently."""
+def test_bench_takes_fem_fields_through_set_only(monkeypatch, capsys):
+    """``--set prior=... kernel=...`` sets FEM's fields like any other; the old hidden ``--prior`` flag is gone, refused
+    in one line naming it."""
     from energyzoo.eval import speed
 
     calls = []
     monkeypatch.setattr(speed, "run_bench", lambda name, settings, **kwargs: calls.append(settings) or {
         "title": name, "rows": [], "notes": []})
-    assert main(["bench", "fem", "--prior", "gla", "--kernel", "torch", "--set", "use_lse=false", "--output", ""]) == 0
+    assert main(["bench", "fem", "--set", "prior=gla", "kernel=torch", "use_lse=false", "--output", ""]) == 0
     assert calls[0].overrides == {"prior": "gla", "kernel": "torch", "use_lse": False}
-    assert "--prior gla is --set prior=gla now" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as refused:
+        main(["bench", "fem", "--prior", "gla"])
+    error = capsys.readouterr().err.strip().splitlines()
+    assert refused.value.code == 2 and len(error) == 1 and "unrecognized arguments: --prior gla" in error[0], error
 
 
 @pytest.mark.parametrize(("option", "message"), [
@@ -492,3 +495,17 @@ def test_push_hints_quote_paths_with_spaces(run_folder, tmp_path, capsys):
     hint = capsys.readouterr().out.splitlines()[-1]
     assert f"'{output}'" in hint
     assert shlex.split(hint.removeprefix("push it with: "))[2:4] == [str(run_folder / "model"), str(output)]
+
+
+def test_every_command_a_preset_note_quotes_parses():
+    """A preset's note that quotes an `energyzoo` command quotes one the CLI takes (a note once named a flag that did
+    not exist)."""
+    from energyzoo.cli import build_parser
+    from energyzoo.presets import preset_card, preset_names
+
+    quoted = [(name, command) for name in preset_names()
+              for command in re.findall(r"`(energyzoo [^`]*)`", preset_card(name).get("note", ""))]
+    assert quoted
+    for name, command in quoted:
+        args, extras = build_parser().parse_known_args(shlex.split(command)[1:])
+        assert not extras and args.command, (name, command)

@@ -1,5 +1,6 @@
-"""Weights of the public FEM reference layer converted into an `FEMAttention` (`fem_public_reference`), checked in
-float64 against that layer's equations written out with its own key names (tests/support/fem_reference.py)."""
+"""Weights of the public FEM reference layer converted into an `FEMAttention` (`energyzoo.convert.fem_reference`),
+checked in float64 against that layer's equations written out with its own key names
+(tests/support/fem_reference.py)."""
 
 import json
 from pathlib import Path

@@ -5,6 +5,8 @@ import json
 
 import pytest
 
+from energyzoo.measured import ledger as ledger_module
+from energyzoo.measured import measured_ledger
 from energyzoo.modeling.errors import UserError
 from energyzoo.reproduce.experiments import EXPERIMENTS
 from energyzoo.reproduce.report import build_ledger, code_state, ledger_markdown, run_experiment, write_ledger
@@ -165,3 +167,16 @@ def test_the_ledger_opens_with_each_papers_primary_claim():
     assert table[2].startswith("| fem | A's headline (paper Table 1) | **not reproduced** | +0.01 [")
     assert table[2].endswith("| 5 | – | fem-argmax |")  # no paper effect: no power
     assert table[3] == "| tel | not in this ledger yet | – | – | – | – | – | – |"
+
+
+def test_an_experiment_the_shipped_ledger_lacks_says_no_report_yet(monkeypatch):
+    """An experiment added after the ledger was assembled: its family's card and page say so, instead of a KeyError."""
+    shipped = measured_ledger()
+    missing = next(iter(shipped["experiments"]))
+    family = EXPERIMENTS[missing].family
+    without = {**shipped, "experiments": {name: report for name, report in shipped["experiments"].items()
+                                          if name != missing}}
+    monkeypatch.setattr(ledger_module, "measured_ledger", lambda: without)
+    assert ledger_module.NO_REPORT.format(name=missing) in ledger_module.family_ledger(family)
+    monkeypatch.setattr(ledger_module, "measured_ledger", lambda: shipped)
+    assert "No report yet" not in ledger_module.family_ledger(family)

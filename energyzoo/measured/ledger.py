@@ -5,17 +5,19 @@ from ..reproduce.experiments import EXPERIMENTS
 from ..reproduce.report import experiment_markdown
 from . import measured_ledger
 
+NO_EXPERIMENT = "No reproduction experiment yet: `energyzoo reproduce` has none for this paper."
+NO_REPORT = "No report yet: the shipped ledger has none of `energyzoo reproduce {name}`."
+
 
 def ledger_tables(experiments: list[str]) -> str:
+    """Each experiment's verdict tables from the shipped ledger, or a line saying it has no report there yet (an
+    experiment added after the ledger was assembled)."""
     ledger = measured_ledger()["experiments"]
     sections = []
     for name in experiments:
-        report = ledger[name]
-        sections.append("\n".join(experiment_markdown(name, report)))
+        report = ledger.get(name)
+        sections.append(NO_REPORT.format(name=name) if report is None else "\n".join(experiment_markdown(name, report)))
     return "\n\n".join(sections)
-
-
-NO_EXPERIMENT = "No reproduction experiment yet: `energyzoo reproduce` has none for this paper."
 
 
 def family_ledger(family: str) -> str:
