@@ -33,9 +33,10 @@ for _logger in ("torchao", "torch.utils._pytree"):
 # a new architecture adds nothing here
 _SHARED = {
     "hub_cards": ["export_folder", "export_model"],
+    "modeling.configuration_tel": ["TELSettings"],
     "modeling.errors": ["UserError", "UserTypeError"],
     "modeling.outputs": ["EnergyTrace"],
-    "modeling.tel_layer": ["TELSettings", "ThermodynamicEquilibriumLayer", "ThermodynamicRefinement"],
+    "modeling.tel_layer": ["ThermodynamicEquilibriumLayer", "ThermodynamicRefinement"],
     "presets": ["config_from_preset", "model_from_preset", "preset_card", "preset_names"],
 }
 _MODULE_OF = {name: module for module, names in _SHARED.items() for name in names}

@@ -495,3 +495,35 @@ def test_the_prior_table_lists_the_row_of_every_prior_file():
         f"energyzoo.modeling.{path.stem}").PRIOR for path in files}
     assert {name: row.name for name, row in rows.items()} == {name: name for name in rows}
     assert set(PRIORS) == set(rows) and all(PRIORS[name] is row for name, row in rows.items())
+
+
+# The order post_init draws a layer's random weights in, as every FEM-LM saved since the decay priors came was drawn:
+# the prior's own selection projections, values, output, the two gates, then the decay projection and the conditioner
+# (whose output map starts at zero: no draw). A seed gives the same model only while this order holds.
+SEEDED_ORDER = {
+    "softmax": ["q_proj", "k_proj", "v_proj", "o_proj", "temperature_proj", "outer_gate_proj"],
+    "gla": ["q_proj", "k_proj", "v_proj", "o_proj", "temperature_proj", "outer_gate_proj", "decay_proj"],
+    "aft": ["k_proj", "v_proj", "o_proj", "temperature_proj", "outer_gate_proj", "decay_proj"],
+    "ssm": ["dt_proj", "bc_proj", "v_proj", "o_proj", "temperature_proj", "outer_gate_proj"],
+}
+
+
+@pytest.mark.parametrize("prior", FEM_PRIORS)
+def test_a_seed_draws_each_layers_weights_in_the_saved_order(prior, monkeypatch):
+    from transformers import initialization
+
+    drawn, normal = [], initialization.normal_
+
+    def recording_normal(tensor, *args, **kwargs):
+        drawn.append(tensor)
+        return normal(tensor, *args, **kwargs)
+
+    monkeypatch.setattr(initialization, "normal_", recording_normal)
+    model = tiny_fem(prior=prior, aft_decay=True)
+    names = {id(tensor): name for name, tensor in model.model.layers[0].self_attn.named_parameters()}
+    order = [names[id(tensor)].removesuffix(".weight") for tensor in drawn if id(tensor) in names]
+    assert order[:len(SEEDED_ORDER[prior])] == SEEDED_ORDER[prior]
+    assert all(name.startswith("time_decay.") for name in order[len(SEEDED_ORDER[prior]):])
+    # the draws are the seed's: the same seed again gives the same weights, another seed others
+    again = tiny_fem(prior=prior, aft_decay=True).state_dict()
+    assert all(torch.equal(tensor, again[name]) for name, tensor in model.state_dict().items())

@@ -109,7 +109,7 @@ def require_calls(monkeypatch) -> list[tuple[str, str, str]]:
 
     users = [module for name, module in sys.modules.items()
              if name.startswith("energyzoo") and getattr(module, "require", None) is original]
-    assert {"energyzoo.modeling.configuration_fem", "energyzoo.modeling.tel_layer",
+    assert {"energyzoo.modeling.configuration_fem",
             "energyzoo.modeling.configuration_tel", "energyzoo.training.recipe"} <= {m.__name__ for m in users}
     for module in users:
         monkeypatch.setattr(module, "require", recorded)

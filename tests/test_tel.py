@@ -9,8 +9,9 @@ from tel_reference import PHI, naive_algorithm_1
 from torch import nn
 
 from energyzoo import TELSettings, ThermodynamicEquilibriumLayer, ThermodynamicRefinement
+from energyzoo.modeling.configuration_tel import ACTIVATION_LIPSCHITZ
 from energyzoo.modeling.outputs import tracing_energies
-from energyzoo.modeling.tel_layer import ACTIVATION_LIPSCHITZ, EntropyEstimator
+from energyzoo.modeling.tel_layer import EntropyEstimator
 
 
 def refinement(width=16, channel_dim=-1, dtype=torch.float64, **fields):

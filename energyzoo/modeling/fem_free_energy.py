@@ -73,7 +73,10 @@ class PriorSpec:
     projections: the layer's projections of the token that feed the selection (beside v_proj and the gates).
     queries_and_keys: whether it reads RoPE'd queries and keys (without them, rope_parameters have no effect).
     kernels: the read implementations ``FEMConfig.kernel`` may name.
-    add_modules(layer, config): sets the layer's projections and parameters of ``projections``.
+    add_modules(layer, config): sets the layer's projections and parameters of ``projections`` but the decay.
+    decay_width(config): the output width of its decay projection g (H.2-H.3; bias on), where ``projections`` has
+        ``decay_proj``. The layer adds that one after the values and gates: the order post_init draws a seed's
+        weights in since the decay priors came (tests/test_fem.py pins it).
     selection(layer, projected, position_embeddings, attention_mask, padding_mask) -> (tensors, options): the
         read's selection arguments from the layer's projections (``projected``: name -> output).
     read(value, beta, *tensors, state=..., **options) -> `FreeEnergyRead`.
@@ -105,6 +108,7 @@ class PriorSpec:
     replicated: tuple[str, ...] = ()
     parameters: tuple[str, ...] = ()
     init_parameters: Callable[[torch.nn.Module], None] | None = None
+    decay_width: Callable[[Any], int] | None = None
 
     @property
     def recurrent(self) -> bool:
@@ -330,3 +334,18 @@ def outer_gate_activation(logits: torch.Tensor, eps: float = 1e-6, reference_eps
         return cast(F.rms_norm(gate, gate.shape[-1:], eps=eps), logits.dtype)
     gate = F.normalize(gate + reference_eps, dim=-1, eps=REFERENCE_GATE_NORM_EPS) * gate.shape[-1] ** 0.5
     return cast(gate, logits.dtype)
+
+
+@torch.no_grad()
+def energy_record(mu, f_max, beta, temperature_gate) -> dict[str, torch.Tensor]:
+    """A FEM layer's `EnergyTrace` entry: ``energy`` the free-energy gain F(beta_max) - mu = KL(p* || p) / beta_max
+    (FEM eq. 6) per token, averaged over channels; ``temperature`` 1 / beta_max and ``inverse_temperature`` beta_max
+    per channel (eq. 9); the inner gate lambda's mean and spread per token (``temperature_gate``, eq. 10)."""
+    record = {}
+    if f_max is not None:
+        record.update(energy=widened(f_max - mu).mean(dim=(-2, -1)), temperature=1 / beta, inverse_temperature=beta)
+    if temperature_gate is not None:
+        gate = widened(temperature_gate).flatten(-2)
+        record["temperature_gate"] = gate.mean(dim=-1)  # lambda, eq. 10: (b, s)
+        record["temperature_gate_std"] = gate.std(dim=-1)
+    return record

@@ -20,6 +20,10 @@ compiles the maps' products itself).
 
 State dicts: blocks of one storage are what accelerate's and transformers' savers take for tied weights (accelerate
 drops all but one of them), so `cloned_blocks` gives a state dict the maps' own copies.
+
+`JointlyProjectedModule` is the lifecycle a module owning such maps needs (join after construction, copying,
+converting and loading; cloned blocks in its state dict); a model joins its layers again after transformers' loading
+and tying (`join_projections_in`).
 """
 
 import torch
@@ -116,6 +120,66 @@ class JointLinears:
                 key = f"{prefix}{name}.{suffix}"
                 if key in state_dict and _shares(state_dict[key], self.weight if suffix == "weight" else self.bias):
                     state_dict[key] = state_dict[key].clone()
+
+
+class JointlyProjectedModule(nn.Module):
+    """A module whose maps ``projection_names`` read one input and run as one product (`JointLinears`)."""
+
+    def join_projections(self, names: list[str]) -> None:
+        """Join the maps ``names`` (call once they all exist), and keep them joined whatever replaces their tensors."""
+        self.projection_names = list(names)
+        self.joint_projections = JointLinears(self.projection_names)
+        self.joint_projections.join(self)
+        self._register_state_dict_hook(_cloned_blocks)
+        self.register_load_state_dict_post_hook(_joined_again)
+
+    def __setstate__(self, state):
+        """As `nn.Module.__setstate__` (unpickling, ``copy.deepcopy``), then the maps joined again: a deep copy gives
+        each parameter a tensor of its own."""
+        super().__setstate__(state)
+        self.joint_projections.join(self)
+
+    def _apply(self, fn, recurse=True):
+        """As `nn.Module._apply` (``.to()``, ``.double()``, ...), then the maps joined again: converting gives each
+        parameter a tensor of its own; `parameters_replaced` then drops what was computed from the old ones."""
+        result = super()._apply(fn, recurse)
+        self.joint_projections.join(self)
+        self.parameters_replaced()
+        return result
+
+    def parameters_replaced(self) -> None:
+        """Forget values kept from parameters that ``_apply`` replaced (a subclass's caches); nothing here."""
+
+    def projected(self, hidden_states: torch.Tensor, modulator=None, features=None) -> list[torch.Tensor]:
+        """Every map of ``hidden_states``, modulated by ``modulator`` with its ``features`` (a `TimeDecayConditioner`;
+        None: unmodulated): one product of the joint matrix where the maps allow it, else map by map."""
+        joint = self.joint_projections(self, hidden_states)
+        if joint is not None:
+            if features is not None:
+                joint = modulator.modulate_joint(joint, features)
+            parts = joint.split(self.joint_projections.widths, dim=-1)
+            # under autograd, a saved view would keep the whole joint tensor (queries and keys too) until backward
+            return [part.contiguous() for part in parts] if torch.is_grad_enabled() else list(parts)
+        linears = self.joint_projections.linears(self)
+        projections = [linear(hidden_states) for linear in linears]
+        return projections if features is None else modulator.modulate(projections, features, linears)
+
+
+def join_projections_in(model: nn.Module) -> None:
+    """Join the maps of every `JointlyProjectedModule` of ``model`` again (after loading or tying replaced them)."""
+    for module in model.modules():
+        if isinstance(module, JointlyProjectedModule):
+            module.joint_projections.join(module)
+
+
+def _cloned_blocks(module: JointlyProjectedModule, state_dict: dict, prefix: str, local_metadata) -> None:
+    """The state-dict hook: the joint maps' blocks as tensors of their own."""
+    module.joint_projections.cloned_blocks(module, state_dict, prefix)
+
+
+def _joined_again(module: JointlyProjectedModule, incompatible_keys) -> None:
+    """The load-state-dict hook: loading by assignment gives each parameter a tensor of its own."""
+    module.joint_projections.join(module)
 
 
 def _movable(tensor: torch.Tensor, joint: tuple[torch.Tensor | None, ...]) -> bool:

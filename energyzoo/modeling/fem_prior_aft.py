@@ -48,12 +48,9 @@ class FEMAFTCacheLayer(FEMRecurrentCacheLayer):
 
 
 def add_aft_modules(layer: nn.Module, config) -> None:
-    """Per-channel logits k_i (k_proj of the value width) and, with ``aft_decay`` (LRNN-decay), the decay g (FEM
-    H.3); no queries: the outer gate plays their role."""
-    bias = config.attention_bias
-    layer.k_proj = nn.Linear(config.hidden_size, config.value_width, bias=bias)
-    if config.aft_decay:
-        layer.decay_proj = nn.Linear(config.hidden_size, config.value_width, bias=True)
+    """Per-channel logits k_i (k_proj of the value width; FEM H.3); no queries: the outer gate plays their role.
+    With ``aft_decay`` (LRNN-decay) the layer adds the decay g of the value width (``decay_width``)."""
+    layer.k_proj = nn.Linear(config.hidden_size, config.value_width, bias=config.attention_bias)
 
 
 def aft_selection(layer, projected, position_embeddings, attention_mask, padding_mask):
@@ -144,4 +141,5 @@ def aft_free_energy_read(
 
 PRIOR = PriorSpec("aft", "H.3", ("k_proj", "decay_proj"), queries_and_keys=False, kernels=("auto", "torch"),
                   add_modules=add_aft_modules, selection=aft_selection, read=aft_free_energy_read,
-                  cache_layers=(FEMAFTCacheLayer,) * 2, switched={"decay_proj": "aft_decay"})
+                  cache_layers=(FEMAFTCacheLayer,) * 2, switched={"decay_proj": "aft_decay"},
+                  decay_width=lambda config: config.value_width)

@@ -46,11 +46,14 @@ class FEMGLACacheLayer(FEMRecurrentCacheLayer):
 
 
 def add_gla_modules(layer: nn.Module, config) -> None:
-    """Queries and keys (their ReLU features are the read's) and the decay projection g (FEM H.2), one decay per
+    """Queries and keys (their ReLU features are the read's); the decay projection g (FEM H.2) has one decay per
     head or per key channel (``config.gla_decay``)."""
     add_query_key(layer, config)
-    layer.decay_per_head = config.head_dim if config.gla_decay == "channel" else 1
-    layer.decay_proj = nn.Linear(config.hidden_size, layer.decay_per_head * config.num_attention_heads, bias=True)
+    layer.decay_per_head = decays_per_head(config)
+
+
+def decays_per_head(config) -> int:
+    return config.head_dim if config.gla_decay == "channel" else 1
 
 
 def gla_selection(layer, projected, position_embeddings, attention_mask, padding_mask):
@@ -171,4 +174,5 @@ def gla_free_energy_read(
 
 PRIOR = PriorSpec("gla", "H.2", ("q_proj", "k_proj", "decay_proj"), queries_and_keys=True,
                   kernels=("auto", "torch", "fla"), add_modules=add_gla_modules, selection=gla_selection,
-                  read=gla_free_energy_read, cache_layers=(FEMGLACacheLayer,) * 2)
+                  read=gla_free_energy_read, cache_layers=(FEMGLACacheLayer,) * 2,
+                  decay_width=lambda config: decays_per_head(config) * config.num_attention_heads)

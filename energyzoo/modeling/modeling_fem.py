@@ -10,7 +10,6 @@ from contextlib import nullcontext
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 from transformers import initialization as init
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache
 from transformers.generation import GenerationMixin
@@ -25,17 +24,12 @@ from .caches import CacheKindsMixin, own_cache_layer
 from .configuration_fem import PRIORS, FEMConfig
 from .errors import UserError, UserTypeError
 from .fem_compiled_decoding import CompiledDecoding
-from .fem_free_energy import (
-    gated_free_energy,
-    inverse_softplus,
-    outer_gate_activation,
-    value_limits,
-)
-from .fem_joint_linears import JointLinears
+from .fem_free_energy import energy_record, gated_free_energy, inverse_softplus, outer_gate_activation, value_limits
+from .fem_joint_linears import JointlyProjectedModule, join_projections_in
 from .fem_parameter_cache import ParameterCache
 from .fem_time_decay import TimeDecayConditioner
 from .inputs import CausalLMLossMixin, check_classifier_labels, check_labels, check_token_inputs
-from .numerics import widened
+from .numerics import recomputed_in_backward, widened
 from .outputs import (
     BaseModelOutputWithEnergies,
     CausalLMOutputWithEnergies,
@@ -63,7 +57,7 @@ LLAMA_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_la
                 "mlp_bias", "pad_token_id", "bos_token_id", "eos_token_id")
 
 
-class FEMAttention(nn.Module):
+class FEMAttention(JointlyProjectedModule):
     """The two-level gated Free Energy Mixer in place of attention (FEM eq. 10-11, 34-35).
 
     o_t = g~_t * [(1 - lambda~_t) * E_{p~_t}[v~] + lambda~_t * beta_max^-1 log E_{p~_t}[exp(beta_max v~)]]
@@ -79,18 +73,13 @@ class FEMAttention(nn.Module):
 
     def __init__(self, config: FEMConfig, layer_idx: int):
         super().__init__()
-        self.config = config
-        self.layer_idx = layer_idx
-        self.prior = config.prior_spec
-        self.head_dim = config.head_dim
-        self.value_head_dim = config.value_head_dim
+        self.config, self.layer_idx = config, layer_idx
+        self.prior = config.prior_spec  # defined in fem_prior_<config.prior>.py
+        self.head_dim, self.value_head_dim = config.head_dim, config.value_head_dim
         # read on every call: a config's attribute lookup costs a decoding step more than a module's
         self.use_lse, self.rms_norm_eps = config.use_lse, config.rms_norm_eps
         self.public_reference_eps = config.public_reference_eps
-        # read by transformers' attention functions
-        self.is_causal = True
-        self.num_key_value_groups = 1
-        self.scaling = self.head_dim**-0.5
+        self.is_causal, self.num_key_value_groups, self.scaling = True, 1, self.head_dim**-0.5  # attention functions
         for name in OPTIONAL:
             setattr(self, name, None)
         self.prior.add_modules(self, config)
@@ -100,44 +89,22 @@ class FEMAttention(nn.Module):
         if config.use_lse:
             self.beta_max_offset = inverse_softplus(config.beta_max_init)
             self.beta_max_raw = nn.Parameter(torch.zeros(width))
-            self.beta_max_cache = ParameterCache(self._beta_max_of)
-            self.value_limits_cache = ParameterCache(self._value_limits_of)
+            self.beta_max_cache, self.value_limits_cache = ParameterCache(self._beta_max_of), ParameterCache(
+                self._value_limits_of)
             if config.use_temperature_gate:
                 self.temperature_proj = nn.Linear(hidden, width, bias=bias)
         if config.use_outer_gate:
             self.outer_gate_proj = nn.Linear(hidden, width, bias=bias)
-        self.projection_names = [name for name in PROJECTIONS if getattr(self, name) is not None]
-        self.joint_projections = JointLinears(self.projection_names)
+        if "decay_proj" in self.prior.layer_projections(config):
+            self.decay_proj = nn.Linear(hidden, self.prior.decay_width(config), bias=True)
+        names = [name for name in PROJECTIONS if getattr(self, name) is not None]
         if config.use_time_decay:
-            modulated = sum(getattr(self, name).out_features for name in self.projection_names)
-            self.time_decay = TimeDecayConditioner(hidden, config.time_decay_rank, modulated,
+            self.time_decay = TimeDecayConditioner(hidden, config.time_decay_rank,
+                                                   sum(getattr(self, name).out_features for name in names),
                                                    config.time_decay_chunk_size, config.rms_norm_eps,
                                                    config.time_decay_activation, config.time_decay_bias,
                                                    reference_numerics=config.public_reference_eps is not None)
-        # post_init draws the weights in module order: keep the order of the layers saved before the prior table
-        # (the decay projection after the gates), so that a seed gives the same model as it did
-        for name in ("decay_proj", "time_decay"):
-            if name in self._modules:
-                self._modules[name] = self._modules.pop(name)
-        self.joint_projections.join(self)
-        self._register_state_dict_hook(_projections_cloned)
-        self.register_load_state_dict_post_hook(_projections_joined)
-
-    def __setstate__(self, state):
-        """As `nn.Module.__setstate__` (unpickling, ``copy.deepcopy``), then the projections joined again: a deep copy
-        gives each parameter a tensor of its own."""
-        super().__setstate__(state)
-        self.joint_projections.join(self)
-
-    def _apply(self, fn, recurse=True):
-        """As `nn.Module._apply` (``.to()``, ``.double()``, ...), then the projections joined again: converting gives
-        each parameter a tensor of its own (`fem_joint_linears`)."""
-        result = super()._apply(fn, recurse)
-        self.joint_projections.join(self)
-        if self.beta_max_raw is not None:
-            self.beta_max_cache.forget()
-            self.value_limits_cache.forget()
-        return result
+        self.join_projections(names)
 
     def beta_max(self) -> torch.Tensor:
         """Per-channel maximum inverse temperature, (heads, value_head_dim) (FEM eq. 9, App. K); computed again
@@ -154,6 +121,11 @@ class FEMAttention(nn.Module):
 
     def _value_limits_of(self, raw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return value_limits(self._beta_max_of(raw))
+
+    def parameters_replaced(self) -> None:
+        if self.beta_max_raw is not None:
+            self.beta_max_cache.forget()
+            self.value_limits_cache.forget()
 
     @takes_cache
     def forward(
@@ -175,64 +147,39 @@ class FEMAttention(nn.Module):
         if cache_layer is None:
             cache_layer = self.own_cache_layer(cache)
         if self.time_decay is None:
-            projections = self._projections(hidden_states, None)
+            projections = self.projected(hidden_states)
         else:
             initial_state = cache_layer.time_decay_state if cache_layer is not None else None
-            features, final_state = self._recomputed_in_backward(
-                self.time_decay, hidden_states, padding_mask, initial_state
-            )
+            features, final_state = recomputed_in_backward(self, self.time_decay, hidden_states, padding_mask,
+                                                           initial_state)
             if cache_layer is not None:
                 cache_layer.keep("time_decay_state", final_state)
             # p (1 + c), eq. 34. Recomputed in backward: the gradient of c needs the unmodulated projections,
             # which would otherwise be kept beside the modulated ones the prior keeps.
-            projections = self._recomputed_in_backward(self._projections, hidden_states, features)
+            projections = recomputed_in_backward(self, self.projected, hidden_states, self.time_decay, features)
         projected = dict(zip(self.projection_names, projections))
         heads = (batch, length, -1, self.value_head_dim)  # -1: this process's heads under tensor parallelism
+        # the prior's selection and read: fem_prior_<config.prior>.py
         selection, options = self.prior.selection(self, projected, position_embeddings, attention_mask, padding_mask)
         device = hidden_states.device.type
         # the reads choose their own precision; autocast is left only when on (leaving it costs a decoding step)
         with torch.autocast(device, enabled=False) if torch.is_autocast_enabled(device) else nullcontext():
-            read = self.prior.read(
-                projected["v_proj"].view(heads),
-                self.beta_max() if self.use_lse else None,
-                *selection,
-                state=cache_layer.prior_state if cache_layer is not None else None,
-                **options,
-            )
+            read = self.prior.read(projected["v_proj"].view(heads), self.beta_max() if self.use_lse else None,
+                                   *selection, state=cache_layer.prior_state if cache_layer is not None else None,
+                                   **options)
         if cache_layer is not None:
             cache_layer.advance(read.state, length)
         f_max = read.f_max if self.use_lse else None  # the recurrent reads give one at beta = 1 without
         gate_logits = [projected[name].view(heads) if name in projected else None for name in GATES]
-        output, temperature_gate = self._recomputed_in_backward(self._gated_output, read.mu, f_max, *gate_logits)
+        output, temperature_gate = recomputed_in_backward(self, self._gated_output, read.mu, f_max, *gate_logits)
         if recording_energies() if recording is None else recording:
-            record_energies(self._energy_record(read.mu, f_max, temperature_gate))
+            record_energies(energy_record(read.mu, f_max, self.beta_max() if f_max is not None else None,
+                                          temperature_gate))
         return self.o_proj(output.reshape(batch, length, -1)), read.weights
 
     def own_cache_layer(self, cache: Cache | None) -> CacheLayerMixin | None:
         """This layer's own layer of ``cache`` (None without a cache)."""
         return own_cache_layer(cache, self.layer_idx, self.prior.cache_layers, "FEM")
-
-    def _projections(self, hidden_states, features) -> list[torch.Tensor]:
-        """Every projection of the layer's input, modulated by the conditioner's ``features`` (None: none): one
-        product of the joint matrix where the maps allow it (`fem_joint_linears`), else map by map."""
-        joint = self.joint_projections(self, hidden_states)
-        if joint is not None:
-            if features is not None:
-                joint = self.time_decay.modulate_joint(joint, features)
-            parts = joint.split(self.joint_projections.widths, dim=-1)
-            # under autograd, a saved view would keep the whole joint tensor (queries and keys too) until backward
-            return [part.contiguous() for part in parts] if torch.is_grad_enabled() else list(parts)
-        linears = self.joint_projections.linears(self)
-        projections = [linear(hidden_states) for linear in linears]
-        return projections if features is None else self.time_decay.modulate(projections, features, linears)
-
-    def _recomputed_in_backward(self, fn, *args):
-        """Run ``fn``; when training, keep only its inputs for backward and recompute it there. Used for
-        the cheap per-token work around the prior (conditioner, modulated projections, gates), whose
-        intermediates would otherwise dominate FEM's activation memory."""
-        if self.training and torch.is_grad_enabled():
-            return checkpoint(fn, *args, use_reentrant=False)
-        return fn(*args)
 
     def _gated_output(self, mu, f_max, temperature_logits, outer_logits):
         """mu and f_max, (batch, seq, heads, value_head_dim), gated into the output (FEM eq. 10-11); also
@@ -241,32 +188,6 @@ class FEMAttention(nn.Module):
         outer_gate = None if outer_logits is None else outer_gate_activation(
             outer_logits, self.rms_norm_eps, self.public_reference_eps)
         return gated_free_energy(mu, f_max, temperature_gate, outer_gate), temperature_gate
-
-    @torch.no_grad()
-    def _energy_record(self, mu, f_max, temperature_gate) -> dict[str, torch.Tensor]:
-        """The layer's `EnergyTrace` entry: ``energy`` the free-energy gain F(beta_max) - mu = KL(p* || p) /
-        beta_max (FEM eq. 6) per token, averaged over channels; ``temperature`` 1 / beta_max and
-        ``inverse_temperature`` beta_max per channel (eq. 9); the inner gate lambda's mean and spread per token
-        (``temperature_gate``, eq. 10)."""
-        record = {}
-        if f_max is not None:
-            beta = self.beta_max()
-            record.update(energy=widened(f_max - mu).mean(dim=(-2, -1)), temperature=1 / beta, inverse_temperature=beta)
-        if temperature_gate is not None:
-            gate = widened(temperature_gate).flatten(-2)
-            record["temperature_gate"] = gate.mean(dim=-1)  # lambda, eq. 10: (b, s)
-            record["temperature_gate_std"] = gate.std(dim=-1)
-        return record
-
-
-def _projections_cloned(module: FEMAttention, state_dict: dict, prefix: str, local_metadata) -> None:
-    """`FEMAttention`'s state-dict hook: the joint projections' blocks as tensors of their own (`fem_joint_linears`)."""
-    module.joint_projections.cloned_blocks(module, state_dict, prefix)
-
-
-def _projections_joined(module: FEMAttention, incompatible_keys) -> None:
-    """`FEMAttention`'s load-state-dict hook: loading by assignment gives each parameter a tensor of its own."""
-    module.joint_projections.join(module)
 
 
 class FEMDecoderLayer(GradientCheckpointingLayer):
@@ -333,9 +254,7 @@ class FEMPreTrainedModel(PreTrainedModel):
         """transformers' tying, then every layer's projections joined again (`fem_joint_linears`): transformers ties
         after loading, which gives each parameter a tensor of its own."""
         super().tie_weights(*args, **kwargs)
-        for module in self.modules():
-            if isinstance(module, FEMAttention):
-                module.joint_projections.join(module)
+        join_projections_in(self)
 
     @classmethod
     def _can_set_attn_implementation(cls) -> bool:

@@ -4,6 +4,7 @@ imports no family file."""
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 WIDE = (torch.float32, torch.float64)
 
@@ -22,6 +23,14 @@ def cast(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 def widened(tensor: torch.Tensor) -> torch.Tensor:
     """``tensor`` in `work_dtype`: half precision goes to float32, wider floats stay as they are."""
     return cast(tensor, work_dtype(tensor.dtype))
+
+
+def recomputed_in_backward(module: nn.Module, fn, *args):
+    """``fn(*args)``; when ``module`` trains under autograd, only ``args`` are kept for backward and ``fn`` runs again
+    there: for cheap per-token work whose intermediates would otherwise dominate a layer's activation memory."""
+    if module.training and torch.is_grad_enabled():
+        return checkpoint(fn, *args, use_reentrant=False)
+    return fn(*args)
 
 
 def own_parameter(module: nn.Module, name: str) -> torch.Tensor:

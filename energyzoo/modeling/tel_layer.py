@@ -17,16 +17,16 @@ activation slot right after its linear map (GPT-2 `mlp.act`, ViT `mlp.activation
 `activation`) and its checkpoints keep their weight names. `ThermodynamicEquilibriumLayer` wraps an anchor
 module (nn.Linear, Conv1D, nn.Conv2d, any module computing Wx) for standalone use.
 
-Choices where the paper is silent or contradicts itself (all in `TELSettings`): eta_i initialised at 0.5 and T
-at 0.5; the entropy estimate is clipped to |s| <= 10 (the S_max of Prop. C.6); the EMA of eq. 35 runs over the
-refinement steps of one forward pass; the entropy estimator reads detached statistics (D.3: no feedback into
-y), so only the MLP estimator has trainable weights. Pooling (``tel_entropy_pooling``): "batch" is D.4's
-(statistics over every axis but the channel axis, so in training mode T is a batch statistic, like
-BatchNorm's); "token" takes them over the channels of each position alone, so no position's temperature
-depends on another position or sequence - what a causal LM needs (TEL-GPT2's default). At inference tau is
-frozen (Algorithm 1 line 14) and the layer acts on each position alone with either pooling. Early exit
-(App. E) is per position. The temperature, tau and the dual update are kept in fp32 (at least) whatever
-the model's dtype: a bf16 tau cannot resolve dual steps of alpha ~ 1e-2.
+Choices where the paper is silent or contradicts itself (all in configuration_tel.py's `TELSettings`): eta_i and T
+initialised at 0.5; the entropy estimate is clipped to |s| <= 10 (the S_max of Prop. C.6); the EMA of eq. 35 runs
+over the refinement steps of one forward pass; the entropy estimator reads detached statistics (D.3: no feedback
+into y), so only the MLP estimator has trainable weights. Pooling (``tel_entropy_pooling``): "batch" is D.4's
+(statistics over every axis but the channel axis, so in training mode T is a batch statistic, like BatchNorm's);
+"token" takes them over the channels of each position alone, so no position's temperature depends on another
+position or sequence - what a causal LM needs (TEL-GPT2's default). At inference tau is frozen (Algorithm 1 line 14)
+and the layer acts on each position alone with either pooling. Early exit (App. E) is per position. The temperature,
+tau and the dual update are kept in fp32 (at least) whatever the model's dtype: a bf16 tau cannot resolve dual steps
+of alpha ~ 1e-2.
 
 Analytic estimators share one scale, eq. 35's: s = 1/2 log sigma^2 for Gaussian data, i.e. each returns its
 closed-form differential entropy minus that of a unit Gaussian, 1/2 log(2 pi e) (D.4: they "only rescale the
@@ -38,147 +38,21 @@ says so "unless otherwise noted"; D.4 calls robust_gaussian its default analytic
 """
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .checks import require
+from .configuration_tel import TELSettings
 from .errors import UserError
 from .numerics import widened, work_dtype
 from .outputs import record_energies, recording_energies
 from .refinement import EarlyExit, refine, refinement_steps
 
-# Lipschitz constants L_phi = sup |phi'| (Assumption A1), computed numerically for silu and exact gelu.
-ACTIVATION_LIPSCHITZ = {"silu": 1.0998393, "gelu": 1.1289042, "relu": 1.0, "tanh": 1.0, "prelu": 1.0}
-ENTROPY_ESTIMATORS = ("gaussian", "robust_gaussian", "laplace", "student_t", "mlp")
-ENTROPY_POOLINGS = ("batch", "token")
 UNIT_GAUSSIAN_ENTROPY = 0.5 * math.log(2 * math.pi * math.e)
-EXIT_RULES = ("gradient", "energy")
-STEP_SIZE_CEILING = 1.0  # eta_max of TEL eq. 31
 MAD_TO_STD = 1.4826  # kappa of the robust Gaussian estimator (D.4): sigma = kappa * MAD for Gaussian data
 VARIANCE_EPS = 1e-6
 FP32_PARAMETERS = ("tel_log_step_sizes", "tel_log_temperature")  # kept in fp32 in half-precision models
-
-
-@dataclass
-class TELSettings:
-    r"""Hyper-parameters of a TEL layer; defaults are tel.txt's (App. D, G.2). TEL configs inherit these fields.
-
-    tel_steps: K, refinement steps (G.2: 5).
-    tel_activation: phi, the entropy force: "silu" (D.2 default), "gelu", "relu", "tanh" or "prelu" (slope
-        learned, kept in [0, 1] so that L_phi = 1).
-    tel_temperature: "global" (one tau per layer, default) or "channel" (one per output channel).
-    tel_temperature_min: T_min (G.2: 0.05).
-    tel_temperature_max: T_max; None means 1 / L_phi, the largest value with T_max L_phi <= 1 (eq. 32).
-    tel_initial_temperature: T at initialisation, within [T_min, T_max].
-    tel_step_size_min: lower clip of eta_i (eq. 31: 1e-4); the upper clip is min(1, 2 / (1 + T_max L_phi))
-        (eq. 13), so every step is non-expansive (Prop. 2.1).
-    tel_initial_step_size: eta_i at initialisation (eta_i = exp(learned), eq. 30).
-    tel_estimator: entropy estimate s_hat (D.4, eq. 35): "gaussian" 1/2 log(var + eps) (default),
-        "robust_gaussian" (sigma = 1.4826 MAD), "laplace" (1 + log 2b), "student_t" (closed form at
-        `tel_student_t_dof`), or "mlp" (a tiny MLP on per-channel mean, log-variance and kurtosis).
-    tel_estimator_hidden: hidden width of the MLP estimator (E: 16-64).
-    tel_entropy_pooling: what the entropy statistics pool over: "batch" (D.4: batch and sequence/spatial axes,
-        per channel) or "token" (the channels of each position alone: causal, batch-independent).
-    tel_student_t_dof: degrees of freedom of the Student-t estimator (> 2).
-    tel_entropy_ema_half_life: half-life in steps of the EMA of s_hat (G.2: 5); None disables it.
-    tel_entropy_clip: S_max, |s_hat| <= S_max (Prop. C.6).
-    tel_dual_step: alpha of eq. 9 (G.2 grid {5e-3, 1e-2, 2e-2}; default 1e-2).
-    tel_entropy_scale, tel_entropy_shift: beta_1, beta_0 of g_beta(z) = beta_1 z + beta_0 (eq. 36: 1, 0).
-    tel_adapt_at_inference: keep the dual update in eval mode (Algorithm 1 note iii); off by default.
-    tel_early_exit: stop refining a position at inference once the exit rule held `tel_exit_patience` steps.
-    tel_exit_rule: "gradient" (||g_G|| <= tol, default) or "energy" (|Delta G| <= tol; needs a closed-form
-        S, i.e. not silu).
-    tel_exit_tolerance: eps_grad / eps_G.
-    tel_exit_patience: m (App. E: 1 or 2).
-    """
-
-    tel_steps: int = 5
-    tel_activation: str = "silu"
-    tel_temperature: str = "global"
-    tel_temperature_min: float = 0.05
-    tel_temperature_max: float | None = None
-    tel_initial_temperature: float = 0.5
-    tel_step_size_min: float = 1e-4
-    tel_initial_step_size: float = 0.5
-    tel_estimator: str = "gaussian"
-    tel_estimator_hidden: int = 16
-    tel_entropy_pooling: str = "batch"
-    tel_student_t_dof: float = 5.0
-    tel_entropy_ema_half_life: float | None = 5.0
-    tel_entropy_clip: float = 10.0
-    tel_dual_step: float = 1e-2
-    tel_entropy_scale: float = 1.0
-    tel_entropy_shift: float = 0.0
-    tel_adapt_at_inference: bool = False
-    tel_early_exit: bool = False
-    tel_exit_rule: str = "gradient"
-    tel_exit_tolerance: float = 1e-3
-    tel_exit_patience: int = 2
-
-    def __post_init__(self):
-        self.check_tel_settings()
-
-    @property
-    def tel_lipschitz(self) -> float:
-        return ACTIVATION_LIPSCHITZ[self.tel_activation]
-
-    @property
-    def tel_resolved_temperature_max(self) -> float:
-        return self.tel_temperature_max if self.tel_temperature_max is not None else 1.0 / self.tel_lipschitz
-
-    @property
-    def tel_step_size_max(self) -> float:
-        """min(1, 2 / (1 + T_max L_phi)): the design rule of TEL eq. 13."""
-        return min(STEP_SIZE_CEILING, 2.0 / (1.0 + self.tel_resolved_temperature_max * self.tel_lipschitz))
-
-    def check_tel_settings(self) -> None:
-        """Every TEL field against its allowed range. (Not named ``validate_*``: TEL configs are ``@strict``
-        dataclasses, whose ``validate_*`` methods all run as class validators; their one validator calls this.)"""
-        owner = type(self).__name__
-
-        def check(condition: bool, field: str, allowed: str) -> None:
-            require(owner, condition, field, allowed, getattr(self, field))
-
-        check(self.tel_steps >= 1, "tel_steps", ">= 1")
-        check(self.tel_activation in ACTIVATION_LIPSCHITZ, "tel_activation", f"one of {sorted(ACTIVATION_LIPSCHITZ)}")
-        check(self.tel_temperature in ("global", "channel"), "tel_temperature", "'global' or 'channel'")
-        check(0 < self.tel_temperature_min < math.inf, "tel_temperature_min", "a finite number > 0")
-        bound = 1.0 / self.tel_lipschitz
-        check(self.tel_temperature_max is None
-              or self.tel_temperature_min < self.tel_temperature_max <= bound + 1e-12,
-              "tel_temperature_max", f"None or in (tel_temperature_min, 1/L_phi of tel_activation = {bound:.4g}] "
-              "(eq. 32)")
-        t_max = f"T_max = {self.tel_resolved_temperature_max:.4g} (tel_temperature_max, or 1/L_phi of tel_activation)"
-        check(self.tel_temperature_min <= self.tel_initial_temperature <= self.tel_resolved_temperature_max,
-              "tel_initial_temperature", f"in [tel_temperature_min, {t_max}]")
-        eta_max = f"eta_max = {self.tel_step_size_max:.4g} (min(1, 2 / (1 + T_max L_phi)), eq. 13; {t_max})"
-        check(0 < self.tel_step_size_min < self.tel_step_size_max, "tel_step_size_min", f"in (0, {eta_max})")
-        check(self.tel_step_size_min <= self.tel_initial_step_size <= self.tel_step_size_max,
-              "tel_initial_step_size", f"in [tel_step_size_min, {eta_max}]")
-        check(self.tel_estimator in ENTROPY_ESTIMATORS, "tel_estimator", f"one of {list(ENTROPY_ESTIMATORS)}")
-        check(self.tel_estimator_hidden >= 1, "tel_estimator_hidden", ">= 1")
-        check(self.tel_entropy_pooling in ENTROPY_POOLINGS, "tel_entropy_pooling", f"one of {list(ENTROPY_POOLINGS)}")
-        check(self.tel_student_t_dof > 2, "tel_student_t_dof", "> 2 (finite variance)")
-        check(self.tel_entropy_ema_half_life is None or self.tel_entropy_ema_half_life > 0,
-              "tel_entropy_ema_half_life", "None or > 0")
-        check(self.tel_entropy_clip > 0, "tel_entropy_clip", "> 0")
-        check(0 <= self.tel_dual_step < self.tel_step_size_max, "tel_dual_step",
-              f"in [0, {eta_max}): the dual step must be slower than the primal one (§2.3)")
-        check(math.isfinite(self.tel_entropy_scale) and self.tel_entropy_scale >= 0, "tel_entropy_scale",
-              "a finite number >= 0 (g_beta must be monotone)")
-        check(math.isfinite(self.tel_entropy_shift), "tel_entropy_shift", "finite")
-        check(self.tel_exit_rule in EXIT_RULES, "tel_exit_rule", f"one of {list(EXIT_RULES)}")
-        check(not (self.tel_exit_rule == "energy" and self.tel_activation == "silu"), "tel_exit_rule",
-              "'gradient' with tel_activation='silu' (its entropy S has no closed form)")
-        check(self.tel_exit_tolerance > 0, "tel_exit_tolerance", "> 0")
-        check(self.tel_exit_patience >= 1, "tel_exit_patience", ">= 1")
-
-    def tel_settings(self) -> "TELSettings":
-        """These fields as a plain `TELSettings` (configs inherit the fields)."""
-        return TELSettings(**{name: getattr(self, name) for name in TELSettings.__dataclass_fields__})
 
 
 class EntropyForce(nn.Module):

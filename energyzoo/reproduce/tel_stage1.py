@@ -34,9 +34,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..modeling.configuration_tel import TELSettings
 from ..modeling.errors import UserError, needs_extra
 from ..modeling.outputs import tracing_energies
-from ..modeling.tel_layer import TELSettings, ThermodynamicEquilibriumLayer
+from ..modeling.tel_layer import ThermodynamicEquilibriumLayer
 from .parts import Parts
 from .processes import runs_mapped
 from .verdict import VERDICTS, Claim, judged, ledger_lines
