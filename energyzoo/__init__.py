@@ -32,7 +32,8 @@ for _logger in ("torchao", "torch.utils._pytree"):
 # What energyzoo exports beside the architectures' own classes, which come from the registry (`_architecture_names`):
 # a new architecture adds nothing here
 _SHARED = {
-    "hub_cards": ["export_folder", "export_model"],
+    "export": ["export_folder", "export_model"],
+    "convert.hyperset_original": ["load_hyperset_original"],
     "modeling.configuration_tel": ["TELSettings"],
     "modeling.errors": ["UserError", "UserTypeError"],
     "modeling.outputs": ["EnergyTrace"],

@@ -94,7 +94,7 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def _bench_names() -> list[str]:
-    from .eval.speed import benched_architectures
+    from .bench.speed import benched_architectures
     from .presets import preset_names
 
     return [*benched_architectures(), *preset_names()]
@@ -111,11 +111,11 @@ def _grouped(title: str, names) -> str:
 
 
 def _bench_epilog() -> str:
-    from .eval.speed import benched_architectures
+    from .bench.speed import benched_architectures
     from .presets import preset_names
 
     return (_grouped("NAME, an architecture (its bench entry's presets):", benched_architectures()) + "\n\n"
-            + _grouped("NAME, a preset (energyzoo/models/<NAME>.json):", preset_names()))
+            + _grouped("NAME, a preset (energyzoo/presets/<NAME>.json):", preset_names()))
 
 
 def _reproduce_epilog() -> str:
@@ -129,7 +129,7 @@ def _suites() -> list[str]:
 
 
 def _workloads(timed_only: bool = False) -> list[str]:
-    from .eval.bench_table import TIMED, WORKLOADS
+    from .bench.table import TIMED, WORKLOADS
 
     return list(TIMED if timed_only else WORKLOADS)
 
@@ -185,7 +185,7 @@ def _recipe_and_overrides(args) -> None:
 
 def _train_verb(commands) -> None:
     train = commands.add_parser("train", help="train a zoo model from a recipe with accelerate", intermixed=True)
-    train.add_argument("recipe", help="a recipe YAML file, or the name of one in energyzoo/configs (e.g. fem-lm-tiny)")
+    train.add_argument("recipe", help="a recipe YAML file, or the name of one in energyzoo/recipes (e.g. fem-lm-tiny)")
     train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. training.steps=20 output_dir=runs/x")
     start = train.add_mutually_exclusive_group()
     start.add_argument("--resume", action="store_true",
@@ -276,7 +276,7 @@ def _export_verb(commands) -> None:
 
 
 def _export(args) -> int:
-    from .hub_cards import export_folder
+    from .export import export_folder
 
     source = _model_folder(args)
     folder = export_folder(source, args.output_dir, push_to=args.push, private=args.private,
@@ -313,7 +313,7 @@ def _convert_verb(commands) -> None:
 
 def _convert_options(args) -> None:
     """The --set names checked against the authors' options before anything loads."""
-    from .modeling.hyperset_original_options import check_option_names
+    from .convert.hyperset_original_options import check_option_names
 
     args.options = _config_fields(args.set)
     check_option_names(args.options)
@@ -337,7 +337,7 @@ def _recipes_verb(commands) -> None:
 
 
 def _recipes(args) -> int:
-    from .training.recipe_files import shipped_recipes
+    from .training.recipe_files import ACCELERATE_CONFIGS, RECIPES, shipped_recipes
 
     recipes = shipped_recipes()
     print("shipped recipes (energyzoo train NAME [section.key=value ...]):")
@@ -345,9 +345,8 @@ def _recipes(args) -> int:
     for name, (summary, _) in recipes.items():
         print(textwrap.fill(summary, width=118, break_on_hyphens=False, initial_indent=f"  {name:<{width}}  ",
                             subsequent_indent=" " * (width + 4)))
-    folder = next(iter(recipes.values()))[1].parent
-    print(f"\nrecipes and accelerate configs live in {folder}")
-    print(f"  accelerate launch --config_file {folder / 'accelerate-fsdp.yaml'} -m energyzoo.cli train fem-lm-340m")
+    print(f"\nrecipes live in {RECIPES}, accelerate configs in {ACCELERATE_CONFIGS}")
+    print(f"  accelerate launch --config_file {ACCELERATE_CONFIGS / 'fsdp.yaml'} -m energyzoo.cli train fem-lm-340m")
     return 0
 
 
@@ -433,8 +432,8 @@ def _bench_verb(commands) -> None:
 
 
 def _bench(args) -> int:
-    from .eval.bench_table import format_table, profile_table
-    from .eval.speed import BenchSettings, benched_architectures, profile_split, run_bench
+    from .bench.speed import BenchSettings, benched_architectures, profile_split, run_bench
+    from .bench.table import format_table, profile_table
 
     _available_device(args.device)
     overrides = _config_fields(args.set)
@@ -467,7 +466,7 @@ def _bench(args) -> int:
 
 
 def _offload_bench(args) -> int:
-    from .eval.offload import format_offload_table, run_offload_bench
+    from .bench.offload import format_offload_table, run_offload_bench
     from .presets import preset_card, preset_names
 
     if args.all or args.name not in preset_names() or preset_card(args.name)["task"] != "causal-lm":
@@ -487,7 +486,7 @@ def _doctor_verb(commands) -> None:
                         help="default: float32 and bfloat16 (kernels), all three (--families)")
     doctor.add_argument("--families", action="store_true",
                         help="every family and head in each dtype against float64 on the CPU: outputs, gradients, "
-                             "cached decoding (energyzoo/eval/families.py)")
+                             "cached decoding (energyzoo/bench/families.py)")
     doctor.add_argument("--output", default="", help="JSON file for the results (default: none)")
     doctor.set_defaults(run=_doctor)
 
@@ -496,13 +495,13 @@ def _doctor(args) -> int:
     from dataclasses import asdict
 
     if args.families:
-        from .eval.families import TOLERANCE, format_family_table, run_family_checks
+        from .bench.families import TOLERANCE, format_family_table, run_family_checks
 
         _available_device(args.device)
         checks = run_family_checks(args.device, tuple(args.dtypes or TOLERANCE))
         table = format_family_table(checks, args.device)
     else:
-        from .eval.kernels import TOLERANCE, format_doctor_table, run_doctor
+        from .bench.kernels import TOLERANCE, format_doctor_table, run_doctor
 
         if unchecked := sorted(set(args.dtypes or ()) - set(TOLERANCE)):
             raise UserError(f"--dtypes {' '.join(unchecked)}: the kernels are checked in {' and '.join(TOLERANCE)} "

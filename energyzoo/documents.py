@@ -20,12 +20,12 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from .eval.bench_table import format_table, profile_table
-from .eval.offload import format_offload_table
-from .hub_cards.export import reference_differences
+from .bench.offload import format_offload_table
+from .bench.table import format_table, profile_table
+from .export.hub_folder import reference_differences
 from .measured import measured_ledger, measured_offload, measured_profiles, measured_speed
-from .measured.ledger import ledger_tables
 from .reproduce.experiments import EXPERIMENTS
+from .reproduce.ledger_tables import ledger_tables
 from .reproduce.report import headline, primary_table
 from .reproduce.verdict import VERDICTS
 

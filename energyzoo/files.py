@@ -9,7 +9,11 @@ headers parse and cover their file (the safetensors library's own check), a toke
 Python parses, YAML parses. Where the folder records what was written (``manifest.json``, each file's size and
 SHA-256: run folders' models, checkpoints and exports), every file but the card is compared with it too: garbage
 inside a tensor's bytes parses, and a deleted file of the remote code breaks the folder only on a machine without
-energyzoo."""
+energyzoo.
+
+And the files energyzoo writes, whole or not at all: a folder or file is written under a temporary name beside its
+final one (`partial_path`: ``.<name>.partial``), flushed to disk and renamed into place when whole (`publish`,
+`write_folder_whole`, `write_file_whole`); one process writes a folder at a time (`FolderLock`)."""
 
 import ast
 import errno
@@ -18,6 +22,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import socket
 import sys
 import time
@@ -37,6 +42,7 @@ WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_mo
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")
 CARD_SUFFIXES = (".md",)  # a model card and eval tables: written for people, who may edit them
 LOCK = ".energyzoo.lock"  # held by the process writing a folder (`FolderLock`)
+PARTIAL = ".partial"  # the suffix of a folder or file being written (`partial_path`)
 # What stops a write that the user can fix, by errno: the machine's limits and the output path itself.
 WRITE_FAULTS = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "the disk quota is used up",
                 errno.EFBIG: "a file would pass the file-size limit (ulimit -f)",
@@ -250,6 +256,69 @@ def write_fault(error: BaseException) -> str | None:
     code = int(match[1] or match[2] or 0) or (errno.ENOSPC if "pos" in match[0] or "space" in match[0] else
                                               errno.EFBIG if "large" in match[0] else errno.EROFS)
     return f"a file: {WRITE_FAULTS[code]}" if code in WRITE_FAULTS else None
+
+
+def partial_path(path: Path) -> Path:
+    """Where ``path`` is written before it is complete."""
+    return path.with_name(f".{path.name}{PARTIAL}")
+
+
+def _fsync_tree(path: Path) -> None:
+    """Flush every file under ``path`` (and the folders themselves) to disk, so that a rename never publishes a folder
+    whose files a crash of the machine could still lose."""
+    for folder, _, files in os.walk(path):
+        for name in files:
+            with open(os.path.join(folder, name), "rb") as handle:
+                os.fsync(handle.fileno())
+        descriptor = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+
+
+def publish(written: Path, path: Path) -> None:
+    """Move the complete folder ``written`` to ``path``, replacing what is there (a folder cannot be renamed onto a
+    non-empty one: the old one moves aside first and is removed once the new one is in place)."""
+    _fsync_tree(written)
+    old = path.with_name(f".{path.name}.old")
+    shutil.rmtree(old, ignore_errors=True)
+    if path.exists():
+        path.rename(old)
+    written.rename(path)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def write_folder_whole(path: Path, write) -> None:
+    """``write(folder)`` into a fresh partial folder beside ``path`` (one an interrupted write left is removed), then
+    `publish` it as ``path``: for folders one process writes. A write that fails (a full disk, Ctrl-C) leaves
+    ``path`` as it was and no partial folder."""
+    written = partial_path(path)
+    shutil.rmtree(written, ignore_errors=True)
+    try:
+        write(written)
+        publish(written, path)
+    except BaseException:
+        shutil.rmtree(written, ignore_errors=True)
+        raise
+
+
+def write_text_whole(path: Path, text: str) -> None:
+    write_file_whole(path, lambda written: written.write_text(text))
+
+
+def write_file_whole(path: Path, write) -> None:
+    """``write(file)`` into a partial file beside ``path``, flushed to disk, then renamed onto ``path``: a write that
+    fails or is killed leaves ``path`` as it was and no partial file."""
+    written = partial_path(path)
+    try:
+        write(written)
+        with open(written, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(written, path)
+    except BaseException:
+        written.unlink(missing_ok=True)
+        raise
 
 
 class FolderLock:

@@ -3,7 +3,7 @@
 Trains a tiny FEM-LM on the embedded Python documentation with the shipped `fem-lm-tiny` recipe, evaluates
 it on the offline `local` lm-eval suite, exports a Hub-ready folder (card included), plots the exported model's
 energy trace on the prompt (``energies.png``) and says how to push it. Offline throughout; a few minutes on
-2 CPU cores. It orchestrates `training`, `eval` and `hub_cards`, so it lives above them.
+2 CPU cores. It orchestrates `training`, `eval` and `export`, so it lives above them.
 
 A folder that holds an earlier quickstart is refused unless ``overwrite``; replacing one keeps the earlier run aside
 until the new one has trained (`training.checkpoints.claim_output_dir`) and its export until the new export is whole.
@@ -18,7 +18,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from .eval.harness import evaluate_folder, scores
-from .hub_cards import export_folder
+from .export import export_folder
 from .modeling.errors import UserError
 from .training.recipe import load_recipe
 from .training.run import run_training

@@ -77,7 +77,7 @@ class Bench:
     """What `energyzoo bench` measures for an architecture, and the performance targets it is held to.
 
     presets: measured together, in one paired run, against the one baseline their cards name (or ``baseline``).
-    workloads: names in `eval.bench_table.WORKLOADS` ("forward", "train_step", "peak_memory"; for language models
+    workloads: names in `bench.table.WORKLOADS` ("forward", "train_step", "peak_memory"; for language models
     also "decode", "decode_static", "decode_padded" and "first_generate", which no entry names: `--workloads` asks).
     targets(config, call): the bound on each workload's ratio (arm / baseline) for a model of that config run with
     the forward keywords ``call`` (and ``seq_len`` in a length sweep): an upper bound, a lower one for a rate
@@ -123,7 +123,7 @@ class Architecture:
 
     heads: task -> head model class (the first is the architecture's main head); each task is a `TASKS` key.
     family: the paper's family, the prefix of its files (``modeling/configuration_<family>.py``,
-        ``modeling/<family>_*.py``, the card template ``hub_cards/<family>.md``, ``docs/models/<family>.md``, its
+        ``modeling/<family>_*.py``, the card template ``export/templates/<family>.md``, ``docs/models/<family>.md``, its
         experiments' ``reproduce/<family>_*.py``); card_facts(config) gives its card's own variables.
     tiny_preset: a preset of the main head under two million parameters, what the tests train whole and sharded.
     bench: what `energyzoo bench` measures against the baseline the presets' cards name (None: not benched yet).

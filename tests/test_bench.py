@@ -11,11 +11,9 @@ import pytest
 import torch
 
 from energyzoo import model_from_preset
-from energyzoo.cli import main
-from energyzoo.eval import speed
-from energyzoo.eval.bench_table import format_table
-from energyzoo.eval.offload import LOADINGS, NEW_TOKENS, format_offload_table, run_offload_bench
-from energyzoo.eval.speed import (
+from energyzoo.bench import speed
+from energyzoo.bench.offload import LOADINGS, NEW_TOKENS, format_offload_table, run_offload_bench
+from energyzoo.bench.speed import (
     Arm,
     BenchSettings,
     _first_calls,
@@ -25,6 +23,8 @@ from energyzoo.eval.speed import (
     run_bench,
     timed_row,
 )
+from energyzoo.bench.table import format_table
+from energyzoo.cli import main
 from energyzoo.registry import ARCHITECTURES
 
 
@@ -254,7 +254,7 @@ def test_bench_command_measures_the_chosen_workloads_of_a_model_with_the_fields_
 
 
 def test_bench_builds_fem_with_the_requested_prior_and_kernel_and_leaves_the_baseline_alone():
-    from energyzoo.eval.speed import _build
+    from energyzoo.bench.speed import _build
 
     settings = BenchSettings(overrides={"prior": "ssm", "kernel": "torch"}, seq_len=16)
     fem, llama = _build(Arm("fem-lm-tiny", "fem-lm-tiny"), settings), _build(Arm("b", "llama-tiny", baseline=True),

@@ -191,11 +191,11 @@ def test_export_refuses_non_zoo_folders_in_one_line(tmp_path, capsys):
 def test_recipes_lists_every_shipped_recipe_and_the_accelerate_configs(capsys):
     assert main(["recipes"]) == 0
     printed = capsys.readouterr().out
-    configs = shipped_recipe_path("fem-lm-tiny").parent
-    for path in configs.glob("*.yaml"):
-        if not path.stem.startswith("accelerate-"):
-            assert f"  {path.stem}  " in printed or f"  {path.stem} " in printed, path.stem
-    assert str(configs) in printed and "accelerate-fsdp.yaml" in printed
+    recipes = shipped_recipe_path("fem-lm-tiny").parent
+    for path in recipes.glob("*.yaml"):
+        assert f"  {path.stem}  " in printed or f"  {path.stem} " in printed, path.stem
+    assert "  fsdp " not in printed  # the accelerate configs are no recipes
+    assert str(recipes) in printed and str(recipes / "accelerate" / "fsdp.yaml") in printed
     assert "FEM-LM (softmax prior) 340m on FineWeb-Edu" in printed  # a recipe's header line
     assert "Cross-entropy alone: model.preset=eer-induction-ce." in " ".join(printed.split())  # the whole header
 
@@ -272,7 +272,7 @@ def test_doctor_without_a_gpu_says_what_it_could_not_run_and_why(tmp_path, capsy
 
 def test_doctor_families_checks_each_family_against_float64_and_refuses_a_missing_device(tmp_path, capsys,
                                                                                           monkeypatch):
-    from energyzoo.eval import families
+    from energyzoo.bench import families
 
     monkeypatch.setattr(families, "CHECKED", ("eer-induction", "hyperset-digits-tiny"))
     monkeypatch.setattr(families, "DECODINGS", ("dynamic",))  # no compiling here
@@ -353,7 +353,7 @@ def test_a_push_without_credentials_says_why_and_keeps_the_folder(run_folder, tm
     from huggingface_hub.errors import LocalTokenNotFoundError
 
     from energyzoo import UserError
-    from energyzoo.hub_cards import export_folder
+    from energyzoo.export import export_folder
 
     class NoToken(HfApi):
         def create_repo(self, *args, **kwargs):  # what huggingface_hub raises where a token is required and none is
@@ -456,7 +456,7 @@ def test_the_quickstart_is_quiet_and_offline_without_being_told(tmp_path):
 def test_bench_takes_fem_fields_through_set_only(monkeypatch, capsys):
     """``--set prior=... kernel=...`` sets FEM's fields like any other; the old hidden ``--prior`` flag is gone, refused
     in one line naming it."""
-    from energyzoo.eval import speed
+    from energyzoo.bench import speed
 
     calls = []
     monkeypatch.setattr(speed, "run_bench", lambda name, settings, **kwargs: calls.append(settings) or {

@@ -1,8 +1,8 @@
-"""`energyzoo train` under the launcher's sharded engines, on CPU (gloo), 2 processes: DeepSpeed ZeRO-2 and ZeRO-3
-with the shipped `accelerate-deepspeed-zero3.yaml` (``--zero_stage 2`` for ZeRO-2) and FSDP2 with the shipped
-`accelerate-fsdp.yaml`, each against one process of the same recipe from the same saved weights (accelerate builds a
-ZeRO-3 model under DeepSpeed's sharded initialisation, which draws other initial weights); kill and resume; the model
-folders they save; what is refused. transformers' `Trainer` with ``deepspeed=`` against its own data parallelism.
+"""`energyzoo train` under the launcher's sharded engines, on CPU (gloo), 2 processes: DeepSpeed ZeRO-2 and ZeRO-3 with
+the shipped `recipes/accelerate/deepspeed-zero3.yaml` (``--zero_stage 2`` for ZeRO-2) and FSDP2 with the shipped
+`recipes/accelerate/fsdp.yaml`, each against one process of the same recipe from the same saved weights (accelerate
+builds a ZeRO-3 model under DeepSpeed's sharded initialisation, which draws other initial weights); kill and resume; the
+model folders they save; what is refused. transformers' `Trainer` with ``deepspeed=`` against its own data parallelism.
 """
 
 import json
@@ -19,18 +19,17 @@ from safetensors.torch import load_file
 from sharded_training import largest_difference
 from transformers import AutoModelForCausalLM
 
-from energyzoo.hub_cards import export_folder
+from energyzoo.export import export_folder
 from energyzoo.modeling.errors import UserError
 from energyzoo.training.engines import Engine, check_resumable, hand_recipe_to_deepspeed
 from energyzoo.training.recipe import load_recipe
-from energyzoo.training.recipe_files import shipped_recipe_path
+from energyzoo.training.recipe_files import ACCELERATE_CONFIGS
 from energyzoo.training.run import run_training
 
 pytestmark = pytest.mark.slow  # processes of their own
 
 pytest.importorskip("deepspeed", reason="the [deepspeed] extra")
 
-CONFIGS = Path(shipped_recipe_path("fem-lm-tiny")).parent
 DEEPSPEED = {"zero2": ["--zero_stage", "2"], "zero3": []}
 # AdamW (the recipe's), clipping that acts (the gradient norms of these steps are 0.3-2), 2 micro-batches per step
 RECIPE = ["training.steps=4", "training.save_every=2", "training.eval_every=2", "training.log_every=1",
@@ -41,7 +40,7 @@ RECIPE = ["training.steps=4", "training.save_every=2", "training.eval_every=2", 
 
 def launch(config: str, output_dir: Path, *options: str, launcher: tuple = (), check: bool = True):
     command = [sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch", "--config_file",
-               str(CONFIGS / f"{config}.yaml"), "--num_processes", "2", *launcher,
+               str(ACCELERATE_CONFIGS / f"{config}.yaml"), "--num_processes", "2", *launcher,
                "-m", "energyzoo.cli", "train", "fem-lm-tiny", *RECIPE, f"output_dir={output_dir}", *options]
     done = subprocess.run(command, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -93,7 +92,7 @@ def one_process(tmp_path_factory):
 def test_deepspeed_training_matches_one_process_and_resumes_exactly(one_process, tmp_path, stage):
     start, single = one_process
     whole = tmp_path / "whole"
-    done = launch("accelerate-deepspeed-zero3", whole, f"model.init_from={start}", launcher=DEEPSPEED[stage])
+    done = launch("deepspeed-zero3", whole, f"model.init_from={start}", launcher=DEEPSPEED[stage])
     engine = {"name": "deepspeed", "stage": int(stage[-1]), "world_size": 2}
     assert f"DeepSpeed ZeRO-{engine['stage']} on 2 processes" in done.stdout
     assert json.loads((whole / "model" / "training_metrics.json").read_text())["engine"] == engine
@@ -115,7 +114,7 @@ def test_deepspeed_training_matches_one_process_and_resumes_exactly(one_process,
                                         "one process"):
         run_training(load_recipe("fem-lm-tiny", [*RECIPE, f"model.init_from={start}", f"output_dir={resumed}"]),
                      resume=True, progress=False)
-    launch("accelerate-deepspeed-zero3", resumed, f"model.init_from={start}", "--resume", launcher=DEEPSPEED[stage])
+    launch("deepspeed-zero3", resumed, f"model.init_from={start}", "--resume", launcher=DEEPSPEED[stage])
     assert_same(weights(resumed / "model"), weights(whole / "model"), 0, f"{stage} resumed")
     assert losses(resumed) == losses(whole)
 
@@ -123,19 +122,19 @@ def test_deepspeed_training_matches_one_process_and_resumes_exactly(one_process,
 def test_fsdp2_training_matches_one_process_and_resumes_exactly(one_process, tmp_path):
     start, single = one_process
     whole, resumed = tmp_path / "whole", tmp_path / "resumed"
-    done = launch("accelerate-fsdp", whole, f"model.init_from={start}")
+    done = launch("fsdp", whole, f"model.init_from={start}")
     assert "FSDP2 on 2 processes" in done.stdout
     assert json.loads((whole / "checkpoints" / "step-0000002" / "trainer_state.json").read_text())["engine"] == {
         "name": "fsdp", "stage": 2, "world_size": 2}
     torch.testing.assert_close(losses(whole), single.losses, rtol=0, atol=1e-6)
     assert_same(weights(whole / "model"), weights(single.model_dir), 1e-6, "FSDP2 vs one process")
-    launch("accelerate-fsdp", killed_after_step_2(whole, resumed), f"model.init_from={start}", "--resume")
+    launch("fsdp", killed_after_step_2(whole, resumed), f"model.init_from={start}", "--resume")
     assert_same(weights(resumed / "model"), weights(whole / "model"), 0, "FSDP2 resumed")
     assert losses(resumed) == losses(whole)
 
 
 def test_deepspeed_saves_its_float32_master_weights_of_a_bf16_run(tmp_path):
-    done = launch("accelerate-deepspeed-zero3", tmp_path, "training.steps=2", "training.mixed_precision=bf16",
+    done = launch("deepspeed-zero3", tmp_path, "training.steps=2", "training.mixed_precision=bf16",
                   launcher=DEEPSPEED["zero2"])
     saved = weights(tmp_path / "model")
     assert {value.dtype for value in saved.values()} == {torch.float32}, done.stdout[-2000:]
@@ -146,7 +145,7 @@ def test_deepspeed_saves_its_float32_master_weights_of_a_bf16_run(tmp_path):
 
 
 def test_a_precision_the_engine_cannot_run_on_the_device_is_refused_in_one_line(tmp_path):
-    done = launch("accelerate-fsdp", tmp_path, "training.mixed_precision=fp16", check=False)  # no fp16 autocast on CPU
+    done = launch("fsdp", tmp_path, "training.mixed_precision=fp16", check=False)  # no fp16 autocast on CPU
     errors = [line for line in done.stderr.splitlines() if line.startswith("energyzoo train: error:")]
     assert done.returncode != 0 and errors and all("training.mixed_precision" in line for line in errors)
     assert "energyzoo/" not in done.stderr  # no traceback of ours (the launcher reports its failed processes)

@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM, pipeline
 from energyzoo import model_from_preset
 from energyzoo.cli import main
 from energyzoo.data.text import python_docs_corpus, train_bpe_tokenizer
-from energyzoo.hub_cards import export_folder
+from energyzoo.export import export_folder
 
 
 def saved(tmp_path: Path, preset: str, tokenizer=None, **overrides) -> Path:

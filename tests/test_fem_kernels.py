@@ -365,7 +365,7 @@ def test_the_doctor_passes_each_kernel_through_the_references_and_flags_a_wrong_
     can run passes; a kernel that computes something else (fla's gate sign flipped) is reported as a failure."""
     from fla.ops import gla as fla_gla
 
-    from energyzoo.eval import kernels
+    from energyzoo.bench import kernels
 
     monkeypatch.setattr(kernels, "why_not_runnable",
                         lambda package, kernel, dtype, device: "no float32 kernel" if kernel == "flash_attention_2"

@@ -25,7 +25,7 @@ import zoo
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from energyzoo.eval.task_inputs import task_inputs
+from energyzoo.bench.task_inputs import task_inputs
 from energyzoo.modeling.configuration_fem import FEM_PRIORS
 from energyzoo.presets import config_fields, config_with_overrides
 from energyzoo.registry import ARCHITECTURES

@@ -1,4 +1,4 @@
-"""`energyzoo/eval/gpu_check.py` and `families.py` on the CPU: what can be checked without a GPU. The family check
+"""`energyzoo/bench/gpu_check.py` and `families.py` on the CPU: what can be checked without a GPU. The family check
 against float64 (it passes a correct model and fails a model with other weights, on its outputs, gradients and
 decoding), the gradient error's floor, the refusal without CUDA, and the report: sections in order, rewritten after
 each, a failing section recorded in one line while the rest run."""
@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
-from energyzoo.eval import families, gpu_check
-from energyzoo.eval.families import TOLERANCE, check_family, decoding_error, gradient_error
+from energyzoo.bench import families, gpu_check
+from energyzoo.bench.families import TOLERANCE, check_family, decoding_error, gradient_error
 from energyzoo.presets import model_from_preset
 
 

@@ -16,10 +16,10 @@ from support import hyperset_reference as ref
 from support.original_checkpoints import LAYOUTS, original_state, saved_original
 
 from energyzoo.cli import main
+from energyzoo.convert.hyperset_original import convert_original, load_hyperset_original
 from energyzoo.modeling.configuration_hyperset import HyperSETConfig
 from energyzoo.modeling.errors import UserError
 from energyzoo.modeling.hyperset_layer import sinusoid
-from energyzoo.modeling.hyperset_original import convert_original
 from energyzoo.modeling.modeling_hyperset import (
     HyperSETForImageClassification,
     HyperSETForMaskedImageModeling,
@@ -46,7 +46,8 @@ def inputs_for(model, seed: int = 0) -> dict:
 def test_every_layout_of_the_authors_converts_and_loads_strictly(name, tmp_path):
     layout = LAYOUTS[name]
     state = original_state(name)
-    model = HEADS[layout["task"]].from_original(saved_original(tmp_path, name), **layout["options"])
+    model = load_hyperset_original(saved_original(tmp_path, name), **layout["options"])
+    assert type(model) is HEADS[layout["task"]]  # the head of the task the state dict holds
     used = {key: value for key, value in state.items() if not key.endswith("attn.mask")}
     if model.config.step_size_mode == "fixed":  # MaskGIT's fixed-step modes keep a network they never run
         used = {key: value for key, value in used.items() if "time_mlp" not in key}
@@ -61,10 +62,10 @@ def test_every_layout_of_the_authors_converts_and_loads_strictly(name, tmp_path)
 def test_a_safetensors_checkpoint_and_a_wrapped_one_convert_alike(tmp_path):
     name = "ic-hyper-set"
     options = LAYOUTS[name]["options"]
-    plain = HyperSETForImageClassification.from_original(saved_original(tmp_path, name, ".safetensors"), **options)
+    plain = load_hyperset_original(saved_original(tmp_path, name, ".safetensors"), **options)
     wrapped_state = {f"module._orig_mod.{key}": value for key, value in original_state(name).items()}
     torch.save({"model_state_dict": wrapped_state}, tmp_path / "ddp.pt")
-    wrapped = HyperSETForImageClassification.from_original(tmp_path / "ddp.pt", **options)
+    wrapped = load_hyperset_original(tmp_path / "ddp.pt", **options)
     inputs = inputs_for(plain)
     with torch.no_grad():
         torch.testing.assert_close(plain(**inputs).logits, wrapped(**inputs).logits, rtol=0, atol=0)
@@ -73,7 +74,7 @@ def test_a_safetensors_checkpoint_and_a_wrapped_one_convert_alike(tmp_path):
 def converted_layout(name: str):
     """(the layout's state dict, the head converted from it)."""
     state = original_state(name)
-    return state, HEADS[LAYOUTS[name]["task"]].from_original(state, **LAYOUTS[name]["options"])
+    return state, load_hyperset_original(state, **LAYOUTS[name]["options"])
 
 
 def _copy(parameter: torch.nn.Parameter, value: torch.Tensor) -> None:
@@ -175,7 +176,7 @@ def test_a_converted_maskgit_model_with_phi_and_rmsprop_equals_one_built_by_hand
 def test_an_alternative_model_gets_a_step_size_head_per_layer_from_its_layers():
     name = "ic-hyper-set-alt-attn"
     state = original_state(name)
-    model = HyperSETForImageClassification.from_original(state, **LAYOUTS[name]["options"])
+    model = load_hyperset_original(state, **LAYOUTS[name]["options"])
     assert model.config.step_head_per_layer and model.config.attention_type == "linear"
     for i, layer in enumerate(model.model.layers):
         torch.testing.assert_close(layer.step_head.out_proj.weight, state[f"enc.{i}.time_mlp_inner.2.weight"])
@@ -193,7 +194,7 @@ def test_a_checkpoint_energyzoo_cannot_express_is_refused_by_name(change, messag
     state, options = original_state("ic-hyper-set"), dict(LAYOUTS["ic-hyper-set"]["options"])
     change(state, options)
     with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        HyperSETForImageClassification.from_original(state, **options)
+        load_hyperset_original(state, **options)
 
 
 @pytest.mark.parametrize(("name", "options", "message"), [
@@ -211,7 +212,7 @@ def test_options_of_the_authors_code_with_no_equivalent_are_refused(name, option
 def test_the_defaults_taken_are_reported():
     _, _, taken = convert_original(original_state("sudoku"), None, {})
     assert taken == {"adaptive_mode": "gd_with_learnable_step_size", "input_cond": True, "n_recur": 24}
-    _, info = HyperSETForTokenClassification.from_original(original_state("sudoku"), output_loading_info=True)
+    _, info = load_hyperset_original(original_state("sudoku"), output_loading_info=True)
     assert info == {"defaults_taken": taken}
 
 
@@ -222,7 +223,7 @@ def test_convert_writes_a_folder_that_a_pipeline_runs_in_a_fresh_process_without
     folder = tmp_path / "converted"
     assert main(["convert", "hyperset-original", str(source), str(folder), "--set", "n_recur=3", "--set", "size=16",
                  "--set", "dataset=c100"]) == 0
-    model = HyperSETForImageClassification.from_original(source, n_recur=3, size=16, dataset="c100")
+    model = load_hyperset_original(source, n_recur=3, size=16, dataset="c100")
     image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (20, 24, 3), dtype=np.uint8))
     processor = json.loads((folder / "preprocessor_config.json").read_text())
     assert processor["image_mean"] == [0.5071, 0.4867, 0.4408] and processor["size"] == {"height": 16, "width": 16}
@@ -252,7 +253,7 @@ def test_converted_token_models_load_in_a_fresh_process(name, auto_class, tmp_pa
     folder = tmp_path / "converted"
     options = [item for key, value in LAYOUTS[name]["options"].items() for item in ("--set", f"{key}={value}")]
     assert main(["convert", "hyperset-original", str(source), str(folder), *options]) == 0
-    model = HEADS[LAYOUTS[name]["task"]].from_original(source, **LAYOUTS[name]["options"])
+    model = load_hyperset_original(source, **LAYOUTS[name]["options"])
     inputs = inputs_for(model)
     with torch.no_grad():
         expected = model(**inputs).logits

@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from energyzoo.measured import ledger as ledger_module
 from energyzoo.measured import measured_ledger
 from energyzoo.modeling.errors import UserError
+from energyzoo.reproduce import ledger_tables
 from energyzoo.reproduce.experiments import EXPERIMENTS
 from energyzoo.reproduce.report import build_ledger, code_state, ledger_markdown, run_experiment, write_ledger
 from energyzoo.reproduce.verdict import MIN_SEEDS, Claim, judged
@@ -176,7 +176,7 @@ def test_an_experiment_the_shipped_ledger_lacks_says_no_report_yet(monkeypatch):
     family = EXPERIMENTS[missing].family
     without = {**shipped, "experiments": {name: report for name, report in shipped["experiments"].items()
                                           if name != missing}}
-    monkeypatch.setattr(ledger_module, "measured_ledger", lambda: without)
-    assert ledger_module.NO_REPORT.format(name=missing) in ledger_module.family_ledger(family)
-    monkeypatch.setattr(ledger_module, "measured_ledger", lambda: shipped)
-    assert "No report yet" not in ledger_module.family_ledger(family)
+    monkeypatch.setattr(ledger_tables, "measured_ledger", lambda: without)
+    assert ledger_tables.NO_REPORT.format(name=missing) in ledger_tables.family_ledger(family)
+    monkeypatch.setattr(ledger_tables, "measured_ledger", lambda: shipped)
+    assert "No report yet" not in ledger_tables.family_ledger(family)

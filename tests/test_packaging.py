@@ -22,7 +22,7 @@ def test_the_wheel_carries_every_file_of_the_package_tree(tmp_path):
     shipped = {name for name in zipfile.ZipFile(wheel).namelist() if name.startswith("energyzoo/")}
     tree = {f"energyzoo/{path.relative_to(PACKAGE).as_posix()}" for path in PACKAGE.rglob("*")
             if path.is_file() and "__pycache__" not in path.parts}
-    assert any(name.startswith("energyzoo/models/") for name in tree)  # the tree is the package's, data included
+    assert any(name.startswith("energyzoo/presets/") for name in tree)  # the tree is the package's, data included
     assert tree - shipped == set()
     entry_points = next(name for name in zipfile.ZipFile(wheel).namelist() if name.endswith("entry_points.txt"))
     assert "energyzoo = energyzoo.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()

@@ -54,7 +54,7 @@ RUN_BLOCKS = [commands for directive, commands in command_blocks() if directive 
 def test_a_runnable_block_runs_as_written(commands, tmp_path):
     (directive,) = [d for d, c in command_blocks() if c == commands]
     settings = TINY.fullmatch(directive)["settings"].split()
-    (tmp_path / "energyzoo").symlink_to(ROOT / "energyzoo")  # the block names energyzoo/configs/... from the checkout
+    (tmp_path / "energyzoo").symlink_to(ROOT / "energyzoo")  # the block names energyzoo/recipes/... from the checkout
     environment = {**os.environ, "OMP_NUM_THREADS": "1"}
     for command in commands:
         done = subprocess.run(with_settings(command, settings), cwd=tmp_path, capture_output=True, text=True,
@@ -87,7 +87,7 @@ def test_the_family_pages_render_every_bench_entry_and_experiment():
     assert {("ledger", name) for name in EXPERIMENTS} <= named
 
 
-CARDS = sorted((ROOT / "energyzoo" / "hub_cards").glob("*.md"))
+CARDS = sorted((ROOT / "energyzoo" / "export" / "templates").glob("*.md"))
 MEASURED = re.compile(r"\d(?:\.\d+)? ?(?:±|\+-) ?\d")  # a measured mean with its spread
 
 
@@ -114,8 +114,8 @@ RULES = {  # numbers the project sets, not measures: (document, number) -> why i
     ("docs/models/eqt.md", "000 x"): "a preset's memory buffer shape (10,000 x 1024)",
     ("docs/models/eqt.md", "7.4%"): "parameter counts of the presets, from their configs",
     ("docs/models/eqt.md", "2.7%"): "parameter counts of the presets, from their configs",
-    ("energyzoo/hub_cards/fem_reference_differences.md", "19 %"): "a property of the reference layer's rotation, "
-                                                                   "computed in tests/test_fem_public_reference.py",
+    ("energyzoo/export/templates/fem_reference_differences.md", "19 %"):
+        "a property of the reference layer's rotation, computed in tests/test_fem_public_reference.py",
 }
 
 

@@ -10,14 +10,14 @@ import zoo
 from contract import ModelContract
 from transformers import AutoConfig, AutoModel
 
-from energyzoo.eval.bench_table import WORKLOADS
-from energyzoo.hub_cards import export_model
-from energyzoo.hub_cards.export import render_card
+from energyzoo.bench.table import WORKLOADS
+from energyzoo.export import export_model
+from energyzoo.export.hub_folder import render_card
 from energyzoo.measured import measured_ledger, measured_speed
-from energyzoo.measured.ledger import NO_EXPERIMENT
 from energyzoo.presets import config_from_preset, preset_card, preset_names
 from energyzoo.registry import ARCHITECTURES, TASKS, architecture
 from energyzoo.reproduce.experiments import EXPERIMENTS
+from energyzoo.reproduce.ledger_tables import NO_EXPERIMENT
 
 TESTERS = zoo.TESTERS
 

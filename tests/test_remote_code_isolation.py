@@ -14,7 +14,7 @@ import torch
 import zoo
 from contract import fresh_process_env
 
-from energyzoo.hub_cards import export_model
+from energyzoo.export import export_model
 
 pytestmark = pytest.mark.slow  # processes of their own
 

@@ -100,10 +100,10 @@ def test_two_processes_stream_their_shares_and_resume_from_their_own_positions(c
     import subprocess
     import sys
 
-    from energyzoo.training.recipe_files import shipped_recipe_path
+    from energyzoo.training.recipe_files import ACCELERATE_CONFIGS
 
     path, _, _ = corpus
-    config = shipped_recipe_path("accelerate-cpu-2proc")
+    config = ACCELERATE_CONFIGS / "cpu-2proc.yaml"
 
     def launch(output, *extra):
         command = [sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch", "--config_file", str(config),

@@ -21,21 +21,20 @@ from huggingface_hub.repocard_data import model_index_to_eval_results
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+from energyzoo.bench.speed import timed_row
 from energyzoo.cli import main
 from energyzoo.eval.harness import evaluate_folder, local_task_documents, write_local_tasks
-from energyzoo.eval.speed import timed_row
-from energyzoo.hub_cards import export, export_folder
+from energyzoo.export import export_folder, hub_folder
 from energyzoo.modeling import configuration_fem
 from energyzoo.modeling.errors import UserError
 from energyzoo.presets import preset_names
 from energyzoo.quickstart import run_quickstart
 from energyzoo.training.finetune import finetune_with_trainer
 from energyzoo.training.recipe import load_recipe
-from energyzoo.training.recipe_files import shipped_recipe_path
+from energyzoo.training.recipe_files import ACCELERATE_CONFIGS, RECIPES, shipped_recipe_path
 from energyzoo.training.run import run_training
 from energyzoo.training.schedule import BatchSchedule
 
-CONFIGS = Path(shipped_recipe_path("fem-lm-tiny")).parent
 TINY = ["training.steps=6", "training.save_every=3", "training.eval_every=3", "training.log_every=1",
         "training.warmup_steps=2", "training.batch_size=4", "model.overrides.hidden_size=32",
         "model.overrides.intermediate_size=64", "model.overrides.num_hidden_layers=2", "tokenizer.train_vocab_size=300"]
@@ -61,7 +60,7 @@ def trained_model(tmp_path_factory):
 
 # recipes ---------------------------------------------------------------------------------------------
 def test_shipped_recipes_validate_and_follow_the_papers():
-    recipes = sorted(path.stem for path in CONFIGS.glob("*.yaml") if not path.stem.startswith("accelerate-"))
+    recipes = sorted(path.stem for path in RECIPES.glob("*.yaml"))
     assert {"fem-lm-340m", "fem-lm-1.3b", "fem-gla-340m", "fem-gla-1.3b", "fem-lm-tiny", "tel-vit-digits",
             "tel-resnet-digits"} <= set(recipes)
     for name in recipes:
@@ -75,8 +74,8 @@ def test_shipped_recipes_validate_and_follow_the_papers():
         assert training.steps == round(tokens / 524288) and training.warmup_steps == round(1e9 / 524288)
         assert (training.learning_rate, training.weight_decay, training.max_grad_norm) == (4e-4, 0.1, 1.0)
         assert training.mixed_precision == "bf16"
-    for config in ("accelerate-fsdp", "accelerate-deepspeed-zero3"):
-        assert yaml.safe_load((CONFIGS / f"{config}.yaml").read_text())["mixed_precision"] == "bf16"
+    for config in ("fsdp", "deepspeed-zero3"):
+        assert yaml.safe_load((ACCELERATE_CONFIGS / f"{config}.yaml").read_text())["mixed_precision"] == "bf16"
 
 
 @pytest.mark.parametrize(("override", "message"), [
@@ -136,7 +135,7 @@ def test_two_processes_with_accumulation_follow_the_single_process_run(tmp_path)
     example end with the losses, validation metrics and weights of one process on the whole batch of 4."""
     single = tiny_run(tmp_path / "one")
     command = [sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch", "--config_file",
-               str(CONFIGS / "accelerate-cpu-2proc.yaml"), "-m", "energyzoo.cli", "train", "fem-lm-tiny", *TINY,
+               str(ACCELERATE_CONFIGS / "cpu-2proc.yaml"), "-m", "energyzoo.cli", "train", "fem-lm-tiny", *TINY,
                "training.gradient_accumulation=2", f"output_dir={tmp_path / 'two'}"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
@@ -335,7 +334,7 @@ def test_the_card_carries_the_measured_bench_rows_of_its_preset_only(trained_mod
     rows = [asdict(timed_row(arm, "forward", [2.0, 2.0, 2.0], [1.0, 1.0, 1.0], 1.10))
             for arm in ("fem-lm-tiny", "fem-lm-tiny-wide")]
     measured = [{"title": "fem-lm-tiny vs llama-tiny (batch 1, seq 16)", "rows": rows, "notes": []}]
-    monkeypatch.setattr(export, "measured_speed", lambda: measured)
+    monkeypatch.setattr(hub_folder, "measured_speed", lambda: measured)
     card = ModelCard.load(export_folder(trained_model, tmp_path / "export") / "README.md")
     assert "fem-lm-tiny vs llama-tiny (batch 1, seq 16)" in card.text
     assert "| fem-lm-tiny | forward (s) | 2 | 1 | 2.000 | 2.000-2.000 | <= 1.10 | missed |" in card.text

@@ -1,15 +1,14 @@
 """`energyzoo convert hyperset-original`: the Hyper-SET authors' checkpoints (huyunzhe/hyper-set), any of their three
-tasks (`modeling.hyperset_original` reads them), as Hub-ready energyzoo folders."""
+tasks (`hyperset_original` reads them), as Hub-ready energyzoo folders."""
 
 import tempfile
 from pathlib import Path
 
 import yaml
 
-from ..hub_cards import export_folder
-from ..modeling.hyperset_original import original_task, read_original_state_dict
-from ..modeling.hyperset_original_options import ORIGINAL_DATASETS
-from ..registry import architecture
+from ..export import export_folder
+from .hyperset_original import load_hyperset_original, original_task, read_original_state_dict
+from .hyperset_original_options import ORIGINAL_DATASETS
 
 
 def original_options(config_file: str | Path | None, assignments: dict) -> dict:
@@ -31,9 +30,8 @@ def convert_hyperset_original(source: str | Path, output_dir: str | Path, option
     edited (`export_folder`)."""
     output_dir = Path(output_dir)
     state = read_original_state_dict(source)
-    task = original_task(state)
-    model, info = architecture("hyperset").heads[task].from_original(state, output_loading_info=True, **options)
-    defaults = info["defaults_taken"]
+    model, info = load_hyperset_original(state, output_loading_info=True, **options)
+    task, defaults = original_task(state), info["defaults_taken"]
     with tempfile.TemporaryDirectory() as folder:
         model.save_pretrained(folder)
         if task == "image-classification":  # beside the model, so that the export records it in its manifest

@@ -1,7 +1,7 @@
 """What energyzoo measured, as shipped: ``bench.json`` (`energyzoo bench --all`), ``profiles.json`` (`energyzoo bench
 NAME --profile WORKLOAD`), ``offload.json`` (`energyzoo bench PRESET --offload MEMORY` per 1.3B language model) and
-``ledger.json`` (`energyzoo reproduce all`, with its provenance). The model cards and
-the documents (`energyzoo.documents`) read them here; `ledger` renders the ledger's tables."""
+``ledger.json`` (`energyzoo reproduce all`, with its provenance): data, and their reader. The model cards and the
+documents (`energyzoo.documents`) read them here; `energyzoo.reproduce.ledger_tables` renders the ledger's tables."""
 
 import json
 from importlib import resources

@@ -181,6 +181,18 @@ class CausalLMLossMixin:
     def loss_function(self, value):
         self._loss_function = value
 
+    def head_logits_and_loss(self, hidden_states, labels, logits_to_keep, **loss_kwargs):
+        """The LM head (``lm_head``) on the positions ``logits_to_keep`` keeps (transformers' int: the last ones, 0 for
+        all; or an index tensor) and, with ``labels`` (checked against the vocabulary and ``hidden_states``' batch
+        and length), their `loss_function` (None without labels)."""
+        kept = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+        logits = self.lm_head(hidden_states[:, kept, :])
+        if labels is None:
+            return logits, None
+        check_labels(type(self).__name__, labels, self.config.vocab_size, hidden_states.shape[:2])
+        return logits, self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size,
+                                          **loss_kwargs)
+
 
 def causal_lm_loss(logits, labels, vocab_size: int, **kwargs):
     """transformers' causal-LM loss (`ForCausalLMLoss`), 0 (not NaN) where no token is labelled after the shift (a

@@ -49,12 +49,12 @@ from .eer_energy import (
     regularised_loss,
 )
 from .errors import UserError
-from .inputs import CausalLMLossMixin, check_labels, check_token_inputs
+from .inputs import CausalLMLossMixin, check_token_inputs
 from .numerics import applied_weight, widened
-from .outputs import EnergyTrace, record_energies, recording_energies, records_energies
+from .outputs import EnergyTrace, passed_on, record_energies, recording_energies, records_energies
 from .positions import positions_from_mask, real_tokens, sinusoidal_positions
 from .refinement import refine, refinement_steps, takes_refinement_steps
-from .transformers_compat import CACHE_FIELD, cache_of, takes_cache, with_cache
+from .transformers_compat import CACHE_FIELD, takes_cache, with_cache
 
 REGULARISERS = ("kinetic", "potential", "entropy")
 
@@ -506,28 +506,13 @@ class EERForCausalLM(CausalLMLossMixin, CacheKindsMixin, EERPreTrainedModel, Gen
             return_regularisers=labels is not None,
             **kwargs,
         )
-        kept = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
-        logits = self.lm_head(outputs.last_hidden_state[:, kept, :])
-        loss = task_loss = None
-        regularisers = {}
-        if labels is not None:
-            check_labels(type(self).__name__, labels, self.config.vocab_size, outputs.last_hidden_state.shape[:2])
-            # targets the caller already aligned (``shift_labels``, as sequence-parallel trainers pass) come first
-            loss_kwargs = {"shift_labels": labels, **kwargs} if self.config.label_alignment == "aligned" else kwargs
-            task_loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size,
-                                           **loss_kwargs)
-            regularisers = {name: outputs[name] for name in REGULARISERS}
-            loss = regularised_loss(task_loss, regularisers, self.config)
-        return EERCausalLMOutput(
-            loss=loss,
-            logits=logits,
-            **with_cache(cache_of(outputs)),
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-            task_loss=task_loss,
-            **regularisers,
-            energies=outputs.energies,
-        )
+        # targets the caller already aligned (``shift_labels``, as sequence-parallel trainers pass) come first
+        loss_kwargs = {"shift_labels": labels, **kwargs} if self.config.label_alignment == "aligned" else kwargs
+        logits, task_loss = self.head_logits_and_loss(outputs.last_hidden_state, labels, logits_to_keep,
+                                                      **loss_kwargs)
+        regularisers = {name: outputs[name] for name in REGULARISERS} if labels is not None else {}
+        loss = None if task_loss is None else regularised_loss(task_loss, regularisers, self.config)
+        return EERCausalLMOutput(loss=loss, logits=logits, task_loss=task_loss, **regularisers, **passed_on(outputs))
 
     def _prepare_cache_for_generation(self, generation_config, model_kwargs, *args, **kwargs):
         """A `DynamicCache()` growing one layer per loop (the config-sized one would fix the loop count), or

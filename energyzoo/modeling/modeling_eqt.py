@@ -38,18 +38,19 @@ from .configuration_eqt import EqTLlamaConfig
 from .eqt_cache import WINDOW_LAYERS, TokenWindow
 from .eqt_energy import EnergyContext, EqTEnergyNetwork
 from .errors import UserError
-from .inputs import CausalLMLossMixin, check_labels, check_token_inputs
+from .inputs import CausalLMLossMixin, check_token_inputs
 from .numerics import applied_weight, own_parameter, widened, work_dtype
 from .outputs import (
     BaseModelOutputWithEnergies,
     CausalLMOutputWithEnergies,
+    passed_on,
     record_energies,
     recording_energies,
     records_energies,
 )
 from .positions import real_tokens
 from .refinement import EarlyExit, refine, refinement_steps, takes_refinement_steps
-from .transformers_compat import cache_of, takes_cache, with_cache
+from .transformers_compat import takes_cache, with_cache
 
 
 @dataclass
@@ -422,22 +423,10 @@ class EqTLlamaForCausalLM(CausalLMLossMixin, CacheKindsMixin, EqTLlamaPreTrained
             return_refined_energy=labels is not None,
             **kwargs,
         )
-        hidden_states = outputs.last_hidden_state
-        kept = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
-        logits = self.lm_head(hidden_states[:, kept, :])
-        loss = None
-        if labels is not None:
-            check_labels(type(self).__name__, labels, self.config.vocab_size, hidden_states.shape[:2])
-            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
-            loss = loss + self.config.energy_loss_weight * outputs.refined_energy
-        return CausalLMOutputWithEnergies(
-            loss=loss,
-            logits=logits,
-            **with_cache(cache_of(outputs)),
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-            energies=outputs.energies,
-        )
+        logits, loss = self.head_logits_and_loss(outputs.last_hidden_state, labels, logits_to_keep, **kwargs)
+        if loss is not None:
+            loss = loss + self.config.energy_loss_weight * outputs.refined_energy  # eq. 18
+        return CausalLMOutputWithEnergies(loss=loss, logits=logits, **passed_on(outputs))
 
     @classmethod
     def from_llama(cls, llama_model: nn.Module, **erm_fields) -> "EqTLlamaForCausalLM":

@@ -28,18 +28,19 @@ from .fem_free_energy import energy_record, gated_free_energy, inverse_softplus,
 from .fem_joint_linears import JointlyProjectedModule, join_projections_in
 from .fem_parameter_cache import ParameterCache
 from .fem_time_decay import TimeDecayConditioner
-from .inputs import CausalLMLossMixin, check_classifier_labels, check_labels, check_token_inputs
+from .inputs import CausalLMLossMixin, check_classifier_labels, check_token_inputs
 from .numerics import recomputed_in_backward, widened
 from .outputs import (
     BaseModelOutputWithEnergies,
     CausalLMOutputWithEnergies,
     SequenceClassifierOutputWithEnergies,
+    passed_on,
     record_energies,
     recording_energies,
     records_energies,
 )
 from .positions import positions_from_mask, real_tokens
-from .transformers_compat import CACHE_FIELD, cache_of, takes_cache, with_cache
+from .transformers_compat import CACHE_FIELD, takes_cache, with_cache
 
 # The projections of a FEM layer, in the order the conditioner's modulators are laid out (FEM eq. 34a-d): a new
 # prior's own projections come last, so the layouts of the others stay as saved.
@@ -402,21 +403,8 @@ class FEMForCausalLM(CausalLMLossMixin, CacheKindsMixin, FEMPreTrainedModel, Gen
             output_energies=output_energies,
             **kwargs,
         )
-        hidden_states = outputs.last_hidden_state
-        kept = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
-        logits = self.lm_head(hidden_states[:, kept, :])
-        loss = None
-        if labels is not None:
-            check_labels(type(self).__name__, labels, self.config.vocab_size, hidden_states.shape[:2])
-            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
-        return CausalLMOutputWithEnergies(
-            loss=loss,
-            logits=logits,
-            **with_cache(cache_of(outputs)),
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-            energies=outputs.energies,
-        )
+        logits, loss = self.head_logits_and_loss(outputs.last_hidden_state, labels, logits_to_keep, **kwargs)
+        return CausalLMOutputWithEnergies(loss=loss, logits=logits, **passed_on(outputs))
 
     @classmethod
     def from_llama(cls, llama_model: nn.Module, **fem_overrides) -> "FEMForCausalLM":
@@ -486,11 +474,4 @@ class FEMForSequenceClassification(FEMPreTrainedModel):
         if labels is not None:
             check_classifier_labels(type(self).__name__, labels, self.config, batch)
             loss = self.loss_function(logits=logits, labels=labels, pooled_logits=pooled_logits, config=self.config)
-        return SequenceClassifierOutputWithEnergies(
-            loss=loss,
-            logits=pooled_logits,
-            **with_cache(cache_of(outputs)),
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-            energies=outputs.energies,
-        )
+        return SequenceClassifierOutputWithEnergies(loss=loss, logits=pooled_logits, **passed_on(outputs))

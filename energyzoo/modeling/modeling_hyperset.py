@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import initialization as init
 from transformers.modeling_utils import PreTrainedModel
-from transformers.utils import can_return_tuple, logging
+from transformers.utils import can_return_tuple
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_hyperset import HyperSETConfig
@@ -33,7 +33,6 @@ from .hyperset_layer import (
     StepSizes,
     TransformerBaselineLayer,
 )
-from .hyperset_original import convert_original, read_original_state_dict
 from .inputs import (
     check_classifier_labels,
     check_kind,
@@ -54,8 +53,6 @@ from .outputs import (
 )
 from .positions import sinusoidal_positions
 from .refinement import refine, refinement_steps, takes_refinement_steps
-
-logger = logging.get_logger(__name__)
 
 
 def sincos2d_positions(count: int, width: int, device) -> torch.Tensor:
@@ -256,30 +253,6 @@ class HyperSETHead(HyperSETPreTrainedModel):
 
     # a per-batch mean loss: `Trainer` must average the micro-batches of an accumulated step itself
     accepts_loss_kwargs = False
-    # the pipeline task of the authors' model this head loads (`from_original`)
-    original_task: str
-
-    @classmethod
-    def from_original(cls, source, output_loading_info: bool = False, **options):
-        """This head with the weights of an authors' Hyper-SET checkpoint (huyunzhe/hyper-set; `hyperset_original`):
-        ``source`` a ``.safetensors`` / ``.pt`` / ``.pth`` file or a state dict, ``options`` the authors' task options
-        in their names (``n_recur``, ``input_cond``, ``adaptive_mode``, ``type``, ``dataset`` or ``size``,
-        ``lora_alpha``, ``attention``, ``ff``, ``phi_func``, ``img_size``) where the state dict cannot say them; each
-        one not given takes the authors' shipped default, and a warning names it (with ``output_loading_info``, as
-        `from_pretrained` has it, ``(model, {"defaults_taken": ...})`` is returned instead). Loaded strictly, in eval
-        mode."""
-        state = source if isinstance(source, dict) else read_original_state_dict(source)
-        config, weights, defaults = convert_original(state, cls.original_task, options)
-        if defaults and not output_loading_info:
-            logger.warning(f"{cls.__name__}.from_original: not in the state dict and not given, the authors' defaults "
-                           f"taken: {defaults}")
-        model = cls(config)
-        missing, unexpected = model.load_state_dict(weights, strict=False)
-        if missing or unexpected:
-            raise UserError(f"{cls.__name__}.from_original: the converted weights do not fit the model built from "
-                             f"them (missing {missing}, unexpected {unexpected})")
-        return (model.eval(), {"defaults_taken": defaults}) if output_loading_info else model.eval()
-
     def encode(self, output_energies, refinement_steps, **inputs):
         return self.model(output_energies=output_energies, refinement_steps=refinement_steps, **inputs)
 
@@ -301,7 +274,6 @@ class HyperSETForImageClassification(HyperSETHead):
     transformers' for classifiers: cross-entropy, or by `config.problem_type` / the labels' dtype, regression (MSE)
     or multi-label (BCE)."""
 
-    original_task = "image-classification"
     def __init__(self, config: HyperSETConfig):
         super().__init__(config)
         self.model = HyperSETModel(config)
@@ -327,7 +299,6 @@ class HyperSETForTokenClassification(HyperSETHead):
 
     main_input_name = "input_ids"
 
-    original_task = "token-classification"
     def __init__(self, config: HyperSETConfig):
         super().__init__(config)
         self.model = HyperSETModel(config)
@@ -353,7 +324,6 @@ class HyperSETForMaskedImageModeling(HyperSETHead):
 
     main_input_name = "input_ids"
 
-    original_task = "masked-image-modeling"
     def __init__(self, config: HyperSETConfig):
         super().__init__(config)
         if config.input_type != "tokens" or config.mask_token_id is None:

@@ -52,6 +52,7 @@ from transformers.modeling_outputs import (
 from transformers.utils.output_capturing import CompileableContextVar
 
 from .errors import UserError
+from .transformers_compat import cache_of, with_cache
 
 COMMON_ENERGY_KEYS = ("energy", "temperature", "step_size", "iterations", "residual")
 
@@ -303,3 +304,10 @@ def attach_energies(outputs, energies: EnergyTrace | None):
     if energies is not None:
         outputs["energies"] = energies  # item assignment: to_tuple() includes it
     return outputs
+
+
+def passed_on(outputs) -> dict:
+    """What a head hands on from its base model's ``outputs``: the cache (under the release's field name), the hidden
+    states, the attentions and the energy trace."""
+    return dict(**with_cache(cache_of(outputs)), hidden_states=outputs.hidden_states, attentions=outputs.attentions,
+                energies=outputs.energies)

@@ -85,8 +85,8 @@ EXPERIMENTS = {
     "fem-lm": Experiment("fem_lm",
                          "fem.txt Table 2 at CPU scale: FEM-SM vs Llama of the same shape on the embedded corpus",
                          ("seeds=[0,1,2]", "steps=100", "evaluations=2"),
-                         inputs=(*TRAINING_LOOP, "data/text.py", "configs/fem-lm-tiny.yaml",
-                                 "models/fem-lm-tiny.json", "models/llama-tiny.json"),
+                         inputs=(*TRAINING_LOOP, "data/text.py", "recipes/fem-lm-tiny.yaml",
+                                 "presets/fem-lm-tiny.json", "presets/llama-tiny.json"),
                          cut=("1.3M parameters on 2M tokens of Python source, judged by held-out loss, instead of "
                               "340M on 15B tokens of FineWeb-Edu judged by lm-eval's tasks")),
     "fem-mad": Experiment("fem_mad",
@@ -113,15 +113,15 @@ EXPERIMENTS = {
                            ("sudoku_side=9", "sudoku_givens=[17,34]", "sudoku_steps=112500",
                             "evaluation_puzzles=1000"),
                            inputs=(*TRAINING_LOOP, "data/sudoku.py", "data/digits.py", "data/image_tokenizer.py",
-                                   "configs/hyperset-*.yaml", "models/hyperset-*.json"),
+                                   "recipes/hyperset-*.yaml", "presets/hyperset-*.json"),
                            cut=("4x4 Sudoku, 8x8 digits and k-means digit codes instead of 9x9 Sudoku, CIFAR / "
                                 "ImageNet and a VQ tokenizer; tiny models trained for minutes")),
     "eqt-parity": Experiment("eqt_parity",
                              "EqT-LLaMA vs Llama on cumulative parity (eqt.txt Table 2)",
                              ("seeds=[0,1,2]", "steps=300", "test_sequences=512"),
                              ("lengths=[64,192]", "model_scale=paper", "steps=3200", "test_sequences=4096"),
-                             inputs=(*TRAINING_LOOP, "data/parity.py", "configs/eqt-parity*.yaml",
-                                     "models/eqt-parity*.json", "models/llama-parity*.json"),
+                             inputs=(*TRAINING_LOOP, "data/parity.py", "recipes/eqt-parity*.yaml",
+                                     "presets/eqt-parity*.json", "presets/llama-parity*.json"),
                              cut=("a 0.2M-parameter model, 1,200 steps of batch 64, L = 64 only, instead of 6.3M "
                                   "parameters, 25 epochs in batches of 256, L = 64 and 192")),
     "eer-induction": Experiment("eer_induction",
@@ -129,14 +129,14 @@ EXPERIMENTS = {
                                 "100 / 1000 (eer.txt App. C)", ("seeds=[0,1,2]", "steps=200", "eval_every=200",
                                                                 "eval_sequences=128"),
                                 ("steps=20000", "eval_every=500", "tf32=true"),
-                                inputs=(*TRAINING_LOOP, "data/induction.py", "configs/eer-induction.yaml",
-                                        "models/eer-induction*.json"),
+                                inputs=(*TRAINING_LOOP, "data/induction.py", "recipes/eer-induction.yaml",
+                                        "presets/eer-induction*.json"),
                                 cut="1,000 steps instead of Table 1's 20,000; TF32 on against off needs a GPU"),
     "eer-block-screen": Experiment("eer_screen",
                                    "EER's unstated block choices (norms, embedding scale, readout, length curriculum, "
                                    "App. C's initial energy) screened at T = 4", ("seeds=[0,1,2]", "steps=300"),
-                                   inputs=(*TRAINING_LOOP, "data/induction.py", "configs/eer-induction.yaml",
-                                           "models/eer-induction*.json"),
+                                   inputs=(*TRAINING_LOOP, "data/induction.py", "recipes/eer-induction.yaml",
+                                           "presets/eer-induction*.json"),
                                    cut=("T = 4 loops instead of 25 (a screen of choices the paper leaves unstated, "
                                         "not a claim of the paper)")),
 }

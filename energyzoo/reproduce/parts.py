@@ -8,9 +8,12 @@ contributed, which the report gives as its ``seconds``.
 
 import json
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
+
+from ..files import write_file_whole
 
 
 class Parts:
@@ -47,10 +50,8 @@ class Parts:
 
     def write(self, key: str, result) -> None:
         """Keep a finished part (written whole: a run killed while writing leaves no half part) and the wall time."""
-        path = self.folder / f"{key}.pt"
-        partial = path.with_suffix(".partial")
-        torch.save({"settings": self.settings, "code": self.code, "result": result}, partial)
-        partial.replace(path)
+        write_file_whole(self.folder / f"{key}.pt",
+                         partial(torch.save, {"settings": self.settings, "code": self.code, "result": result}))
         self.clock.write_text(json.dumps({"settings": self.settings, "seconds": self.seconds()}))
 
     def seconds(self) -> float:

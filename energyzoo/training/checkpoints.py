@@ -3,11 +3,9 @@
 - A folder belongs to one run. `claim_run_folder` refuses a folder that holds another run's files unless the run is
   resumed (``--resume``, with the same settings wherever they change the run) or started over (``--overwrite``,
   which removes the old run's files and nothing else).
-- Everything the run writes is complete or absent: a folder is written under a temporary name beside its final one
-  (`partial_path`: ``.<name>.partial``), flushed to disk and renamed into place when whole (`publish`,
-  `write_folder_whole`); a file likewise (`write_text_whole`). A checkpoint is such a folder, so a kill during a save
-  leaves a ``.partial`` folder, which
-  `latest_checkpoint` skips (saying so) and removes.
+- Everything the run writes is complete or absent (`files.write_folder_whole`, `files.write_text_whole`). A checkpoint
+  is such a folder, so a kill during a save leaves a ``.partial`` folder, which `latest_checkpoint` skips (saying so)
+  and removes.
 - A checkpoint records what it holds when it is written (`write_manifest`: each file's size and SHA-256), so that a
   file damaged afterwards (an interrupted copy of the run folder, a truncated ``optimizer.bin``) is found before
   resuming: `latest_checkpoint` takes the newest intact checkpoint and says which it skipped and why.
@@ -24,7 +22,6 @@
 
 import json
 import logging
-import os
 import re
 import shutil
 from collections.abc import Callable
@@ -39,11 +36,15 @@ from accelerate.utils import broadcast_object_list
 from ..files import (
     CHECKPOINTS,
     MODEL,
+    PARTIAL,
     FolderLock,
     check_tokenizer_folder,
     manifest_damage,
+    partial_path,
+    publish,
     read_json,
     write_manifest,
+    write_text_whole,
 )
 from ..modeling.errors import UserError, did_you_mean
 from ..registry import ARCHITECTURES, auto_map_for
@@ -60,7 +61,6 @@ STATE_FILE = "trainer_state.json"
 TRACKERS = "trackers"  # accelerate's trackers (tensorboard, ...) log under output_dir/trackers/
 LOSS_CURVE = "loss_curve.png"
 RUN_FILES = (RECIPE, METRICS, LOSS_CURVE, TOKENIZER, CHECKPOINTS, MODEL, BEST_MODEL, TRACKERS)
-PARTIAL = ".partial"
 REPLACED = ".replaced-run"  # the files of the run an --overwrite replaces, until the new run ends well
 CHECKPOINT_NAME = re.compile(r"step-(\d{7})")
 # Recipe settings a resumed run may change: when and where it logs, evaluates and saves, and how each process
@@ -72,63 +72,6 @@ RESUMABLE_CHANGES = {"output_dir", "training.log_every", "training.eval_every", 
 
 def checkpoint_path(output_dir: Path, step: int) -> Path:
     return output_dir / CHECKPOINTS / f"step-{step:07d}"
-
-
-def partial_path(path: Path) -> Path:
-    """Where ``path`` is written before it is complete."""
-    return path.with_name(f".{path.name}{PARTIAL}")
-
-
-def _fsync_tree(path: Path) -> None:
-    """Flush every file under ``path`` (and the folders themselves) to disk, so that a rename never publishes a folder
-    whose files a crash of the machine could still lose."""
-    for folder, _, files in os.walk(path):
-        for name in files:
-            with open(os.path.join(folder, name), "rb") as handle:
-                os.fsync(handle.fileno())
-        descriptor = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(descriptor)
-        finally:
-            os.close(descriptor)
-
-
-def publish(written: Path, path: Path) -> None:
-    """Move the complete folder ``written`` to ``path``, replacing what is there (a folder cannot be renamed onto a
-    non-empty one: the old one moves aside first and is removed once the new one is in place)."""
-    _fsync_tree(written)
-    old = path.with_name(f".{path.name}.old")
-    shutil.rmtree(old, ignore_errors=True)
-    if path.exists():
-        path.rename(old)
-    written.rename(path)
-    shutil.rmtree(old, ignore_errors=True)
-
-
-def write_folder_whole(path: Path, write) -> None:
-    """``write(folder)`` into a fresh partial folder beside ``path`` (one an interrupted write left is removed), then
-    `publish` it as ``path``: for folders one process writes. A write that fails (a full disk, Ctrl-C) leaves
-    ``path`` as it was and no partial folder."""
-    written = partial_path(path)
-    shutil.rmtree(written, ignore_errors=True)
-    try:
-        write(written)
-        publish(written, path)
-    except BaseException:
-        shutil.rmtree(written, ignore_errors=True)
-        raise
-
-
-def write_text_whole(path: Path, text: str) -> None:
-    written = partial_path(path)
-    try:
-        written.write_text(text)
-        with open(written, "rb") as handle:
-            os.fsync(handle.fileno())
-        os.replace(written, path)
-    except BaseException:
-        written.unlink(missing_ok=True)
-        raise
 
 
 def run_files(output_dir: Path) -> list[str]:

@@ -1,4 +1,4 @@
-"""Run recipes (`energyzoo/configs/*.yaml`): what to train, on which data, how (recipes live in `configs/`, model
+"""Run recipes (`energyzoo/recipes/*.yaml`): what to train, on which data, how (recipes live in `recipes/`, model
 definitions in `models/`).
 
 Reading a recipe (`read_recipe`: its keys and types) imports neither torch nor transformers, so that `energyzoo train`

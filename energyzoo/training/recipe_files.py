@@ -1,26 +1,27 @@
-"""The recipes shipped in `energyzoo/configs/`, found without importing torch or transformers (so that
-`energyzoo recipes` answers at once)."""
+"""The recipes shipped in `energyzoo/recipes/` and the accelerate configs in `energyzoo/recipes/accelerate/`, found
+without importing torch or transformers (so that `energyzoo recipes` answers at once)."""
 
 from importlib import resources
 from pathlib import Path
 
 from ..modeling.errors import UserError, did_you_mean
 
+RECIPES = Path(str(resources.files("energyzoo") / "recipes"))
+ACCELERATE_CONFIGS = RECIPES / "accelerate"
+
 
 def shipped_recipe_path(name: str) -> Path:
-    """A recipe shipped in `energyzoo/configs/` by name (``fem-lm-tiny`` or ``fem-lm-tiny.yaml``)."""
-    file = name if name.endswith(".yaml") else f"{name}.yaml"
-    return Path(str(resources.files("energyzoo") / "configs" / file))
+    """A recipe shipped in `energyzoo/recipes/` by name (``fem-lm-tiny`` or ``fem-lm-tiny.yaml``)."""
+    return RECIPES / (name if name.endswith(".yaml") else f"{name}.yaml")
 
 
 def shipped_recipes() -> dict[str, tuple[str, Path]]:
-    """name -> (its header comment, the leading ``#`` lines joined, path) of every recipe in `energyzoo/configs/`."""
+    """name -> (its header comment, the leading ``#`` lines joined, path) of every recipe in `energyzoo/recipes/`."""
     recipes = {}
-    for path in sorted(shipped_recipe_path("fem-lm-tiny").parent.glob("*.yaml")):
-        if not path.stem.startswith("accelerate-"):
-            lines = path.read_text().splitlines()
-            header = lines[: next((i for i, line in enumerate(lines) if not line.startswith("#")), len(lines))]
-            recipes[path.stem] = (" ".join(line.lstrip("# ").strip() for line in header), path)
+    for path in sorted(RECIPES.glob("*.yaml")):
+        lines = path.read_text().splitlines()
+        header = lines[: next((i for i, line in enumerate(lines) if not line.startswith("#")), len(lines))]
+        recipes[path.stem] = (" ".join(line.lstrip("# ").strip() for line in header), path)
     return recipes
 
 

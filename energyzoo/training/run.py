@@ -1,11 +1,10 @@
 """`energyzoo train RECIPE.yaml [overrides]`: train any zoo model with accelerate.
 
-One process or many (``accelerate launch --num_processes N ...``: data parallel, gloo on CPU, NCCL on GPUs;
-DeepSpeed ZeRO-2/3 and FSDP2 through the accelerate configs in `configs/`, on GPUs and CPUs alike, the engine named in
+One process or many (``accelerate launch --num_processes N ...``: data parallel, gloo on CPU, NCCL on GPUs; DeepSpeed
+ZeRO-2/3 and FSDP2 through the accelerate configs in `recipes/accelerate/`, on GPUs and CPUs alike, the engine named in
 the run's log and checkpoints: `engines`). AdamW with decoupled weight decay, linear warmup + cosine decay (or the
-recipe's `lr_schedule`), gradient clipping, gradient accumulation (`Accelerator.accumulate`), mixed precision where
-the device has it, activation checkpointing on request.
-
+recipe's `lr_schedule`), gradient clipping, gradient accumulation (`Accelerator.accumulate`), mixed precision where the
+device has it, activation checkpointing on request.
 Data order is a pure function of (seed, step) (`schedule`), served by a DataLoader that accelerate prepares and
 shards: process p of P takes every p-th micro-batch, so a resumed run continues with exactly the examples it would
 have seen and P processes train on the same global batches as one. Streamed `datasets` sources are read by each
@@ -13,7 +12,7 @@ process from its own share of the documents (`data.hub.PackedStream`) and resume
 positions saved in the checkpoint. Validation is `validation.evaluate`.
 
 The run folder's files (recipe, metrics, checkpoints, the final and best models) are docs/training.md's "The run
-folder"; every folder is written whole or not at all (`checkpoints.publish`), so a run killed at any moment resumes
+folder"; every folder is written whole or not at all (`files.publish`), so a run killed at any moment resumes
 from its newest complete checkpoint with the weights an uninterrupted run would have.
 """
 
@@ -38,7 +37,7 @@ from transformers import AutoTokenizer, get_scheduler
 
 from ..data.hub import tokenizer_training_texts
 from ..data.text import train_bpe_tokenizer
-from ..files import check_tokenizer_folder, write_fault
+from ..files import check_tokenizer_folder, write_fault, write_folder_whole
 from ..modeling.checks import require
 from ..modeling.errors import UserError
 from ..registry import TASKS
@@ -61,7 +60,6 @@ from .checkpoints import (
     save_model_folder,
     saved_whole,
     stream_state_file,
-    write_folder_whole,
 )
 from .engines import (
     Engine,

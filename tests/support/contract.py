@@ -33,7 +33,7 @@ from big_models import (
 )
 from transformers import AutoConfig, AutoModel, Trainer, TrainingArguments
 
-from energyzoo.hub_cards import export_model
+from energyzoo.export import export_model
 from energyzoo.modeling.fem_compiled_decoding import EAGER_DECODING_ENV
 from energyzoo.modeling.outputs import COMMON_ENERGY_KEYS, EnergyTrace
 from energyzoo.modeling.transformers_compat import cache_of

@@ -2,7 +2,7 @@
 reads, and their shipped defaults: a table without torch, so that `energyzoo convert --set` checks the names it is
 given before anything loads (`check_option_names`)."""
 
-from .errors import UserError, did_you_mean
+from ..modeling.errors import UserError, did_you_mean
 
 # The authors' shipped task YAMLs (configs/task/*.yaml, configs/config.yaml), for what a state dict cannot say.
 ORIGINAL_DEFAULTS = {

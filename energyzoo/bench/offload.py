@@ -79,7 +79,7 @@ def _save_random_model(preset: str, folders: dict[str, Path]) -> None:
 def _in_fresh_process(folder: Path, loading: str, dtype: str, max_memory: str, offload_folder: Path) -> dict:
     request = json.dumps({"folder": str(folder), "loading": loading, "dtype": dtype, "max_memory": max_memory,
                           "offload_folder": str(offload_folder)})
-    result = subprocess.run([sys.executable, "-m", "energyzoo.eval.offload", request], capture_output=True, text=True,
+    result = subprocess.run([sys.executable, "-m", "energyzoo.bench.offload", request], capture_output=True, text=True,
                             env=os.environ.copy())
     if result.returncode:
         raise RuntimeError(f"the {loading} {dtype} loading failed: {result.stderr.strip().splitlines()[-1:]}")

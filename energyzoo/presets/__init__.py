@@ -1,4 +1,4 @@
-"""The zoo catalogue: named models in `energyzoo/models/*.json` (architecture config plus card facts).
+"""The zoo catalogue: named models in `energyzoo/presets/*.json` (architecture config plus card facts).
 
     >>> from energyzoo import config_from_preset, model_from_preset
     >>> config = config_from_preset("fem-lm-340m")                # a FEMConfig
@@ -13,13 +13,13 @@ from importlib import resources
 
 from transformers import CONFIG_MAPPING, AutoConfig, PretrainedConfig
 
-from .modeling.errors import UserError, did_you_mean
-from .registry import TASKS
+from ..modeling.errors import UserError, did_you_mean
+from ..registry import TASKS
 
 
 @cache
 def _catalogue() -> dict[str, dict]:
-    folder = resources.files("energyzoo") / "models"
+    folder = resources.files(__package__)
     entries = {}
     for path in folder.iterdir():
         if path.name.endswith(".json"):

@@ -1,6 +1,6 @@
 """`energyzoo bench NAME`: an architecture against the baseline of the same shape, as the registry's `Bench` entry
 declares it (presets, workloads, targets); `profile_split` (``--profile WORKLOAD``): where a call's time goes. The
-workloads and the table are `bench_table`'s. How the numbers are taken (paired rotating repeats of
+workloads and the table are `table`'s. How the numbers are taken (paired rotating repeats of
 `torch.utils.benchmark.Timer.blocked_autorange`, the IQR rule of `BenchRow`, pinned threads, the peak-memory probe,
 ``--compile``, length sweeps) is docs/speed.md's.
 """
@@ -24,7 +24,7 @@ from ..modeling.errors import UserError
 from ..modeling.fem_compiled_decoding import COMPILE_AFTER_ENV
 from ..presets import config_from_preset, model_from_preset, preset_card
 from ..registry import ARCHITECTURES, Bench
-from .bench_table import BUSY_IQR, DECISIONS, DECODE_PADDED_BATCH, PROFILE_GROUPS, TIMED, WORKLOADS
+from .table import BUSY_IQR, DECISIONS, DECODE_PADDED_BATCH, PROFILE_GROUPS, TIMED, WORKLOADS
 
 MIN_SAMPLE_SECONDS = 0.25  # a timed sample's blocks of calls last at least this long in all
 # glibc: buffers of 64 KiB and more are mapped and unmapped one by one (no dynamic threshold, no retained heap)
@@ -267,7 +267,7 @@ def _decode_fn(model, inputs: dict, call: dict, tokens: int, static: bool = Fals
     return decode
 
 
-# The function each timed workload (`bench_table.TIMED`) times: ``build(model, inputs, call, settings)`` -> a call.
+# The function each timed workload (`table.TIMED`) times: ``build(model, inputs, call, settings)`` -> a call.
 BUILDERS = {
     "forward": lambda model, inputs, call, settings: _forward_fn(model, inputs, call),
     "train_step": lambda model, inputs, call, settings: _train_step_fn(model, inputs, call),
@@ -304,7 +304,7 @@ def measure_in_own_process(workload: str, arm: Arm, settings: BenchSettings) -> 
 def _fresh_process(workload: str, arm: Arm, settings: BenchSettings) -> float:
     """What a fresh Python process measures of ``arm`` (`_probe`)."""
     probe = json.dumps({"workload": workload, "arm": asdict(arm), "settings": asdict(settings)})
-    result = subprocess.run([sys.executable, "-m", "energyzoo.eval.speed", probe], capture_output=True, text=True,
+    result = subprocess.run([sys.executable, "-m", "energyzoo.bench.speed", probe], capture_output=True, text=True,
                             check=True, env={**os.environ, **PROBE_ENVIRONMENT})
     return float(result.stdout.strip().splitlines()[-1])
 

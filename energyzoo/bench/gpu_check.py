@@ -15,7 +15,7 @@ a run cut short still says the most.
 
 After each section ``report.json`` and ``report.md`` in the output folder are rewritten. A section whose package is
 missing says so and the rest run; a section that fails records its one-line error and the rest run.
-``python -m energyzoo.eval.gpu_check --output DIR [--sections ...] [--processes 1 4]``; on a machine without CUDA
+``python -m energyzoo.bench.gpu_check --output DIR [--sections ...] [--processes 1 4]``; on a machine without CUDA
 it refuses in one line (``--device cpu`` runs the in-process sections on the CPU, to check this machinery).
 """
 
@@ -25,20 +25,20 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict
-from importlib import resources
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
 
 from ..modeling.fem_free_energy import installed
+from ..training.recipe_files import ACCELERATE_CONFIGS
 from .families import DECODINGS, format_family_table, run_family_checks
 from .kernels import format_doctor_table, relative_error, run_doctor
 from .speed import device_name
 
 SECTIONS = ("families", "kernels", "training", "sharded", "compiled", "bench")
 RECIPE = "fem-lm-tiny"
-ENGINES = {"fsdp": "accelerate-fsdp.yaml", "deepspeed-zero3": "accelerate-deepspeed-zero3.yaml"}
+# engine (its accelerate config: energyzoo/recipes/accelerate/<engine>.yaml) -> the package it needs
 ENGINE_PACKAGES = {"fsdp": None, "deepspeed-zero3": "deepspeed"}
 LANGUAGE_MODELS = ("fem-lm-tiny", "fem-gla-tiny", "fem-ssm-tiny", "fem-aft-tiny", "tel-gpt2-tiny", "eqt-llama-tiny",
                    "eer-induction")
@@ -89,14 +89,13 @@ def training_section(device: str, output: Path) -> dict:
 def sharded_runs(engine: str, processes: int, output: Path) -> dict:
     """One engine on ``processes`` GPUs: uninterrupted, and stopped after step 6 then resumed; the largest relative
     difference of a resumed weight from the uninterrupted one."""
-    configs = resources.files("energyzoo") / "configs"  # the accelerate configs, beside the recipes
     arguments = ["training.steps=12", f"training.batch_size={8 * processes}", "training.gradient_accumulation=2",
                  "training.save_every=6", "training.eval_every=6", "training.mixed_precision=bf16"]
 
     def launch(run: Path, *extra: str) -> dict:
         return _command(sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-                        str(configs / ENGINES[engine]), "--num_processes", str(processes), "-m", "energyzoo.cli",
-                        "train", RECIPE, *arguments, f"output_dir={run}", *extra, timeout=600)
+                        str(ACCELERATE_CONFIGS / f"{engine}.yaml"), "--num_processes", str(processes), "-m",
+                        "energyzoo.cli", "train", RECIPE, *arguments, f"output_dir={run}", *extra, timeout=600)
 
     whole, resumed = output / f"{engine}-{processes}" / "whole", output / f"{engine}-{processes}" / "resumed"
     steps = [launch(whole), launch(resumed, "--stop-after", "6")]
@@ -202,7 +201,7 @@ def run_check(output: Path, device: str = "cuda", sections: tuple[str, ...] = SE
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m energyzoo.eval.gpu_check", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m energyzoo.bench.gpu_check", description=__doc__.split("\n")[0])
     parser.add_argument("--output", type=Path, default=Path("gpu-check"))
     parser.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS))
     parser.add_argument("--processes", nargs="+", type=int, default=[1], help="GPUs per sharded run (each value)")

@@ -6,7 +6,8 @@ LoRA rank and iterations, the time embedding's width, a CLS token, learned posit
 What it cannot say (the iteration count without LoRA, the image size, ``input_cond``, ``adaptive_mode``, the LoRA
 alpha, the alternative model's attention or feed-forward, MaskGIT's ``phi_func``) comes from the authors' task
 options, in their names (their Hydra config's ``model`` and ``data`` keys); an option not given takes the value of
-the authors' shipped task YAML, and `convert_original` reports which it took. Every key of the state dict is mapped
+the authors' shipped task YAML, and `convert_original` reports which it took. `load_hyperset_original` is the
+entry: the checkpoint as the energyzoo head of its task. Every key of the state dict is mapped
 or named as unused; any other key is refused by name. The weights are renamed, and the per-iteration LoRA factors
 stacked, nothing else: a converted model computes what the authors' model computes.
 """
@@ -17,10 +18,14 @@ import textwrap
 from pathlib import Path
 
 import torch
+from transformers.utils import logging
 
-from .configuration_hyperset import HyperSETConfig
-from .errors import UserError
+from ..modeling.configuration_hyperset import HyperSETConfig
+from ..modeling.errors import UserError
+from ..registry import ARCHITECTURES
 from .hyperset_original_options import ORIGINAL_DATASETS, ORIGINAL_DEFAULTS
+
+logger = logging.get_logger(__name__)
 
 # adaptive_mode -> (update_mode, the fixed (alpha, gamma) of MaskGIT's fixed-step modes)
 ADAPTIVE_MODES = {
@@ -305,3 +310,25 @@ def convert_original(state: dict[str, torch.Tensor], task: str | None = None, op
     config = HyperSETConfig(**FIELD_READERS[found](state, options, taken))
     weights = original_weights(state, found, learned_steps=config.step_size_mode == "learned")
     return config, weights, taken
+
+
+def load_hyperset_original(source, output_loading_info: bool = False, **options):
+    """The energyzoo head of an authors' Hyper-SET checkpoint's task (huyunzhe/hyper-set; image classification,
+    Sudoku or MaskGIT), with its weights: ``source`` a ``.safetensors`` / ``.pt`` / ``.pth`` file or a state dict,
+    ``options`` the authors' task options in their names (``n_recur``, ``input_cond``, ``adaptive_mode``, ``type``,
+    ``dataset`` or ``size``, ``lora_alpha``, ``attention``, ``ff``, ``phi_func``, ``img_size``) where the state dict
+    cannot say them; each one not given takes the authors' shipped default, and a warning names it (with
+    ``output_loading_info``, as `from_pretrained` has it, ``(model, {"defaults_taken": ...})`` is returned instead).
+    Loaded strictly, in eval mode."""
+    state = source if isinstance(source, dict) else read_original_state_dict(source)
+    config, weights, defaults = convert_original(state, None, options)
+    head = ARCHITECTURES["hyperset"].heads[original_task(state)]
+    if defaults and not output_loading_info:
+        logger.warning(f"load_hyperset_original: not in the state dict and not given, the authors' defaults taken: "
+                       f"{defaults}")
+    model = head(config)
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    if missing or unexpected:
+        raise UserError(f"load_hyperset_original: the converted weights do not fit the {head.__name__} built from "
+                        f"them (missing {missing}, unexpected {unexpected})")
+    return (model.eval(), {"defaults_taken": defaults}) if output_loading_info else model.eval()

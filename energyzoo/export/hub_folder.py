@@ -27,16 +27,16 @@ from huggingface_hub import EvalResult, HfApi, ModelCard, ModelCardData
 from huggingface_hub.errors import HFValidationError, HTTPError, LocalTokenNotFoundError, OfflineModeIsEnabled
 from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerFast
 
+from ..bench.table import format_table
 from ..data.images import image_processor_for
-from ..eval.bench_table import format_table
 from ..eval.harness import scores
-from ..files import MANIFEST, edited_files, is_export, write_manifest
+from ..files import MANIFEST, edited_files, is_export, write_folder_whole, write_manifest
 from ..measured import measured_speed
-from ..measured.ledger import family_ledger
 from ..modeling.errors import UserError
 from ..modeling.transformers_compat import TESTED_TRANSFORMERS
 from ..registry import ARCHITECTURES, TASKS, architecture, auto_map_for
-from ..training.checkpoints import RECIPE, write_folder_whole
+from ..reproduce.ledger_tables import family_ledger
+from ..training.checkpoints import RECIPE
 from ..training.engines import Engine
 from ..training.recipe import Recipe, read_recipe
 from ..training.tasks import training_task
@@ -205,7 +205,7 @@ def _speed_table(recipe: Recipe | None, model_type: str) -> str:
 def reference_differences(family: str) -> str:
     """The family's table of differences from its authors' public code (``<family>_reference_differences.md``
     here), or "" where there is none: one text for the model card and the family's docs page."""
-    table = resources.files("energyzoo") / "hub_cards" / f"{family}_reference_differences.md"
+    table = resources.files("energyzoo") / "export" / "templates" / f"{family}_reference_differences.md"
     return table.read_text().strip() if table.is_file() else ""
 
 
@@ -253,7 +253,7 @@ def _card(model, model_dir: Path, recipe: Recipe | None, task: str, repo_id: str
         transformers_range=TESTED_TRANSFORMERS,
         **entry.card_facts(config),
     )
-    template = resources.files("energyzoo") / "hub_cards" / entry.card_template
+    template = resources.files("energyzoo") / "export" / "templates" / entry.card_template
     return ModelCard.from_template(card_data, template_str=template.read_text(), **variables)
 
 

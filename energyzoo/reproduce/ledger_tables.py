@@ -1,9 +1,9 @@
 """The shipped reproduction ledger (``ledger.json``, `energyzoo reproduce all`'s output) as the tables the documents
 and the model cards show."""
 
-from ..reproduce.experiments import EXPERIMENTS
-from ..reproduce.report import experiment_markdown
-from . import measured_ledger
+from ..measured import measured_ledger
+from .experiments import EXPERIMENTS
+from .report import experiment_markdown
 
 NO_EXPERIMENT = "No reproduction experiment yet: `energyzoo reproduce` has none for this paper."
 NO_REPORT = "No report yet: the shipped ledger has none of `energyzoo reproduce {name}`."
