@@ -49,26 +49,44 @@ from .modeling.modeling_tel import (
 
 @dataclass(frozen=True)
 class Task:
-    """A task head as transformers and the Hub know it: its Auto class, and the transformers pipeline that runs it
-    (``pipeline_tag``) given the preprocessor it reads (``preprocessor``: "tokenizer" or "image_processor"); None
-    where transformers has no pipeline for the head."""
+    """A task head as transformers and the Hub know it, and what its inputs and labels are: every table of the zoo
+    that depends on the task (the seeded batches of the doctor and the fuzz tests, training's model inputs,
+    transformers' common tests) reads it here.
+
+    auto_class: its Auto class; transformers_mapping: the name of transformers' table that lists the model classes of
+    the task (``modeling_auto.MODEL_FOR_..._MAPPING_NAMES``), where transformers' tests look a class's task up.
+    pipeline_tag: the transformers pipeline that runs it, given the preprocessor it reads (``preprocessor``:
+    "tokenizer" or "image_processor"); None where transformers has no pipeline for the head.
+    main_input: what the head reads ("input_ids", or "pixel_values" for images).
+    labels: what a label is: "next-token" (the inputs themselves, shifted by the loss), "sequence" (one per sequence
+    or image), "token" (one per position) or "masked" (one per masked position, -100 elsewhere).
+    label_classes: the config field that counts the values a label takes."""
 
     auto_class: type
     description: str
+    transformers_mapping: str
+    labels: str
+    label_classes: str
     pipeline_tag: str | None = None
     preprocessor: str | None = None
+    main_input: str = "input_ids"
 
 
 TASKS = {
-    "causal-lm": Task(AutoModelForCausalLM, "language modelling", "text-generation", "tokenizer"),
+    "causal-lm": Task(AutoModelForCausalLM, "language modelling", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "next-token",
+                      "vocab_size", "text-generation", "tokenizer"),
     "sequence-classification": Task(AutoModelForSequenceClassification, "sequence classification",
+                                    "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES", "sequence", "num_labels",
                                     "text-classification", "tokenizer"),
-    "token-classification": Task(AutoModelForTokenClassification, "token classification", "token-classification",
-                                 "tokenizer"),
-    "image-classification": Task(AutoModelForImageClassification, "image classification", "image-classification",
-                                 "image_processor"),
+    "token-classification": Task(AutoModelForTokenClassification, "token classification",
+                                 "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES", "token", "num_labels",
+                                 "token-classification", "tokenizer"),
+    "image-classification": Task(AutoModelForImageClassification, "image classification",
+                                 "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES", "sequence", "num_labels",
+                                 "image-classification", "image_processor", main_input="pixel_values"),
     # visual-token codes in, codes out: no transformers pipeline takes them
-    "masked-image-modeling": Task(AutoModelForMaskedImageModeling, "masked image modelling"),
+    "masked-image-modeling": Task(AutoModelForMaskedImageModeling, "masked image modelling",
+                                  "MODEL_FOR_MASKED_IMAGE_MODELING_MAPPING_NAMES", "masked", "codebook_size"),
 }
 
 

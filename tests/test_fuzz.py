@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from energyzoo.bench.task_inputs import task_inputs
 from energyzoo.modeling.configuration_fem import FEM_PRIORS
 from energyzoo.presets import config_fields, config_with_overrides
-from energyzoo.registry import ARCHITECTURES
+from energyzoo.registry import ARCHITECTURES, TASKS
 
 LONG = os.environ.get("ENERGYZOO_FUZZ") == "long"
 FUZZ_EXAMPLES = {"configs": 150, "inputs": 150}
@@ -198,10 +198,8 @@ def token_inputs(draw, config, task: str, takes_mask: bool) -> dict:
             mask[0] = 0  # a row of padding only
         inputs["attention_mask"] = mask.to(draw(st.sampled_from([torch.long, torch.bool, torch.float32])))
     if draw(st.booleans()) and batch and length:
-        classes = {"causal-lm": vocab, "sequence-classification": config.num_labels,
-                   "token-classification": config.num_labels,
-                   "masked-image-modeling": getattr(config, "codebook_size", 1)}[task]
-        shape = (batch,) if task == "sequence-classification" else (batch, length)
+        classes = getattr(config, TASKS[task].label_classes)
+        shape = (batch,) if TASKS[task].labels == "sequence" else (batch, length)
         labels = torch.randint(draw(st.sampled_from([0, -100, -1])), classes + draw(st.sampled_from([0, 0, 1])), shape)
         inputs["labels"] = labels.clamp_min(-100).masked_fill(labels < -1, -100)
     return inputs

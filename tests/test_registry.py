@@ -33,6 +33,22 @@ def test_every_declared_class_is_registered_with_its_auto_class(model_type):
         assert head.config_class is entry.config_class
 
 
+@pytest.mark.parametrize("task", sorted(TASKS))
+def test_each_task_row_says_what_transformers_and_the_heads_say(task):
+    """A task's row against transformers (its table of the task's model classes is the one its Auto class reads) and
+    against every registered head of the task (the input it reads, the config field counting its label values)."""
+    from transformers.models.auto import modeling_auto
+
+    row = TASKS[task]
+    assert getattr(modeling_auto, row.transformers_mapping) is row.auto_class._model_mapping._model_mapping
+    heads = [(entry, entry.heads[task]) for entry in ARCHITECTURES.values() if task in entry.heads]
+    assert heads, f"no architecture has a {task} head"
+    for entry, head in heads:
+        assert head.main_input_name == row.main_input
+        assert isinstance(getattr(entry.config_class(), row.label_classes), int)
+    assert row.labels in ("next-token", "sequence", "token", "masked")
+
+
 @pytest.mark.parametrize("model_type", sorted(ARCHITECTURES))
 def test_each_tiny_preset_builds_its_architectures_main_head_small_enough_to_train_in_a_test(model_type):
     entry = ARCHITECTURES[model_type]

@@ -19,6 +19,7 @@ from ..data.parity import cumulative_parity_split
 from ..data.sudoku import hub_sudoku_split, sudoku_split
 from ..data.text import language_model_blocks
 from ..modeling.errors import UserError
+from ..registry import TASKS
 
 
 @dataclass
@@ -46,20 +47,24 @@ def _masked_modelling_data(codes, validation_inputs, validation_labels, remask) 
 
 @dataclass(frozen=True)
 class TrainingTask:
-    """sources: recipe data source -> its description for model cards, formatted with the recipe's data section
-    (the first source is the default); tokenized: it trains on text and
-    needs a tokenizer (except from `token_sources`, whose data are token ids already); load(data section, tokenizer,
-    seed) -> `TrainingData`; model_inputs(inputs, labels) ->
-    the model's tensor kwargs (also `Trainer` rows); model_options: keyword arguments of every call that are
-    not per-example tensors; metrics(outputs, labels) -> ``{name: (numerator, denominator)}``."""
+    """name: its `registry.TASKS` key; sources: recipe data source -> its description for model cards, formatted with
+    the recipe's data section (the first source is the default); tokenized: it trains on text and needs a tokenizer
+    (except from `token_sources`, whose data are token ids already); load(data section, tokenizer, seed) ->
+    `TrainingData`; model_options: keyword arguments of every call that are not per-example tensors; metrics(outputs,
+    labels) -> ``{name: (numerator, denominator)}``."""
 
+    name: str
     sources: dict[str, str]
     tokenized: bool
     load: Callable
-    model_inputs: Callable[[torch.Tensor, torch.Tensor], dict]
     metrics: Callable[[object, torch.Tensor], dict[str, tuple[torch.Tensor, torch.Tensor]]]
     model_options: dict = field(default_factory=dict)
     token_sources: tuple[str, ...] = ()
+
+    def model_inputs(self, inputs: torch.Tensor, labels: torch.Tensor) -> dict:
+        """The model's tensor kwargs (also `Trainer` rows): what the task's head reads (`registry.Task.main_input`),
+        and the labels."""
+        return {TASKS[self.name].main_input: inputs, "labels": labels}
 
 
 def _language_model_data(data, tokenizer, seed) -> TrainingData:
@@ -104,8 +109,9 @@ def _sudoku_metrics(outputs, labels):
             "board_accuracy": ((~wrong.any(-1)).sum(), torch.tensor(len(labels)))}
 
 
-TRAINING_TASKS = {
-    "causal-lm": TrainingTask(
+TRAINING_TASKS = {task.name: task for task in (
+    TrainingTask(
+        "causal-lm",
         sources={"python-docs": "the Python documentation shipped with CPython (`pydoc_data.topics`) in blocks of "
                                 "{block_size} tokens",
                  "python-stdlib": "the CPython standard library's source (one document per module file, a tenth "
@@ -120,20 +126,20 @@ TRAINING_TASKS = {
                               "{block_size}"},
         tokenized=True,
         load=_language_model_data,
-        model_inputs=lambda inputs, labels: {"input_ids": inputs, "labels": labels},
         metrics=_next_token_accuracy,
         model_options={"use_cache": False},
         token_sources=("parity", "induction"),
     ),
-    "image-classification": TrainingTask(
+    TrainingTask(
+        "image-classification",
         sources={"digits": "scikit-learn's 8x8 digits", "hf-images": "the `datasets` source `{name}`"},
         tokenized=False,
         load=lambda data, tokenizer, seed: TrainingData(*(
             digits_split(data.validation_fraction, seed) if data.source == "digits" else hub_image_split(data, seed))),
-        model_inputs=lambda inputs, labels: {"pixel_values": inputs, "labels": labels},
         metrics=_accuracy,
     ),
-    "token-classification": TrainingTask(
+    TrainingTask(
+        "token-classification",
         sources={"sudoku": "{examples} generated unique-solution Sudoku puzzles (box {sudoku_box}) with "
                            "{givens[0]} to {givens[1]} givens",
                  "hf-sudoku": "the Sudoku puzzles of the `datasets` source `{name}`"},
@@ -141,10 +147,10 @@ TRAINING_TASKS = {
         load=lambda data, tokenizer, seed: TrainingData(*(
             sudoku_split(data.examples, tuple(data.givens), data.validation_fraction, seed, data.sudoku_box)
             if data.source == "sudoku" else hub_sudoku_split(data, seed))),
-        model_inputs=lambda inputs, labels: {"input_ids": inputs, "labels": labels},
         metrics=_sudoku_metrics,
     ),
-    "masked-image-modeling": TrainingTask(
+    TrainingTask(
+        "masked-image-modeling",
         sources={"digit-codes": "scikit-learn's 8x8 digits as grids of 17 codes (the pixel values), masked on the "
                                 "{mask_schedule} schedule",
                  "digit-patches": "scikit-learn's 8x8 digits as 4x4 grids of 64 k-means codes of 2x2 patches, masked "
@@ -153,10 +159,9 @@ TRAINING_TASKS = {
         load=lambda data, tokenizer, seed: _masked_modelling_data(*{"digit-codes": digit_code_split,
                                                                    "digit-patches": digit_patch_split}[data.source](
             data.validation_fraction, seed, data.mask_schedule)),
-        model_inputs=lambda inputs, labels: {"input_ids": inputs, "labels": labels},
         metrics=_masked_accuracy,
     ),
-}
+)}
 
 
 def training_task(task: str) -> TrainingTask:

@@ -46,7 +46,7 @@ from tests.test_modeling_common import (  # noqa: E402
     random_attention_mask,
 )
 
-from energyzoo.registry import ARCHITECTURES  # noqa: E402
+from energyzoo.registry import ARCHITECTURES, TASKS  # noqa: E402
 
 __all__ = ["GenerationTesterMixin", "ModelTesterMixin", "TinyCausalLMTester", "TinyImageTester", "TinyTokenGridTester",
            "VISION_SKIPS", "CONVOLUTIONAL_SKIPS", "MARKS", "model_classes", "with_skips"]
@@ -57,15 +57,10 @@ MARKS = [pytest.mark.slow, pytest.mark.usefixtures("zoo_classes_in_transformers_
 
 # transformers' tests find a class's task by its name in these tables, where transformers lists its own models; the
 # zoo's entries come from the registry (the fixture `zoo_classes_in_transformers_task_tables` puts them there)
-MAPPING_OF_TASK = {"causal-lm": "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
-                   "sequence-classification": "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
-                   "image-classification": "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES",
-                   "token-classification": "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES",
-                   "masked-image-modeling": "MODEL_FOR_MASKED_IMAGE_MODELING_MAPPING_NAMES"}
 TASK_TABLES = {"MODEL_MAPPING_NAMES": {name: entry.base_model.__name__ for name, entry in ARCHITECTURES.items()}}
 for _name, _entry in ARCHITECTURES.items():
     for _task, _head in _entry.heads.items():
-        TASK_TABLES.setdefault(MAPPING_OF_TASK[_task], {})[_name] = _head.__name__
+        TASK_TABLES.setdefault(TASKS[_task].transformers_mapping, {})[_name] = _head.__name__
 VISION_SKIPS = {
     "test_model_get_set_embeddings": (
         "images enter through a patch or stem convolution, not a token embedding (transformers' ViT and ResNet tests "
