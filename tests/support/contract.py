@@ -623,11 +623,17 @@ class TokenContract(ModelContract):
         return {"input_ids": ids, "labels": self.labels_for(ids, config, generator)}
 
     def labels_for(self, ids, config, generator):
-        raise NotImplementedError
+        """Labels of the kind the task's row says (`registry.Task.labels`): the ids themselves (next-token), one per
+        sequence, or one per token."""
+        row = TASKS[self.task]
+        if row.labels == "next-token":
+            return ids.clone()
+        shape = ids.shape[:1] if row.labels == "sequence" else ids.shape
+        return torch.randint(0, getattr(config, row.label_classes), shape, generator=generator)
 
     def real_outputs(self, outputs, row: int, real: slice) -> torch.Tensor:
         """The outputs of one sequence of a batch, restricted to its real tokens where outputs are per token."""
-        raise NotImplementedError
+        return outputs.logits[row] if TASKS[self.task].labels == "sequence" else outputs.logits[row, real]
 
     def random_ids(self, config, length: int, seed: int) -> torch.Tensor:
         generator = torch.Generator().manual_seed(seed)
@@ -690,12 +696,6 @@ class CausalLMContract(TokenContract):
     the mask."""
 
     causal_lm = True
-
-    def labels_for(self, ids, config, generator):
-        return ids.clone()
-
-    def real_outputs(self, outputs, row, real):
-        return outputs.logits[row, real]
 
     def test_later_tokens_never_change_earlier_outputs_in_training_mode(self):
         model = self.build().train()
@@ -797,9 +797,3 @@ class SequenceClassificationContract(TokenContract):
     """Sequence classifiers over token models: one label per sequence, pooled from its last real token."""
 
     num_labels = 3
-
-    def labels_for(self, ids, config, generator):
-        return torch.randint(0, config.num_labels, (ids.shape[0],), generator=generator)
-
-    def real_outputs(self, outputs, row, real):
-        return outputs.logits[row]
