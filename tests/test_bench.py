@@ -25,6 +25,7 @@ from energyzoo.bench.speed import (
 )
 from energyzoo.bench.table import format_table
 from energyzoo.cli import main
+from energyzoo.modeling.configuration_fem import PRIORS
 from energyzoo.registry import ARCHITECTURES
 
 
@@ -279,16 +280,16 @@ def test_a_length_sweep_pairs_each_length_with_the_baseline_and_bounds_an_o_t_pr
 
     def recording_forward_fn(model, inputs, call):
         def forward():
-            length, attention = inputs["input_ids"].shape[1], getattr(model.config, "prior", "softmax")
-            seen.append((length, attention))
+            length, spec = inputs["input_ids"].shape[1], getattr(model.config, "prior_spec", None)
+            seen.append((length, "llama" if spec is None else spec.name))
             forward_fn(model, inputs, call)()
-            now[0] += float(length ** (2 if attention == "softmax" else 1))
+            now[0] += float(length ** (2 if spec is None or spec.quadratic else 1))  # Llama: softmax attention
         return forward
 
     monkeypatch.setattr(speed, "_forward_fn", recording_forward_fn)
     settings = BenchSettings(batch_size=1, repeats=1, workloads=("forward",), overrides={"prior": prior})
     result = run_bench("fem-lm-tiny", settings, sweep=(32, 128))
-    own = {32: 32.0 ** (2 if prior == "softmax" else 1), 128: 128.0 ** (2 if prior == "softmax" else 1)}
+    own = {length: float(length ** (2 if PRIORS[prior].quadratic else 1)) for length in (32, 128)}
     assert [(row["arm"], row["ratio"], row["target"], row["decision"]) for row in result["rows"]] == [
         ("fem-lm-tiny seq_len=32", own[32] / 32**2, 1.05, "met"),  # softmax: Llama's time; GLA: less
         ("fem-lm-tiny seq_len=128", own[128] / 128**2, 1.05, "met"),

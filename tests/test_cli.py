@@ -263,9 +263,9 @@ def test_doctor_without_a_gpu_says_what_it_could_not_run_and_why(tmp_path, capsy
     assert main(["doctor", "--device", "cpu", "--dtypes", "bfloat16", "--output", str(output)]) == 0
     rows = json.loads(output.read_text())
     assert [(row["prior"], row["kernel"], row["status"]) for row in rows] == [
+        ("softmax", "flash_attention_2", "not run: needs a CUDA device"),
         ("gla", "fla", "not run: needs a CUDA device"),
         ("ssm", "mamba", "not run: needs a CUDA device"),
-        ("softmax", "flash_attention_2", "not run: needs a CUDA device"),
     ]
     assert "0 passed, 0 failed, 3 not run" in capsys.readouterr().out
 

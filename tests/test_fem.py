@@ -129,7 +129,7 @@ def fem_layer_gradients(layer, model, hidden, mask, weights):
 
     positions = (mask.cumsum(-1) - 1).clamp_min(0)
     causal_mask = None
-    if model.config.prior == "softmax":
+    if model.config.prior_spec.attention_function:
         causal_mask = create_causal_mask(config=model.config, inputs_embeds=hidden, attention_mask=mask,
                                          position_ids=positions, **with_cache(None))
     layer.zero_grad()
@@ -388,7 +388,7 @@ def test_half_precision_cached_decoding_keeps_the_exp_branch(prior, dtype):
     torch.testing.assert_close(stepped.float(), full.float(), rtol=0.02, atol=0.02)
     lse_effect = (reference - collapsed).abs().mean()
     assert (stepped.float() - reference).abs().mean() < 0.1 * lse_effect
-    if prior == "softmax" and dtype == torch.float16:
+    if PRIORS[prior].attention_function and dtype == torch.float16:  # a cache of keys and values
         assert cache.layers[0].values.dtype == torch.float32  # fp16 cannot hold the cached exp values
 
 
@@ -432,8 +432,8 @@ def test_transformers_cache_utilities_on_fem_caches(prior):
         cache = cache_of(model(ids[:, :5], use_cache=True))
         model(ids[:, 5:6], cache=cache, use_cache=True)
         assert cache.get_seq_length() == 6 and cache.get_mask_sizes(1, 0) == (7, 0)
-        layer = cache.layers[0]
-        if prior != "softmax":
+        layer, recurrent = cache.layers[0], PRIORS[prior].recurrent
+        if recurrent:
             assert layer.is_initialized and layer.keys is None and layer.values is None
             with pytest.raises(ValueError, match=type(layer).__name__):
                 cache.has_previous_state(0)
@@ -444,8 +444,8 @@ def test_transformers_cache_utilities_on_fem_caches(prior):
         torch.testing.assert_close(model(ids[[2, 0], 6:7], cache=cache).logits[:, -1], expected,
                                    rtol=1e-5, atol=1e-5)
         cache.reset()
-        assert prior == "softmax" or not cache.layers[0].is_initialized
-        if prior != "softmax":  # a reset recurrent cache starts over (the softmax one keeps its zeroed tensors)
+        assert not recurrent or not cache.layers[0].is_initialized
+        if recurrent:  # a reset recurrent cache starts over (the softmax one keeps its zeroed tensors)
             assert cache.get_seq_length() == 0
             torch.testing.assert_close(model(ids, cache=cache).logits, model(ids).logits, rtol=1e-5,
                                        atol=1e-5)

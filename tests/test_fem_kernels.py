@@ -373,9 +373,9 @@ def test_the_doctor_passes_each_kernel_through_the_references_and_flags_a_wrong_
     dispatch_reads(monkeypatch, lambda requested, tensor, library, package: requested)
     checks = kernels.run_doctor(device="cpu")
     assert [(c.prior, c.dtype, c.status) for c in checks] == [
-        ("gla", "float32", "pass"), ("gla", "bfloat16", "pass"), ("ssm", "float32", "pass"),
-        ("ssm", "bfloat16", "pass"), ("softmax", "float32", "not run: no float32 kernel"),
-        ("softmax", "bfloat16", "pass")]
+        ("softmax", "float32", "not run: no float32 kernel"), ("softmax", "bfloat16", "pass"),
+        ("gla", "float32", "pass"), ("gla", "bfloat16", "pass"),
+        ("ssm", "float32", "pass"), ("ssm", "bfloat16", "pass")]
     assert all(c.logits_error < 1e-3 for c in checks if c.dtype == "float32" and c.status == "pass")
 
     monkeypatch.setattr(fla_gla, "chunk_gla", lambda q, k, v, g, **options: reference_gla(q, k, v, -g, **options))

@@ -61,7 +61,7 @@ def test_fem_priors_and_tel_gpt2_under_tensor_parallelism_give_the_one_process_l
 def test_the_fem_tensor_parallel_plan_names_every_split_weight_and_only_existing_ones(prior):
     """Every planned name is a module or parameter of the attention, and every projection with a head or channel
     axis (all but the SSM's shared B / C map) and every per-channel parameter of the attention is in the plan."""
-    model = model_from_preset("fem-lm-tiny", prior=prior, num_hidden_layers=1, aft_decay=prior == "aft")
+    model = model_from_preset("fem-lm-tiny", prior=prior, num_hidden_layers=1, aft_decay=True)  # AFT's decay too
     attention = model.model.layers[0].self_attn
     plan = {name.removeprefix("layers.*.self_attn."): style for name, style in model.config.base_model_tp_plan.items()
             if name.startswith("layers.*.self_attn.")}

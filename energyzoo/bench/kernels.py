@@ -1,7 +1,7 @@
 """`energyzoo doctor`: the GPU kernel libraries FEM's priors dispatch to, each checked against the PyTorch path it
 replaces, on the user's own GPU.
 
-For each (prior, kernel) - GLA through fla, SSM through mamba-ssm, softmax through flash-attn - and each dtype, a
+For each (prior, kernel) - softmax through flash-attn, GLA through fla, SSM through mamba-ssm - and each dtype, a
 small FEM-LM (two layers of ``fem-lm-tiny``, left-padded batch) runs twice with the same weights: once on the
 PyTorch path (``kernel="torch"``, or SDPA for the softmax prior) and once on the kernel. Reported as norm-relative
 errors against the PyTorch path: the logits', the worst parameter gradient's, and that of cached decoding (a prefill
@@ -15,12 +15,13 @@ from dataclasses import dataclass
 
 import torch
 
+from ..modeling.configuration_fem import PRIORS
 from ..modeling.fem_free_energy import installed
 from ..modeling.transformers_compat import cache_of
 from ..presets import model_from_preset
 
-# (prior, kernel, the package the kernel needs); the softmax prior's kernel is its attention implementation
-KERNELS = (("gla", "fla", "fla"), ("ssm", "mamba", "mamba_ssm"), ("softmax", "flash_attention_2", "flash_attn"))
+# (prior, kernel, the package the kernel needs) of each prior with a GPU kernel (`PriorSpec.gpu_kernel`)
+KERNELS = tuple((name, *spec.gpu_kernel) for name, spec in PRIORS.items() if spec.gpu_kernel is not None)
 # bfloat16 rounding alone moves small cancelling gradients (beta_max's) by a few percent; a wrong calling convention
 # (layout, gate sign, state) moves everything by order 1
 TOLERANCE = {"float32": 5e-3, "bfloat16": 1e-1}
@@ -47,7 +48,7 @@ def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
 
 def _use(model, prior: str, kernel: str) -> None:
     """Switch ``model`` (same weights) between the PyTorch path ("torch") and ``kernel``."""
-    if prior == "softmax":  # the attention function is read from the config at every call
+    if PRIORS[prior].attention_function:  # the attention function is read from the config at every call
         model.config._attn_implementation = "sdpa" if kernel == "torch" else kernel
     else:
         model.config.kernel = kernel

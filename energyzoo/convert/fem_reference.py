@@ -91,12 +91,13 @@ def reference_weights(state: dict[str, torch.Tensor], config: FEMConfig, eps: fl
         module, _, attribute = key.rpartition(".")
         if module in RENAMES:
             name = f"{RENAMES[module]}.{attribute}"
-            if config.prior == "aft" and module == "W_k":  # per channel: each head's d_k keys repeated over d_v
+            per_channel = not config.prior_spec.queries_and_keys  # AFT's logits, one per value channel
+            if per_channel and module == "W_k":  # each head's d_k keys repeated over d_v
                 heads = config.num_attention_heads
                 per_head = value.view(heads, -1, *value.shape[1:])
                 repeats = config.value_head_dim // per_head.shape[1]
                 value = per_head.repeat(1, repeats, *([1] * (value.dim() - 1))).flatten(0, 1)
-            if not (config.prior == "aft" and module == "W_q"):
+            if not (per_channel and module == "W_q"):
                 weights[name] = value
         elif key == "_beta_param":
             beta = torch.nn.functional.softplus(value.double()) + eps

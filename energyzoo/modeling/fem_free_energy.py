@@ -73,6 +73,8 @@ class PriorSpec:
     projections: the layer's projections of the token that feed the selection (beside v_proj and the gates).
     queries_and_keys: whether it reads RoPE'd queries and keys (without them, rope_parameters have no effect).
     kernels: the read implementations ``FEMConfig.kernel`` may name.
+    gpu_kernel: (its GPU kernel's name, the package that has it) where it has one: the name ``FEMConfig.kernel`` takes
+        (the softmax prior's is an attention implementation, ``attn_implementation``); `energyzoo doctor` checks each.
     add_modules(layer, config): sets the layer's projections and parameters of ``projections`` but the decay.
     decay_width(config): the output width of its decay projection g (H.2-H.3; bias on), where ``projections`` has
         ``decay_proj``. The layer adds that one after the values and gates: the order post_init draws a seed's
@@ -109,6 +111,7 @@ class PriorSpec:
     parameters: tuple[str, ...] = ()
     init_parameters: Callable[[torch.nn.Module], None] | None = None
     decay_width: Callable[[Any], int] | None = None
+    gpu_kernel: tuple[str, str] | None = None
 
     @property
     def recurrent(self) -> bool:

@@ -38,6 +38,7 @@ from .fem_free_energy import (
 from .fem_prior_softmax import add_query_key
 from .numerics import work_dtype
 
+FLA = ("fla", "fla")  # its GPU kernel: FEMConfig.kernel's name for it, the package that has it
 
 class FEMGLACacheLayer(FEMRecurrentCacheLayer):
     """The GLA prior's decoding state (its read's state, the conditioner's, the tokens seen)."""
@@ -63,7 +64,7 @@ def gla_selection(layer, projected, position_embeddings, attention_mask, padding
     batch, _, length, _ = query.shape
     decay = log_decay(projected["decay_proj"], config.decay_normalizer)
     decay = decay.view(batch, length, -1, layer.decay_per_head).transpose(1, 2)
-    kernel = read_kernel(config.kernel, query, "fla", "fla")
+    kernel = read_kernel(config.kernel, query, *FLA)
     return (query, key, decay), {"eps": config.feature_eps, "kernel": kernel, "valid": padding_mask,
                                  "chunk_size": config.prior_chunk_size}
 
@@ -175,4 +176,4 @@ def gla_free_energy_read(
 PRIOR = PriorSpec("gla", "H.2", ("q_proj", "k_proj", "decay_proj"), queries_and_keys=True,
                   kernels=("auto", "torch", "fla"), add_modules=add_gla_modules, selection=gla_selection,
                   read=gla_free_energy_read, cache_layers=(FEMGLACacheLayer,) * 2,
-                  decay_width=lambda config: decays_per_head(config) * config.num_attention_heads)
+                  decay_width=lambda config: decays_per_head(config) * config.num_attention_heads, gpu_kernel=FLA)

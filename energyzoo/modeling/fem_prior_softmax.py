@@ -194,4 +194,4 @@ def softmax_free_energy_read(
 PRIOR = PriorSpec("softmax", "H.1", ("q_proj", "k_proj"), queries_and_keys=True, kernels=("auto",),
                   add_modules=add_query_key, selection=softmax_selection, read=softmax_free_energy_read,
                   cache_layers=(FEMSoftmaxCacheLayer, FEMSoftmaxStaticCacheLayer), attention_function=True,
-                  quadratic=True)
+                  quadratic=True, gpu_kernel=("flash_attention_2", "flash_attn"))

@@ -40,6 +40,7 @@ from .fem_free_energy import (
 from .numerics import widened, work_dtype
 
 INITIAL_STEP = 0.01  # Delta at initialisation (the middle of Mamba's [0.001, 0.1])
+MAMBA = ("mamba", "mamba_ssm")  # its GPU kernel: FEMConfig.kernel's name for it, the package that has it
 MAMBA_CHUNK_SIZE = 256  # Mamba-2's chunk length for its SSD kernel (speed only; the result does not depend on it)
 
 
@@ -71,7 +72,7 @@ def ssm_selection(layer, projected, position_embeddings, attention_mask, padding
     delta = F.softplus(widened(projected["dt_proj"]) + layer.dt_bias)
     input_matrix, output_matrix = F.softplus(widened(projected["bc_proj"])).chunk(2, dim=-1)
     generator, skip = -F.softplus(layer.ssm_generator_raw), F.softplus(layer.ssm_skip_raw)
-    kernel = read_kernel(layer.config.kernel, delta, "mamba", "mamba_ssm")
+    kernel = read_kernel(layer.config.kernel, delta, *MAMBA)
     options = {"kernel": kernel, "valid": padding_mask, "chunk_size": layer.config.prior_chunk_size}
     return (delta, generator, input_matrix, output_matrix, skip), options
 
@@ -183,4 +184,5 @@ def mamba_scan(streams, delta, generator, input_matrix, output_matrix, skip, hid
 PRIOR = PriorSpec("ssm", "H.4", ("dt_proj", "bc_proj"), queries_and_keys=False, kernels=("auto", "torch", "mamba"),
                   add_modules=add_ssm_modules, selection=ssm_selection, read=ssm_free_energy_read,
                   cache_layers=(FEMSSMCacheLayer,) * 2, replicated=("bc_proj",),
-                  parameters=("dt_bias", "ssm_generator_raw", "ssm_skip_raw"), init_parameters=init_ssm_parameters)
+                  parameters=("dt_bias", "ssm_generator_raw", "ssm_skip_raw"), init_parameters=init_ssm_parameters,
+                  gpu_kernel=MAMBA)

@@ -114,6 +114,9 @@ class PriorCase:
     time_axes: the position axis of each selection tensor (None: not per position).
     stress: factors that make it sharp or fast-decaying (the long-sequence test).
     reference: its explicit float64 prior table from the same tensors (and ``valid``).
+    of_layer(layer, projected, positions, valid): that table from a FEM layer's own tensors, in float64: its
+        projections of the modulated input (``projected``: name -> (batch, seq, width)), parameters and config
+        (FEM App. H, as `fem_layer_reference` reads a layer).
     state_shapes(config, batch): the shapes of its read's recurrent state, as its read documents them (FEM App. H);
         None for a state that grows with the sequence (keys and values).
     """
@@ -122,6 +125,7 @@ class PriorCase:
     time_axes: tuple[int | None, ...]
     stress: tuple[float, ...]
     reference: Callable[..., torch.Tensor]
+    of_layer: Callable[..., torch.Tensor]
     state_shapes: Callable[..., list[tuple[int, ...]]] | None = None
 
 
@@ -149,17 +153,60 @@ def _draw_ssm(generator, value, key_dim, gla_decay, state_size=3):
             positive(batch, length, state_size), positive(heads, v_dim)]
 
 
+def _per_head(layer, tensor):
+    """(batch, seq, width) -> (batch, seq, heads, width / heads)."""
+    return tensor.view(*tensor.shape[:2], layer.config.num_attention_heads, -1)
+
+
+def _rotated(layer, projected, positions):
+    """RoPE'd queries and keys, (batch, heads, seq, key_dim) (H.1-H.2)."""
+    theta = layer.config.rope_parameters["rope_theta"]
+    return (rope(_per_head(layer, projected[name]).transpose(1, 2), positions, theta) for name in ("q_proj", "k_proj"))
+
+
+def _log_decay(layer, projected):
+    """log sigmoid(decay logits) / the decay normaliser, per head (H.2-H.3); None without a decay projection."""
+    if "decay_proj" not in projected:
+        return None
+    return _per_head(layer, torch.nn.functional.logsigmoid(projected["decay_proj"]) / layer.config.decay_normalizer)
+
+
+def _softmax_of_layer(layer, projected, positions, valid):
+    return softmax_prior(*_rotated(layer, projected, positions), valid)
+
+
+def _gla_of_layer(layer, projected, positions, valid):
+    log_decay = _log_decay(layer, projected).transpose(1, 2)
+    return gla_prior(*_rotated(layer, projected, positions), log_decay, valid, layer.config.feature_eps)
+
+
+def _aft_of_layer(layer, projected, positions, valid):
+    return aft_prior(_per_head(layer, projected["k_proj"]), _log_decay(layer, projected), valid)
+
+
+def _ssm_of_layer(layer, projected, positions, valid):
+    softplus = torch.nn.functional.softplus
+    heads = layer.config.num_attention_heads
+    delta = softplus(projected["dt_proj"] + layer.dt_bias.double())
+    input_matrix, output_matrix = softplus(projected["bc_proj"]).chunk(2, dim=-1)
+    generator = -softplus(layer.ssm_generator_raw.double()).view(heads, -1)
+    skip = softplus(layer.ssm_skip_raw.double()).view(heads, -1)
+    return ssm_prior(_per_head(layer, delta), generator, input_matrix, output_matrix, skip, valid)
+
+
 PRIOR_CASES = {
     "softmax": PriorCase(lambda generator, value, key_dim, gla_decay: _draw_query_key(generator, value, key_dim),
-                         time_axes=(2, 2), stress=(50, 50), reference=softmax_prior),
+                         time_axes=(2, 2), stress=(50, 50), reference=softmax_prior, of_layer=_softmax_of_layer),
     "gla": PriorCase(_draw_query_key, time_axes=(2, 2, 2), stress=(1, 1, 40), reference=gla_prior,
+                     of_layer=_gla_of_layer,
                      state_shapes=lambda config, batch: [
                          (batch, config.num_attention_heads, config.head_dim, 2 * config.value_head_dim + 1),
                          (batch, config.num_attention_heads, 1, config.value_head_dim)]),
-    "aft": PriorCase(_draw_aft, time_axes=(1, 1), stress=(50, 20), reference=aft_prior,
+    "aft": PriorCase(_draw_aft, time_axes=(1, 1), stress=(50, 20), reference=aft_prior, of_layer=_aft_of_layer,
                      state_shapes=lambda config, batch: [(batch, 3 * config.value_width),
                                                          (batch, config.value_width), (batch, config.value_width)]),
     "ssm": PriorCase(_draw_ssm, time_axes=(1, None, 1, 1, None), stress=(20, 1, 1, 1, 1), reference=ssm_prior,
+                     of_layer=_ssm_of_layer,
                      state_shapes=lambda config, batch: [(batch, config.value_width, config.ssm_state_size, 3),
                                                          (batch, config.value_width)]),
 }
@@ -232,44 +279,23 @@ def fem_layer_reference(layer, hidden, valid=None, positions=None):
         blocks = c.split([projected[name].shape[-1] for name in layer.projection_names], dim=-1)
         projected = {name: projected[name] * (1 + block) for name, block in zip(layer.projection_names, blocks)}
 
-    def per_head(tensor):
-        return tensor.view(batch, length, heads, -1)
-
-    value = per_head(projected["v_proj"])
+    value = _per_head(layer, projected["v_proj"])
     if config.use_lse:
         beta = torch.nn.functional.softplus(layer.beta_max_raw.double() + math.log(math.expm1(config.beta_max_init)))
         beta = beta.view(heads, value_dim)
     else:
         beta = torch.ones(heads, value_dim, dtype=torch.float64)
-    theta = config.rope_parameters["rope_theta"]
-    if config.prior in ("softmax", "gla"):
-        query, key = (rope(per_head(projected[n]).transpose(1, 2), positions, theta) for n in ("q_proj", "k_proj"))
-    if config.prior == "softmax":
-        p = softmax_prior(query, key, valid)
-    elif config.prior == "gla":
-        log_decay = torch.nn.functional.logsigmoid(projected["decay_proj"]) / config.decay_normalizer
-        p = gla_prior(query, key, per_head(log_decay).transpose(1, 2), valid, config.feature_eps)
-    elif config.prior == "aft":
-        log_decay = None
-        if "decay_proj" in projected:
-            log_decay = per_head(torch.nn.functional.logsigmoid(projected["decay_proj"]) / config.decay_normalizer)
-        p = aft_prior(per_head(projected["k_proj"]), log_decay, valid)
-    else:
-        delta = torch.nn.functional.softplus(projected["dt_proj"] + layer.dt_bias.double())
-        input_matrix, output_matrix = torch.nn.functional.softplus(projected["bc_proj"]).chunk(2, dim=-1)
-        generator = -torch.nn.functional.softplus(layer.ssm_generator_raw.double()).view(heads, value_dim)
-        skip = torch.nn.functional.softplus(layer.ssm_skip_raw.double()).view(heads, value_dim)
-        p = ssm_prior(per_head(delta), generator, input_matrix, output_matrix, skip, valid)
+    p = PRIOR_CASES[config.prior].of_layer(layer, projected, positions, valid)  # FEM App. H
     mu, f = explicit_read(p, value, beta)
     if not config.use_lse:
         mixed = mu
     elif config.use_temperature_gate:
-        lam = torch.sigmoid(per_head(projected["temperature_proj"]))
+        lam = torch.sigmoid(_per_head(layer, projected["temperature_proj"]))
         mixed = (1 - lam) * mu + lam * f  # eq. 10
     else:
         mixed = f  # lambda = 1: F(beta_max), eq. 4
     if config.use_outer_gate:
-        gate = torch.nn.functional.softplus(per_head(projected["outer_gate_proj"]))
+        gate = torch.nn.functional.softplus(_per_head(layer, projected["outer_gate_proj"]))
         gate = gate / torch.sqrt(gate.square().mean(-1, keepdim=True) + config.rms_norm_eps)
         mixed = gate * mixed  # eq. 11
     o_proj = layer.o_proj
