@@ -217,6 +217,13 @@ def _train(args) -> int:
     return 0
 
 
+def _model_folder_arguments(verb) -> None:
+    """The model folder a verb reads (eval, export): a folder, or a run folder's checkpoint."""
+    verb.add_argument("model_dir", help="a model folder, or a run folder with --checkpoint")
+    verb.add_argument("--checkpoint", default=None,
+                      help="an intermediate checkpoint of the run: step-N or a checkpoint folder")
+
+
 def _model_folder(args) -> Path:
     """The verb's model folder, checked once (`files.model_folder`: every file of it read)."""
     from .files import model_folder
@@ -233,9 +240,7 @@ def _eval_verb(commands) -> None:
                     "run folder's checkpoint or an exported folder. Data-parallel evaluation on several GPUs: "
                     "accelerate launch -m lm_eval --model hf --model_args pretrained=FOLDER,trust_remote_code=True "
                     "--tasks ...")
-    evaluate.add_argument("model_dir", help="a model folder, or a run folder with --checkpoint")
-    evaluate.add_argument("--checkpoint", default=None,
-                          help="an intermediate checkpoint of the run: step-N or a checkpoint folder")
+    _model_folder_arguments(evaluate)
     evaluate.add_argument("--suite", nargs="+", default=["local"], metavar="SUITE", choices=ReadWhenUsed(_suites),
                           help="local: offline tasks shipped with energyzoo; general / leaderboard download datasets")
     evaluate.add_argument("--tasks", nargs="+", default=None,
@@ -264,10 +269,8 @@ def _eval(args) -> int:
 
 def _export_verb(commands) -> None:
     export = commands.add_parser("export", help="write a Hub-ready folder (remote code, tokenizer, model card)")
-    export.add_argument("model_dir", help="a model folder, or a run folder with --checkpoint")
+    _model_folder_arguments(export)
     export.add_argument("output_dir")
-    export.add_argument("--checkpoint", default=None,
-                        help="an intermediate checkpoint of the run: step-N or a checkpoint folder")
     export.add_argument("--push", default=None, metavar="REPO_ID", help="upload the folder to this Hub repository")
     export.add_argument("--private", action="store_true")
     export.add_argument("--overwrite", action="store_true",
@@ -551,47 +554,64 @@ def _reproduce_verb(commands) -> None:
 
 
 def _reproduce(args) -> int:
-    from .reproduce.experiments import SETTINGS
-    from .reproduce.report import build_ledger, ledger_markdown, run_experiment, write_ledger
-
     setting = _setting(args)
     if args.experiment == "ledger":
-        from .reproduce.report import read_reports
-
-        output_dir = Path(args.output_dir or "runs/reproduce")
-        if args.overrides:
-            raise UserError(f"reproduce ledger runs nothing, so it takes no settings: got {' '.join(args.overrides)}")
-        reports = read_reports(output_dir)
-        if not reports:
-            raise UserError(f"no report in {output_dir}/<name>/ (`energyzoo reproduce NAME --output-dir "
-                            f"{output_dir}/NAME` writes one)")
-        ledger = build_ledger(reports, "energyzoo reproduce ledger" + " --keep-other-code" * args.keep_other_code,
-                              keep_other_code=args.keep_other_code)
-        paths = write_ledger(ledger, output_dir)
-        missing = [name for name in EXPERIMENTS if name not in reports]
-        print(ledger_markdown(ledger))
-        print("\nwrote " + ", ".join(map(str, paths.values())) + (
-            f"; no report of {', '.join(missing)}" if missing else ""))
-        return 0
+        return _reproduce_ledger(args)
     if args.keep_other_code:
         raise UserError("--keep-other-code belongs to `energyzoo reproduce ledger`: a run records its own code")
     if args.experiment == "all":
-        chosen = dict(override.partition("=")[::2] for override in args.overrides)
-        for name, own in chosen.items():
-            if name not in EXPERIMENTS or own not in SETTINGS:
-                raise UserError(f"reproduce all takes NAME=SETTING (an experiment's setting in this ledger, one of "
-                                 f"{SETTINGS}), got {name}={own}: experiments are {', '.join(EXPERIMENTS)}; run "
-                                 f"`energyzoo reproduce NAME field=value` to change one's settings")
-        output_dir = Path(args.output_dir or "runs/reproduce")
-        reports = {name: run_experiment(name, [], output_dir / name, chosen.get(name, setting), reuse=True)
-                   for name in EXPERIMENTS}
-        ledger = build_ledger(reports, command=" ".join(["energyzoo reproduce all", *args.overrides]
-                                                        + [f"--{setting}"] * (setting != "full")))
-        paths = write_ledger(ledger, output_dir)
-        print(ledger_markdown(ledger))
-        print("\nwrote " + ", ".join(str(path) for path in paths.values()) + f" and each experiment's report in "
-              f"{output_dir}/<name>")
-        return 0
+        return _reproduce_all(args, setting)
+    return _reproduce_one(args, setting)
+
+
+def _reproduce_ledger(args) -> int:
+    """`reproduce ledger`: the ledger of the reports in the output folder, running nothing."""
+    from .reproduce.report import build_ledger, ledger_markdown, read_reports, write_ledger
+
+    output_dir = Path(args.output_dir or "runs/reproduce")
+    if args.overrides:
+        raise UserError(f"reproduce ledger runs nothing, so it takes no settings: got {' '.join(args.overrides)}")
+    reports = read_reports(output_dir)
+    if not reports:
+        raise UserError(f"no report in {output_dir}/<name>/ (`energyzoo reproduce NAME --output-dir "
+                        f"{output_dir}/NAME` writes one)")
+    ledger = build_ledger(reports, "energyzoo reproduce ledger" + " --keep-other-code" * args.keep_other_code,
+                          keep_other_code=args.keep_other_code)
+    paths = write_ledger(ledger, output_dir)
+    missing = [name for name in EXPERIMENTS if name not in reports]
+    print(ledger_markdown(ledger))
+    print("\nwrote " + ", ".join(map(str, paths.values())) + (
+        f"; no report of {', '.join(missing)}" if missing else ""))
+    return 0
+
+
+def _reproduce_all(args, setting: str) -> int:
+    """`reproduce all [NAME=SETTING ...]`: every experiment whose report is missing or stale, then the ledger."""
+    from .reproduce.experiments import SETTINGS
+    from .reproduce.report import build_ledger, ledger_markdown, run_experiment, write_ledger
+
+    chosen = dict(override.partition("=")[::2] for override in args.overrides)
+    for name, own in chosen.items():
+        if name not in EXPERIMENTS or own not in SETTINGS:
+            raise UserError(f"reproduce all takes NAME=SETTING (an experiment's setting in this ledger, one of "
+                            f"{SETTINGS}), got {name}={own}: experiments are {', '.join(EXPERIMENTS)}; run "
+                            f"`energyzoo reproduce NAME field=value` to change one's settings")
+    output_dir = Path(args.output_dir or "runs/reproduce")
+    reports = {name: run_experiment(name, [], output_dir / name, chosen.get(name, setting), reuse=True)
+               for name in EXPERIMENTS}
+    ledger = build_ledger(reports, command=" ".join(["energyzoo reproduce all", *args.overrides]
+                                                    + [f"--{setting}"] * (setting != "full")))
+    paths = write_ledger(ledger, output_dir)
+    print(ledger_markdown(ledger))
+    print("\nwrote " + ", ".join(str(path) for path in paths.values()) + f" and each experiment's report in "
+          f"{output_dir}/<name>")
+    return 0
+
+
+def _reproduce_one(args, setting: str) -> int:
+    """`reproduce NAME [field=value ...]`: one experiment and its report."""
+    from .reproduce.report import run_experiment
+
     output_dir = args.output_dir or f"runs/{args.experiment}"
     report = run_experiment(args.experiment, args.overrides, output_dir, setting)
     print(EXPERIMENTS[args.experiment].code().format_markdown(report))

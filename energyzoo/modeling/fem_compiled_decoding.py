@@ -22,7 +22,7 @@ later steps, calls of ``generate`` and models of the same shape reuse it. Dynamo
 ``torch._dynamo.config.recompile_limit`` (eight): a process decoding more model shapes and batch sizes than that
 decodes the others eagerly, with torch's warning.
 
-Everything else runs eagerly, as before: prompts and any step of more than one token, training and autograd, energy
+Everything else runs eagerly: prompts and any step of more than one token, training and autograd, energy
 traces, ``output_attentions``, steps already under a compiler (``torch.compile`` of the whole model, transformers'
 static-cache compile), distributed processes, and layers accelerate's big-model dispatch has hooked (`dispatched`).
 Where compiling is impossible (no C++ compiler, an unsupported Python), the first step says so in one warning and the
