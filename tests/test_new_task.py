@@ -5,18 +5,13 @@ batches, the doctor's, the contract's labels, transformers' task tables) and pas
 input checks. The counts
 docs/contributing.md states for a new task are the toy's."""
 
-import os
 import re
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from checkout_copy import ROOT, copied_checkout, passing_tests_in, run_in
 
-ROOT = Path(__file__).resolve().parents[1]
 TOY = Path(__file__).parent / "support" / "new_task"
-LEFT_OUT = ("__pycache__", ".git", "build", "dist", "runs", "*.egg-info")  # not part of a checkout
 
 pytestmark = pytest.mark.slow  # a copy of the checkout, collected whole
 
@@ -56,21 +51,7 @@ EDITS = {"energyzoo/registry.py": add_to_registry, "energyzoo/modeling/modeling_
 
 @pytest.fixture(scope="module")
 def checkout(tmp_path_factory) -> Path:
-    copy = tmp_path_factory.mktemp("checkout") / "energyzoo-checkout"
-    shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns(*LEFT_OUT))
-    for name, edit in EDITS.items():
-        edit(copy / name)
-    subprocess.run(["git", "init", "-q"], cwd=copy, check=True)  # the layout test lists the tracked files
-    subprocess.run(["git", "add", "-A"], cwd=copy, check=True)
-    return copy
-
-
-def run(checkout: Path, *args: str) -> str:
-    env = {**os.environ, "PYTHONPATH": str(checkout)}
-    result = subprocess.run([sys.executable, *args], cwd=checkout, env=env, capture_output=True, text=True,
-                            timeout=1200)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return result.stdout
+    return copied_checkout(tmp_path_factory.mktemp("checkout"), {}, EDITS)
 
 
 READING_THE_ROW = """
@@ -91,22 +72,20 @@ print(table is modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES, "fill-mask" in T
 
 
 def test_the_tables_that_depend_on_a_task_read_its_row(checkout):
-    batch, tables = run(checkout, "-c", READING_THE_ROW).strip().splitlines()
+    batch, tables = run_in(checkout, "-c", READING_THE_ROW).strip().splitlines()
     assert batch == "['input_ids', 'labels'] (2, 8) True True"  # a label per token, of the vocabulary's values
     assert tables == "True False"  # transformers' table of masked LMs; energyzoo trains it once it has data for it
 
 
 def test_every_matrix_over_heads_collects_the_new_task_and_its_contract_passes(checkout):
-    collected = run(checkout, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-n", "0",
+    collected = run_in(checkout, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-n", "0",
                     "tests").splitlines()
     named = {line.split("::")[0].removeprefix("tests/") for line in collected if re.search("fill|MaskedLM", line)}
     assert {"test_fem_contract.py", "test_registry.py", "test_fuzz.py", "test_input_checks.py",
             "test_trainer_accumulation.py"} <= named
-    summary = run(checkout, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow",
-                  "tests/test_fem_contract.py", "tests/test_registry.py", "tests/test_fuzz.py",
-                  "tests/test_input_checks.py", "tests/test_layout.py", "tests/test_readme.py",
-                  "-k", "fill or MaskedLM or layout or readme").strip().splitlines()[-1]
-    assert " passed" in summary and "failed" not in summary and "error" not in summary, summary
+    passing_tests_in(checkout, "tests/test_fem_contract.py", "tests/test_registry.py", "tests/test_fuzz.py",
+                     "tests/test_input_checks.py", "tests/test_layout.py", "tests/test_readme.py",
+                     "-k", "fill or MaskedLM or layout or readme")
 
 
 def test_contributing_states_the_files_a_new_task_edits():

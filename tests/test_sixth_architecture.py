@@ -4,21 +4,16 @@ one registry entry and nothing else, collects it in every matrix of the suite (e
 from `tests/zoo.py` or parametrizes over the registry), exports it as its own, and passes the registry's tests with
 neither a bench entry nor an experiment. The file counts docs/contributing.md states are the toy's."""
 
-import os
 import re
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from checkout_copy import ROOT, copied_checkout, passing_tests_in, run_in
 
-ROOT = Path(__file__).resolve().parents[1]
 TOY = Path(__file__).parent / "support" / "sixth_architecture"
 EDIT_TEXTS = ("README.md", "registry_entry.txt", "layout_entries.txt")  # what the toy is and adds to edited files
 NEW_FILES = sorted(str(path.relative_to(TOY)) for path in TOY.rglob("*")
                    if path.is_file() and path.name not in EDIT_TEXTS)
-LEFT_OUT = ("__pycache__", ".git", "build", "dist", "runs", "*.egg-info")  # not part of a checkout
 
 pytestmark = pytest.mark.slow  # a copy of the checkout, collected whole
 
@@ -45,24 +40,7 @@ EDITS = {"energyzoo/registry.py": add_registry_entry, "docs/contributing.md": ad
 
 @pytest.fixture(scope="module")
 def checkout(tmp_path_factory) -> Path:
-    copy = tmp_path_factory.mktemp("checkout") / "energyzoo-checkout"
-    shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns(*LEFT_OUT))
-    for name in NEW_FILES:
-        (copy / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(TOY / name, copy / name)
-    for name, edit in EDITS.items():
-        edit(copy / name)
-    subprocess.run(["git", "init", "-q"], cwd=copy, check=True)  # the layout test lists the tracked files
-    subprocess.run(["git", "add", "-A"], cwd=copy, check=True)
-    return copy
-
-
-def run(checkout: Path, *args: str) -> str:
-    env = {**os.environ, "PYTHONPATH": str(checkout)}
-    result = subprocess.run([sys.executable, *args], cwd=checkout, env=env, capture_output=True, text=True,
-                            timeout=900)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return result.stdout
+    return copied_checkout(tmp_path_factory.mktemp("checkout"), {name: TOY / name for name in NEW_FILES}, EDITS)
 
 
 def matrices(checkout: Path) -> list[str]:
@@ -72,7 +50,7 @@ def matrices(checkout: Path) -> list[str]:
 
 
 def test_the_copy_imports_its_own_energyzoo(checkout):
-    assert run(checkout, "-c", "import energyzoo; print(energyzoo.__file__)").strip() == str(
+    assert run_in(checkout, "-c", "import energyzoo; print(energyzoo.__file__)").strip() == str(
         checkout / "energyzoo" / "__init__.py")
 
 
@@ -91,11 +69,11 @@ for name in sys.argv[1:]:
 def test_every_matrix_collects_the_sixth_architecture(checkout):
     """Every matrix names the toy among its test ids, or (one test over all models, such as the side-by-side export
     check) holds its tester in the list it runs over."""
-    collected = run(checkout, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-n", "0",
+    collected = run_in(checkout, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-n", "0",
                     "tests").splitlines()
     named = {line.split("::")[0].removeprefix("tests/") for line in collected if "toy" in line.lower()}
     unnamed = sorted(set(matrices(checkout)) - named)
-    holding = set(run(checkout, "-c", HOLDING_THE_TOY, *unnamed).split()) if unnamed else set()
+    holding = set(run_in(checkout, "-c", HOLDING_THE_TOY, *unnamed).split()) if unnamed else set()
     assert set(unnamed) - holding == set()
     assert {"test_toy_contract.py", "test_registry.py", "test_static_caches.py", "test_trainer_accumulation.py",
             "test_input_checks.py", "test_fuzz.py"} <= named
@@ -108,17 +86,15 @@ def test_the_sixth_architecture_is_public_registered_and_exported_as_its_own(che
               "assert energyzoo.ToyForCausalLM is ARCHITECTURES['toy'].heads['causal-lm']\n"
               "assert type(transformers.AutoConfig.for_model('toy')).__name__ == 'ToyConfig'\n"
               "print('ok')")
-    assert run(checkout, "-c", script).strip() == "ok"
-    run(checkout, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", "tests/test_registry.py", "-k",
+    assert run_in(checkout, "-c", script).strip() == "ok"
+    run_in(checkout, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", "tests/test_registry.py", "-k",
         "toy or Toy")
 
 
 def test_the_layout_and_documents_rules_hold_with_the_sixth_architecture(checkout):
     """Its files sit where the layout rules want them (modeling files importing their siblings and the shared ones;
     every document's rendered blocks current), with no other file edited."""
-    summary = run(checkout, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", "-m", "not slow",
-                  "tests/test_layout.py", "tests/test_readme.py").strip().splitlines()[-1]
-    assert " passed" in summary and "failed" not in summary and "error" not in summary, summary
+    passing_tests_in(checkout, "-n", "0", "tests/test_layout.py", "tests/test_readme.py")
 
 
 def test_contributing_states_the_files_an_architecture_adds_and_edits():
