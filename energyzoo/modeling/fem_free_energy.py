@@ -340,12 +340,14 @@ def outer_gate_activation(logits: torch.Tensor, eps: float = 1e-6, reference_eps
 
 
 @torch.no_grad()
-def energy_record(mu, f_max, beta, temperature_gate) -> dict[str, torch.Tensor]:
+def energy_record(mu, f_max, beta_max: Callable[[], torch.Tensor], temperature_gate) -> dict[str, torch.Tensor]:
     """A FEM layer's `EnergyTrace` entry: ``energy`` the free-energy gain F(beta_max) - mu = KL(p* || p) / beta_max
     (FEM eq. 6) per token, averaged over channels; ``temperature`` 1 / beta_max and ``inverse_temperature`` beta_max
-    per channel (eq. 9); the inner gate lambda's mean and spread per token (``temperature_gate``, eq. 10)."""
+    per channel (eq. 9; ``beta_max()`` is called here, without autograd, so that recording saves nothing for
+    backward); the inner gate lambda's mean and spread per token (``temperature_gate``, eq. 10)."""
     record = {}
     if f_max is not None:
+        beta = beta_max()
         record.update(energy=widened(f_max - mu).mean(dim=(-2, -1)), temperature=1 / beta, inverse_temperature=beta)
     if temperature_gate is not None:
         gate = widened(temperature_gate).flatten(-2)

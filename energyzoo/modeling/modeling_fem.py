@@ -174,8 +174,7 @@ class FEMAttention(JointlyProjectedModule):
         gate_logits = [projected[name].view(heads) if name in projected else None for name in GATES]
         output, temperature_gate = recomputed_in_backward(self, self._gated_output, read.mu, f_max, *gate_logits)
         if recording_energies() if recording is None else recording:
-            record_energies(energy_record(read.mu, f_max, self.beta_max() if f_max is not None else None,
-                                          temperature_gate))
+            record_energies(energy_record(read.mu, f_max, self.beta_max, temperature_gate))
         return self.o_proj(output.reshape(batch, length, -1)), read.weights
 
     def own_cache_layer(self, cache: Cache | None) -> CacheLayerMixin | None:
