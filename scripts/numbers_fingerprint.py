@@ -67,7 +67,8 @@ def compare(before_path: Path, after_path: Path) -> int:
     for name in sorted(before.keys() | after.keys()):
         old, new = before.get(name, {}), after.get(name, {})
         differences += [f"{name}: {key} only {'before' if key in old else 'after'}" for key in old.keys() ^ new.keys()]
-        differences += [f"{name}: {key} differs" for key in old.keys() & new.keys() if not torch.equal(old[key], new[key])]
+        differences += [f"{name}: {key} differs" for key in old.keys() & new.keys()
+                        if not torch.equal(old[key], new[key])]
     testers = dict(_import_testers(Path(__file__).parents[1]))
     for name, numbers in before.items():
         model = testers[name].build()
