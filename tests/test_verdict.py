@@ -10,7 +10,17 @@ import statistics
 import pytest
 
 from energyzoo.modeling.errors import UserError
-from energyzoo.reproduce.verdict import ALPHA, LEDGER_HEADER, MIN_SEEDS, Claim, decide, judge, judged
+from energyzoo.reproduce.verdict import (
+    ALPHA,
+    CONTRADICTED,
+    INERT,
+    LEDGER_HEADER,
+    MIN_SEEDS,
+    Claim,
+    decide,
+    judge,
+    judged,
+)
 
 ACCURACY = Claim("EqT beats Llama", "Table 2", "eqt", "llama", "accuracy", effect=0.02,
                  effect_source="half Table 2's gap", chance=0.5, ceiling=1.0)
@@ -67,7 +77,9 @@ def test_the_interval_and_one_sided_p_are_the_paired_t_ones():
 def test_lower_is_better_metrics_flip_the_sign():
     assert judge(LOSS, [2.00, 2.10, 2.05, 2.02, 2.07], [2.30, 2.35, 2.40, 2.31, 2.38]).verdict == "reproduced"
     worse = judge(LOSS, [2.50, 2.60, 2.55, 2.52, 2.58], [2.30, 2.35, 2.40, 2.31, 2.38])
-    assert worse.verdict == "not reproduced" and worse.difference == pytest.approx(-0.202)
+    assert worse.verdict == CONTRADICTED and worse.difference == pytest.approx(-0.202)  # beyond -0.05: the opposite
+    level = judge(LOSS, [2.30, 2.36, 2.39, 2.32, 2.37], [2.30, 2.35, 2.40, 2.31, 2.38])
+    assert level.verdict == "not reproduced"  # no gain of 0.05, and no loss beyond it either
 
 
 def test_tost_confirms_a_true_zero_and_refutes_a_difference_beyond_the_margin():
@@ -77,7 +89,7 @@ def test_tost_confirms_a_true_zero_and_refutes_a_difference_beyond_the_margin():
     baseline = [0.8 + generator.gauss(0, 0.02) for _ in range(8)]
     assert judge(same, [value + generator.gauss(0, 0.002) for value in baseline], baseline).verdict == "reproduced"
     assert judge(same, [value + 0.05 + generator.gauss(0, 0.002) for value in baseline],
-                 baseline).verdict == "not reproduced"
+                 baseline).verdict == CONTRADICTED  # beyond the margin: what the claim denies
     at_margin = _rate(same, 0.01, "reproduced")  # a true difference at the margin is not equivalence
     assert at_margin < ALPHA + 3 * math.sqrt(ALPHA * (1 - ALPHA) / 1000)
     noisy = judge(same, [value + generator.gauss(0, 0.05) for value in baseline], baseline)
@@ -91,7 +103,7 @@ def test_non_inferiority_holds_within_the_margin_and_fails_beyond_it():
     assert judge(parity, [value - 0.003 + 0.001 * seed for seed, value in enumerate(baseline)],
                  baseline).verdict == "reproduced"
     assert judge(parity, [value - 0.08 + 0.001 * seed for seed, value in enumerate(baseline)],
-                 baseline).verdict == "not reproduced"
+                 baseline).verdict == CONTRADICTED
 
 
 def test_a_baseline_outside_the_papers_regime_gets_no_verdict():
@@ -129,18 +141,20 @@ def test_holm_adjusts_the_family_of_tested_claims_only():
         arm, baseline = _simulated(truth, 0.02, 6, generator)
         records.append(judged(ACCURACY, arm, baseline, task=f"truth {truth}"))
     records.append(judged(ACCURACY, [0.6] * 3, [0.55] * 3))  # 3 seeds: untested
-    records.append(judged(ACCURACY, [0.9] * 6, [0.99] * 6))  # at the ceiling: untested
+    records.append(judged(ACCURACY, [0.99, 0.98, 0.99, 0.985, 0.99, 0.98], [0.99] * 6))  # at the ceiling: untested
     decided = decide(records)
-    raw = [record["p"] for record in decided[:3]]
-    order = sorted(range(3), key=raw.__getitem__)
-    by_hand, running = [0.0] * 3, 0.0
+    tested = [0, 1, 2, 4]  # the ceiling's row is in the family by its test of a contradiction
+    raw = [decided[index]["p"] for index in tested]
+    order = sorted(range(4), key=raw.__getitem__)
+    by_hand, running = [0.0] * 4, 0.0
     for rank, index in enumerate(order):  # Holm's step-down: (m - rank) p, made monotone
-        running = max(running, min(1.0, (3 - rank) * raw[index]))
+        running = max(running, min(1.0, (4 - rank) * raw[index]))
         by_hand[index] = running
-    assert [record["p_adjusted"] for record in decided[:3]] == pytest.approx(by_hand)
+    assert [decided[index]["p_adjusted"] for index in tested] == pytest.approx(by_hand)
     assert [record["task"] for record in decided[:3]] == ["truth 0.0", "truth 0.03", "truth 0.06"]
     assert decided[3]["p_adjusted"] is None and decided[3]["verdict"] == "inconclusive"
     assert f">= {MIN_SEEDS}" in decided[3]["reason"] and decided[4]["verdict"] == "regime differs"
+    assert "not contradicted either" in decided[4]["reason"]  # tested for the opposite effect only
     assert all(record["verdict"] == ("reproduced" if record["p_adjusted"] <= ALPHA and record["p"] ==
                                      record["p_support"] else record["verdict"]) for record in decided[:3])
     assert f"| **{decided[2]['verdict']}** |" in decided[2]["row"]
@@ -201,7 +215,7 @@ def test_identical_values_are_equivalent_and_a_constant_gap_is_decided_by_its_si
     perturbed = judge(same, [values[0] + 1e-4, *values[1:]], values)
     assert perturbed.verdict == "reproduced"  # the two agree
     gap = judge(same, [value + 0.02 for value in values], values)  # every seed 2 points apart: beyond the margin
-    assert gap.verdict == "not reproduced" and gap.p_refute == 0.0
+    assert gap.verdict == CONTRADICTED and gap.p_refute == 0.0
     assert judge(ACCURACY, [value + 0.05 for value in values], values).verdict == "reproduced"  # 0.05 > 0.02, exactly
     assert judge(ACCURACY, [value + 0.01 for value in values], values).verdict == "not reproduced"
 
@@ -216,7 +230,7 @@ def test_no_difference_is_refused_where_both_arms_sit_at_chance_or_at_the_ceilin
     assert at_ceiling.verdict == "regime differs" and "ceiling" in at_ceiling.reason
     # one arm away from chance: "not worse" can be refuted, so the run answers
     refuted = judge(parity, [0.251, 0.249, 0.25, 0.252, 0.248], [0.60, 0.61, 0.59, 0.60, 0.62])
-    assert refuted.verdict == "not reproduced"
+    assert refuted.verdict == CONTRADICTED
 
 
 def test_a_gain_needs_room_above_the_floor_for_the_gain_it_claims():
@@ -407,3 +421,48 @@ def test_a_count_claims_power_is_the_simulated_binomial_rejection_rate():
     for _ in range(trials):
         rejected += sum(generator.random() < 0.5 + 0.317 for _ in range(18)) >= critical
     assert computed == pytest.approx(rejected / trials, abs=3 * math.sqrt(0.25 / trials))
+
+
+def test_an_interval_wholly_against_the_claim_is_said_whatever_the_regime():
+    """The audit's rows: Hyper-SET 27 points behind a Transformer at the ceiling, and a "needs a GPU" row wholly below
+    zero, both read as undecided. An interval beyond the effect against the claim is a verdict of its own."""
+    at_ceiling = Claim("Hyper-SET solves Sudoku better", "s", "hyperset", "transformer", "accuracy", effect=0.01,
+                       effect_source="1 point", chance=0.0, ceiling=1.0)
+    behind = judge(at_ceiling, [0.70, 0.75, 0.68, 0.72, 0.74], [1.0, 0.995, 1.0, 1.0, 0.998])
+    assert behind.verdict == CONTRADICTED and behind.interval[1] < -0.01 and "regime differs" in behind.reason
+    beside = judge(at_ceiling, [0.999, 1.0, 0.998, 1.0, 0.999], [1.0, 0.995, 1.0, 1.0, 0.998])
+    assert beside.verdict == "regime differs" and beside.p_adjusted is not None  # tested, not contradicted
+    gpu = judge(ACCURACY, [0.60, 0.61, 0.62, 0.60, 0.61], [0.70, 0.70, 0.71, 0.69, 0.70], needs_gpu="setting X")
+    assert gpu.verdict == CONTRADICTED and gpu.interval[1] < -ACCURACY.effect and "needs a GPU" in gpu.reason
+    short = judge(ACCURACY, [0.69, 0.70, 0.70, 0.68, 0.70], [0.70, 0.70, 0.71, 0.69, 0.70], needs_gpu="setting X")
+    assert short.verdict == "needs a GPU"  # behind, but within the effect: nothing to say at this scale
+    # in a family, the contradiction test takes its Holm step like the tested claims
+    decided = decide([judged(at_ceiling, [0.70, 0.75, 0.68, 0.72, 0.74], [1.0, 0.995, 1.0, 1.0, 0.998]),
+                      judged(ACCURACY, [0.72, 0.73, 0.74, 0.72, 0.73], [0.70, 0.70, 0.71, 0.69, 0.70])])
+    assert decided[0]["verdict"] == CONTRADICTED and decided[0]["p_adjusted"] <= ALPHA
+    assert decided[0]["confidence"] in (pytest.approx(1 - ALPHA), pytest.approx(1 - 2 * ALPHA))
+
+
+def test_the_false_contradiction_rate_at_the_bound_stays_at_alpha():
+    """A true difference of exactly -effect (the boundary of "against the claim beyond the effect"), at a baseline
+    at the ceiling so the row cannot decide otherwise: contradicted in at most alpha of the trials."""
+    claim = Claim("not worse", "s", "a", "b", "accuracy", effect=0.02, effect_source="e", kind="not_worse",
+                  ceiling=0.7)
+    generator = random.Random(5)
+    rate = sum(judge(claim, *_simulated(-0.02, 0.03, 5, generator)).verdict == CONTRADICTED
+               for _ in range(1000)) / 1000
+    assert rate < ALPHA + 3 * math.sqrt(ALPHA * (1 - ALPHA) / 1000)
+
+
+def test_an_equivalence_of_a_mechanism_that_does_nothing_is_not_judged():
+    """EqT's K = 8 against K = 32 on parity: equal to 1.5e-4, and so is K = 0 (refinement inert at that scale)."""
+    same = Claim("K = 8 and K = 32 identical", "s", "K32", "K8", "accuracy", effect=0.005, effect_source="e",
+                 kind="equivalent", chance=0.5, ceiling=1.0)
+    k8 = [0.6015, 0.5573, 0.6380, 0.5901, 0.6102]
+    k32 = [value + 1e-5 for value in k8]
+    inert = judge(same, k32, k8, mechanism_off=[value - 1.5e-4 for value in k8])
+    assert inert.verdict == INERT and inert.p_adjusted is None and "at most 0.00016" in inert.reason
+    acting = judge(same, k32, k8, mechanism_off=[value - 0.05 for value in k8])
+    assert acting.verdict == "reproduced"
+    record = judged(same, k32, k8, mechanism_off=[value - 1.5e-4 for value in k8])
+    assert decide([record])[0]["verdict"] == INERT and record["values"]["mechanism_off"][0] == pytest.approx(0.60135)

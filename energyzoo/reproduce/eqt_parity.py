@@ -245,7 +245,7 @@ def verdicts(rows: list[dict], settings: Settings) -> list[dict]:
                                   length=length))
             if 8 in settings.eval_steps and steps > 8:
                 records.append(judged(convergence_claim(length, 8, steps), values(f"eqt_K{steps}"),
-                                      values("eqt_K8"), length=length))
+                                      values("eqt_K8"), mechanism_off=values("eqt_K0"), length=length))
             if "eqt_no_refine" in settings.arms:
                 records.append(judged(refinement_claim(length, steps), values(f"eqt_K{steps}"),
                                       values("eqt_no_refine_K0"), length=length))

@@ -7,8 +7,8 @@ every switch on, the paper's budget (i): value path at D/2) and ``llama`` (`llam
 same width, depth, heads, MLP and vocabulary; 1.1 % fewer parameters).
 
 The corpus is the CPython standard library's source (`energyzoo.data.text.python_stdlib_corpus`: every module file
-that ships with Python, about 3M training tokens under the 2,048-token BPE trained on it), split by file into
-training, validation and test parts; the full setting's 1,000 steps of 16 x 128 tokens read 0.7 of the training
+that ships with Python, 2.70M training tokens under the 2,048-token BPE trained on it), split by file into
+training, validation and test parts; the full setting's 1,000 steps of 16 x 128 tokens read 0.76 of the training
 part, so no block is seen twice. Each arm gets its own learning rate: every point of ``learning_rates`` is trained
 with the first ``grid_seeds`` seeds, and the one with the lowest mean validation loss at the last step is the arm's
 (the paper tunes neither arm on our data, so neither inherits the other's rate); the remaining seeds run at it.

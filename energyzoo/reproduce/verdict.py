@@ -40,6 +40,14 @@ paper); the others are secondary and say so.
   ceiling: there "no difference" holds whatever the models are;
 - **needs a GPU**: the experiment says its setting cannot reach the paper's regime on 2 CPU cores (a named setting
   can, on a GPU);
+- **contradicted at this scale**: the interval lies wholly against the claim beyond its smallest effect of interest
+  (``better``, ``not_worse``, ``reaches``, ``wins``: the arm trails by more than ``effect``; ``equivalent``: the
+  difference lies beyond the margin), whatever the regime: a "regime differs" or "needs a GPU" row with enough seeds
+  is tested for it (one-sided, at its Holm step: it joins its paper's family) and says so when it holds, so that no
+  row hides an opposite effect behind the regime; a decided "not reproduced" row whose interval is that far says it too;
+- **mechanism inert at this scale**: an ``equivalent`` claim about a mechanism (``mechanism_off``: the per-seed
+  values with it switched off, e.g. EqT's refinement at K = 0) is judged only where switching it off moves some seed of
+  either arm by at least the margin: two settings of a mechanism that does nothing are equal whatever the paper says;
 - **smoke**: a quick setting ran: the numbers are shown, and no verdict is drawn from them.
 
 **The printed interval matches the decision.** A claim of rank r (by p, from 0) among the m tested claims of its
@@ -65,7 +73,10 @@ ALPHA = 0.05
 MIN_SEEDS = 5
 TARGET_POWER = 0.8
 MAX_SEEDS = 40  # the most seeds a power plan asks for: beyond it, the claim needs a less noisy setting, not seeds
-VERDICTS = ("reproduced", "not reproduced", "inconclusive", "regime differs", "needs a GPU")
+CONTRADICTED = "contradicted at this scale"
+INERT = "mechanism inert at this scale"
+UNDECIDED = ("regime differs", "needs a GPU")  # rows that cannot decide the claim (they can still contradict it)
+VERDICTS = ("reproduced", "not reproduced", CONTRADICTED, "inconclusive", *UNDECIDED, INERT)
 KINDS = ("better", "not_worse", "equivalent", "reaches", "wins")
 COIN = 0.5  # a "wins" claim's reference: the win rate of a coin
 
@@ -188,6 +199,25 @@ def _tests(claim: Claim, differences: list[float], scale: float) -> tuple[float,
     return _one_sided(differences, bound, "greater", scale), _one_sided(differences, bound, "less", scale)
 
 
+def _contradicting(claim: Claim, differences: list[float], scale: float) -> float:
+    """p of the one-sided test that the difference lies against the claim beyond its smallest effect of interest
+    (module docstring, "contradicted at this scale"): TOST's refuting side for an equivalence."""
+    if claim.kind == "equivalent":
+        return _tests(claim, differences, scale)[1]
+    if claim.kind == "wins":
+        return _binomial(differences, -claim.effect, "less")
+    return _one_sided(differences, -claim.effect, "less", scale)
+
+
+def _against(claim: Claim, interval: tuple[float, float] | None) -> bool:
+    """Whether ``interval`` lies wholly against the claim beyond its smallest effect of interest."""
+    if interval is None:
+        return False
+    if claim.kind == "equivalent":
+        return interval[1] < -claim.effect or interval[0] > claim.effect
+    return interval[1] < -claim.effect
+
+
 def _interval(claim: Claim, differences: list[float], confidence: float, scale: float) -> tuple[float, float] | None:
     if len(differences) < 2:
         return None
@@ -278,22 +308,30 @@ def _wanted(claim: Claim) -> str:
 
 
 def judge(claim: Claim, arm: list[float], baseline: list[float], levels: dict[str, list[float]] | None = None,
-          needs_gpu: str | None = None, smoke: bool = False) -> Verdict:
+          needs_gpu: str | None = None, smoke: bool = False, mechanism_off: list[float] | None = None) -> Verdict:
     """The verdict on ``claim`` from the per-seed values of the arm and the baseline (paired by index), as a family
     of one (`decide` adjusts it with the rest of its paper's). ``levels``: for a gain claim, the per-seed levels
     behind each arm's gain; ``needs_gpu``: the setting that would reach the paper's regime, where this run cannot;
-    ``smoke``: a quick setting (no verdict drawn). Non-finite values are refused: a diverged run is a finding to
-    report, not a number to average."""
-    return _judged_in_family(claim, arm, baseline, levels or {}, needs_gpu, smoke, family_size=1)
+    ``smoke``: a quick setting (no verdict drawn); ``mechanism_off``: for an equivalence claim about a mechanism, the
+    per-seed values with it switched off. Non-finite values are refused: a diverged run is a finding to report, not a
+    number to average."""
+    result = _judged_in_family(claim, arm, baseline, levels or {}, needs_gpu, smoke, 1, mechanism_off)
+    if result.verdict in UNDECIDED and result.p_adjusted is not None:
+        result = _contradiction_decided(claim, result, result.p, ALPHA, _paired(claim, arm, baseline))
+    return result
 
 
 def _judged_in_family(claim: Claim, arm: list[float], baseline: list[float], levels: dict[str, list[float]],
-                      needs_gpu: str | None, smoke: bool, family_size: int) -> Verdict:
+                      needs_gpu: str | None, smoke: bool, family_size: int,
+                      mechanism_off: list[float] | None = None) -> Verdict:
     """`judge`, with the power at the smallest Holm level of a family of ``family_size`` tested claims; a tested
-    claim's verdict is decided on its own p at ``ALPHA`` (`decide` decides it again on Holm's)."""
+    claim's verdict is decided on its own p at ``ALPHA`` (`decide` decides it again on Holm's). A row that cannot
+    decide (regime differs, needs a GPU) with enough seeds carries the p of its contradiction test, undecided
+    (`_contradiction_decided` decides it)."""
     if needs_gpu and not arm:  # not run: the row says which setting would answer
         return Verdict("needs a GPU", f"not run here: {needs_gpu}", 0, *[None] * 11)
-    for name, values in {claim.baseline: baseline, **levels}.items():
+    for name, values in {claim.baseline: baseline, **levels, **({"mechanism off": mechanism_off}
+                                                                 if mechanism_off is not None else {})}.items():
         if len(values) != len(arm):
             raise UserError(f"{claim.arm} has {len(arm)} seeds and {name} {len(values)}: pair them by seed")
     if not all(math.isfinite(value) for values in (arm, baseline, *levels.values()) for value in values):
@@ -310,15 +348,24 @@ def _judged_in_family(claim: Claim, arm: list[float], baseline: list[float], lev
                      power(claim, spread, len(arm), level), seeds_for_power(claim, spread, level) if len(arm) > 1
                      else None)
     regime = _regime(claim, result.arm[0], result.baseline[0], levels)
+    if claim.kind == "equivalent" and mechanism_off is not None and not smoke:
+        moved = max(abs(value - off) for values in (arm, baseline) for value, off in zip(values, mechanism_off))
+        if moved < claim.effect:
+            return replace(result, verdict=INERT, p_adjusted=None, reason=(
+                f"switching the mechanism off moves no seed of {claim.arm} or {claim.baseline} by the margin "
+                f"{claim.effect:g} (at most {moved:.2g}): two settings of a mechanism that does nothing here are "
+                "equal whatever the claim"))
     if smoke:
         plan = "" if result.seeds_for_power is None else f"; a full run needs {_seeds_text(result)} seeds"
         return replace(result, verdict="smoke", reason="quick setting: " + (
             f"regime differs ({regime}); " if regime else "") + _evidence(claim, result) + plan)
-    if needs_gpu:
-        return replace(result, verdict="needs a GPU", reason=f"this setting cannot reach the paper's regime: "
-                                                             f"{needs_gpu}")
-    if regime:
-        return replace(result, verdict="regime differs", reason=regime)
+    if needs_gpu or regime:
+        undecided = replace(result, verdict="needs a GPU" if needs_gpu else "regime differs", reason=(
+            f"this setting cannot reach the paper's regime: {needs_gpu}" if needs_gpu else regime))
+        if len(arm) < MIN_SEEDS:
+            return undecided
+        contradicting = _contradicting(claim, differences, scale)
+        return replace(undecided, p=contradicting, p_adjusted=contradicting)
     if len(arm) < MIN_SEEDS:
         return replace(result, reason=f"{len(arm)} seed{'' if len(arm) == 1 else 's'}; a verdict needs >= "
                                       f"{MIN_SEEDS}")
@@ -346,12 +393,30 @@ def _decided(claim: Claim, result: Verdict, p_adjusted: float, step_level: float
         evidence += "; Holm's step-down stopped at a claim ranked before this one, so its interval decides nothing"
     if p_adjusted <= ALPHA:
         verdict = "reproduced" if result.p_support <= result.p_refute else "not reproduced"
+        if verdict == "not reproduced" and _against(claim, result.interval) and not stopped_before:
+            verdict = CONTRADICTED
     else:
         verdict = "inconclusive"
     if result.power is not None and result.power < TARGET_POWER:
         evidence += (f"; underpowered: power {result.power:.2f} at the paper's {claim.paper_effect:+.3g} with "
                      f"{result.seeds} seeds ({_seeds_text(result)} would give {TARGET_POWER:g})")
     return replace(result, verdict=verdict, reason=evidence)
+
+
+def _contradiction_decided(claim: Claim, result: Verdict, p_adjusted: float, step_level: float,
+                           paired: tuple[list[float], float]) -> Verdict:
+    """A row that cannot decide its claim (regime differs, needs a GPU), tested for a contradiction at its Holm step:
+    "contradicted at this scale" where that test rejects (its interval then lies wholly beyond the effect, against the
+    claim), else the row as it was, with that test's p and interval."""
+    confidence = 1 - 2 * step_level
+    result = replace(result, confidence=confidence, p_adjusted=p_adjusted,
+                     interval=_interval(claim, paired[0], confidence, paired[1]))
+    if p_adjusted <= ALPHA and _against(claim, result.interval):
+        return replace(result, verdict=CONTRADICTED, reason=(
+            f"{_evidence(claim, result)}: against it beyond the effect, p {result.p:.2g} (Holm {p_adjusted:.2g}); "
+            f"and {result.verdict} ({result.reason})"))
+    return replace(result, reason=f"{result.reason}; not contradicted either: p {result.p:.2g} (Holm "
+                                  f"{p_adjusted:.2g}) that it lies beyond the effect against the claim")
 
 
 def decide(records: list[dict], smoke: bool = False) -> list[dict]:
@@ -369,7 +434,8 @@ def decide(records: list[dict], smoke: bool = False) -> list[dict]:
     def judged_all(family_size: int) -> list[Verdict]:
         return [_judged_in_family(claim, record["values"]["arm"], record["values"]["baseline"],
                                   record["values"]["levels"], record["needs_gpu"], smoke or record["smoke"],
-                                  family_size) for claim, record in zip(claims, records)]
+                                  family_size, record["values"].get("mechanism_off"))
+                for claim, record in zip(claims, records)]
 
     verdicts = judged_all(1)
     family = [index for index, verdict in enumerate(verdicts) if verdict.p_adjusted is not None]
@@ -380,10 +446,12 @@ def decide(records: list[dict], smoke: bool = False) -> list[dict]:
         for rank, index in enumerate(order):
             step_level = ALPHA / (len(family) - rank)
             p_adjusted = float(adjusted[family.index(index)])
-            verdicts[index] = _decided(claims[index], verdicts[index], p_adjusted, step_level,
-                                       _paired(claims[index], records[index]["values"]["arm"],
-                                               records[index]["values"]["baseline"]),
-                                       stopped_before=verdicts[index].p <= step_level and p_adjusted > ALPHA)
+            paired = _paired(claims[index], records[index]["values"]["arm"], records[index]["values"]["baseline"])
+            if verdicts[index].verdict in UNDECIDED:
+                verdicts[index] = _contradiction_decided(claims[index], verdicts[index], p_adjusted, step_level, paired)
+            else:
+                verdicts[index] = _decided(claims[index], verdicts[index], p_adjusted, step_level, paired,
+                                           stopped_before=verdicts[index].p <= step_level and p_adjusted > ALPHA)
     return [_with_verdict({**record, "smoke": smoke or record["smoke"]}, claim, verdict)
             for record, claim, verdict in zip(records, claims, verdicts)]
 
@@ -417,13 +485,15 @@ def _with_verdict(record: dict, claim: Claim, verdict: Verdict) -> dict:
 
 
 def judged(claim: Claim, arm: list[float], baseline: list[float], levels: dict[str, list[float]] | None = None,
-           needs_gpu: str | None = None, **where) -> dict:
+           needs_gpu: str | None = None, mechanism_off: list[float] | None = None, **where) -> dict:
     """A report's record of one claim: ``where`` (e.g. length=64), the claim, the per-seed ``values`` it is judged
     on, the verdict's fields on its own p (`decide` judges a paper's records together) and its ledger row."""
     levels = {name: list(values) for name, values in (levels or {}).items()}
-    record = dict(where, claim=asdict(claim), values=dict(arm=list(arm), baseline=list(baseline), levels=levels),
-                  needs_gpu=needs_gpu, smoke=False)
-    return _with_verdict(record, claim, judge(claim, arm, baseline, levels, needs_gpu))
+    values = dict(arm=list(arm), baseline=list(baseline), levels=levels)
+    if mechanism_off is not None:
+        values["mechanism_off"] = list(mechanism_off)
+    record = dict(where, claim=asdict(claim), values=values, needs_gpu=needs_gpu, smoke=False)
+    return _with_verdict(record, claim, judge(claim, arm, baseline, levels, needs_gpu, mechanism_off=mechanism_off))
 
 
 def ledger_lines(records: list[dict], heading: str) -> list[str]:
