@@ -547,6 +547,10 @@ def _reproduce_verb(commands) -> None:
                            help="the paper's own scale (for a GPU; reproduce/experiments.py)")
     reproduce.add_argument("--output-dir", default=None,
                            help="default: runs/<experiment> (all and ledger: runs/reproduce)")
+    reproduce.add_argument("--replay", action="store_true",
+                           help="NAME: rerun the designated part of the report in --output-dir with this checkout's "
+                                "code and record in it whether the numbers are the report's (a ledger then takes a "
+                                "report of earlier code)")
     reproduce.add_argument("--keep-other-code", action="store_true",
                            help="ledger: keep reports whose experiment's code differs from this checkout's, marked "
                                 "with the files that differ (refused otherwise)")
@@ -555,6 +559,8 @@ def _reproduce_verb(commands) -> None:
 
 def _reproduce(args) -> int:
     setting = _setting(args)
+    if args.replay:
+        return _reproduce_replay(args)
     if args.experiment == "ledger":
         return _reproduce_ledger(args)
     if args.keep_other_code:
@@ -606,6 +612,21 @@ def _reproduce_all(args, setting: str) -> int:
     print("\nwrote " + ", ".join(str(path) for path in paths.values()) + f" and each experiment's report in "
           f"{output_dir}/<name>")
     return 0
+
+
+def _reproduce_replay(args) -> int:
+    """`reproduce NAME --replay`: the designated part of a report rerun with this checkout's code, recorded in it."""
+    from .reproduce.report import replay_experiment
+
+    if args.experiment in ("all", "ledger") or args.overrides or args.quick or args.paper_scale or args.keep_other_code:
+        raise UserError("--replay reruns one experiment's report as it ran: give NAME and --output-dir, no settings")
+    output_dir = args.output_dir or f"runs/{args.experiment}"
+    replay = replay_experiment(args.experiment, output_dir)
+    verdict = "equal to the report's" if replay["matches"] else "NOT the report's"
+    print(f"{args.experiment} replayed ({' '.join(replay['overrides'])}) at {replay['code']['commit'][:7]}: "
+          f"{verdict} (largest difference {replay['largest_difference']:.3g}, tolerance {replay['tolerance']:g}); "
+          f"recorded in {output_dir}")
+    return 0 if replay["matches"] else 1
 
 
 def _reproduce_one(args, setting: str) -> int:

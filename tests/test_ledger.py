@@ -2,6 +2,7 @@
 experiment's quick setting a valid set of overrides of its settings."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -180,3 +181,53 @@ def test_an_experiment_the_shipped_ledger_lacks_says_no_report_yet(monkeypatch):
     assert ledger_tables.NO_REPORT.format(name=missing) in ledger_tables.family_ledger(family)
     monkeypatch.setattr(ledger_tables, "measured_ledger", lambda: shipped)
     assert "No report yet" not in ledger_tables.family_ledger(family)
+
+
+TINY_ARGMAX = ["seeds=[0,1]", "length=8", "channels=16", "steps=5", "batch_size=8", "validation_samples=50"]
+
+
+def test_a_report_of_earlier_code_joins_a_ledger_only_with_a_replay_of_this_codes_numbers(tmp_path):
+    """A report run at other code is refused; with a replay recorded at this checkout's code that gave its numbers it
+    is taken unmarked, and its heading says so; a replay that differs, or one of yet other code, is refused."""
+    report = _report("fem-argmax", "full", 1.0, ([0.8 + d for d in FIVE], [0.7 + d for d in FIVE]))
+    earlier = {**report, "code": {**report["code"], "dirty": True, "experiment_diff_sha256": "0" * 64,
+                                  "changed_files": ["energyzoo/reproduce/fem_argmax.py"]}}
+    replay = {"code": code_state("fem-argmax"), "overrides": ["seeds=[0]"], "values": {"fem seed 0 mse": 0.1},
+              "largest_difference": 0.0, "tolerance": 0.0, "matches": True}
+    ledger = build_ledger({"fem-argmax": {**earlier, "replay": replay}}, "replayed")
+    assert ledger["experiments"]["fem-argmax"]["other_code"] is None
+    assert "replayed (seeds=[0]) at " in ledger_markdown(ledger) and "other code" not in ledger_markdown(ledger)
+    for refused in ({**replay, "matches": False, "largest_difference": 1e-3}, {**replay, "code": earlier["code"]}):
+        with pytest.raises(UserError, match="ran other code than this checkout's"):
+            build_ledger({"fem-argmax": {**earlier, "replay": refused}}, "replay refused")
+
+
+def test_a_replay_reruns_the_designated_part_and_finds_a_moved_number(tmp_path, capsys):
+    """The cheap replay CI runs: a tiny fem-argmax report, its seed 0 rerun at this code is bit-identical; a report
+    whose seed-0 number was moved (as a refactor that changed the numbers would leave it) is found, in one line."""
+    from energyzoo.cli import main
+    from energyzoo.reproduce.report import replay_experiment
+
+    run_experiment("fem-argmax", TINY_ARGMAX, tmp_path, progress=lambda message: None)
+    replay = replay_experiment("fem-argmax", tmp_path, progress=lambda message: None)
+    assert replay["matches"] and replay["largest_difference"] == 0.0 and len(replay["values"]) == 4
+    assert json.loads((tmp_path / "fem_argmax.json").read_text())["replay"] == json.loads(json.dumps(replay))
+    moved = json.loads((tmp_path / "fem_argmax.json").read_text())
+    moved["rows"][0]["mse"] += 1e-6  # seed 0's softmax row
+    (tmp_path / "fem_argmax.json").write_text(json.dumps(moved))
+    assert main(["reproduce", "fem-argmax", "--replay", "--output-dir", str(tmp_path)]) == 1
+    assert "NOT the report's (largest difference 1e-06" in capsys.readouterr().out
+    assert main(["reproduce", "all", "--replay"]) == 2
+    assert "--replay reruns one experiment's report" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_shipped_fem_argmax_report_replays_at_this_checkout(tmp_path):
+    """The shipped report's seed 0 (both arms, 1,000 steps at T = 32, D = 128) rerun with this checkout's code: the
+    report's numbers to the bit. A change under fem-argmax's code paths that moves them fails here."""
+    from energyzoo.reproduce.report import replay_experiment
+
+    shipped = Path(__file__).parents[1] / "reports" / "fem-argmax" / "fem_argmax.json"
+    (tmp_path / "fem_argmax.json").write_text(shipped.read_text())
+    replay = replay_experiment("fem-argmax", tmp_path, progress=lambda message: None)
+    assert replay["matches"], replay

@@ -24,7 +24,12 @@ class Experiment:
     minutes on 2 CPU cores, still >= 3 seeds and every arm: a smoke test, no verdicts), applied before the command
     line's; paper_scale: the overrides of ``--paper-scale`` (the paper's own scale, for a GPU); inputs: what else
     it reads (the training loop, data sources, recipes, presets: globs under energyzoo/, `code_paths`); cut: what
-    the full setting leaves out of the paper's protocol (the module's docstring says why), shown beside the ledger.
+    the full setting leaves out of the paper's protocol (the module's docstring says why), shown beside the ledger;
+    replay: the overrides that cut a report's own settings down to its designated part (a seed, a cell: minutes),
+    which `energyzoo reproduce NAME --replay` reruns with the checkout's code against the report's numbers of that part
+    (the module's ``replayed_values(report)``), to ``replay_tolerance`` (0: bit-identical, the run being deterministic
+    on one CPU thread), so that a report of earlier code joins a ledger only where its numbers are shown to be this
+    code's (`report.stale_code`).
     The defaults are the full setting: the protocol at the largest scale that fits about two hours on 2 CPU cores
     (the whole ledger in about eight), >= 5 seeds. The family (whose model cards and docs page show the verdicts) is
     the module's first word."""
@@ -35,6 +40,8 @@ class Experiment:
     paper_scale: tuple[str, ...] = ()
     inputs: tuple[str, ...] = ()  # what it reads besides its module and model code (globs under energyzoo/)
     cut: str = field(kw_only=True)  # required of every experiment: what its full setting leaves out
+    replay: tuple[str, ...] = field(default=(), kw_only=True)  # () : no designated part yet
+    replay_tolerance: float = field(default=0.0, kw_only=True)
 
     @property
     def family(self) -> str:
@@ -81,7 +88,7 @@ EXPERIMENTS = {
                              ("seeds=[0,1,2]", "steps=300", "validation_samples=500"),
                              ("length=128", "channels=512", "steps=2000", "validation_samples=2000", "device=cuda"),
                              cut=("T = 32, D = 128 and 1,000 steps instead of App. P's T = 128, D = 512 and 2,000 "
-                                  "steps")),
+                                  "steps"), replay=("seeds=[0]",)),
     "fem-lm": Experiment("fem_lm",
                          "fem.txt Table 2 at CPU scale: FEM-SM vs Llama of the same shape on the embedded corpus",
                          ("seeds=[0,1,2]", "steps=100", "evaluations=2"),

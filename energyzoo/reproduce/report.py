@@ -4,9 +4,11 @@ every experiment's verdicts (`energyzoo reproduce all`)."""
 import fnmatch
 import hashlib
 import json
+import math
 import os
 import platform
 import subprocess
+import tempfile
 from collections import Counter
 from dataclasses import asdict
 from datetime import datetime, timezone
@@ -91,10 +93,13 @@ def experiment_heading(name: str, report: dict) -> str:
     """An experiment's line above its verdicts: setting, wall time, what it compares, and the files whose code
     differs from the ledger's where it ran other code."""
     other = report.get("other_code") or []
-    code = report.get("code") or {}
+    code, replay = report.get("code") or {}, report.get("replay")
     ran = f" Ran at {code['commit'][:7]}{'-dirty' * bool(code.get('dirty'))}" if code.get("commit") else ""
     files = f"{', '.join(other[:3])}{', ...' * (len(other) > 3)}"
     marked = f"{ran}: other code than this ledger's, in {len(other)} of its files ({files})." if other else ""
+    if replay and replay["matches"] and not other:
+        marked = (f"{ran}; replayed ({' '.join(replay['overrides'])}) at {replay['code']['commit'][:7]}: the report's "
+                  f"numbers to {replay['largest_difference']:.2g} (tolerance {replay['tolerance']:g}).")
     return (f"**{name}** ({report['setting']} setting, {report['seconds'] / 60:.1f} min): "
             f"{EXPERIMENTS[name].description}.{marked}")
 
@@ -184,10 +189,20 @@ def code_state(name: str | None = None) -> dict | None:
 
 def stale_code(name: str, report: dict) -> list[str] | None:
     """The files of experiment ``name`` (`Experiment.code_paths`) whose code differs between the report's run and
-    this checkout ("unknown" where either is not a git checkout); None where they are the same. A report run on a
-    clean tree matches where the checkout has no difference from its commit in those files; one run on a changed
-    tree, where the difference is the one it recorded (its SHA-256)."""
-    recorded, paths = report.get("code"), EXPERIMENTS[name].code_paths()
+    this checkout ("unknown" where either is not a git checkout); None where they are the same, or where the report's
+    replay (`replay_experiment`) ran this checkout's code and gave the report's numbers. A report run on a clean tree
+    matches where the checkout has no difference from its commit in those files; one run on a changed tree, where the
+    difference is the one it recorded (its SHA-256)."""
+    paths = EXPERIMENTS[name].code_paths()
+    files = _code_differs(report.get("code"), paths)
+    replay = report.get("replay")
+    if files and replay and replay["matches"] and _code_differs(replay["code"], paths) is None:
+        return None
+    return files
+
+
+def _code_differs(recorded: dict | None, paths: list[str]) -> list[str] | None:
+    """`stale_code` of one recorded code state (a run's, or a replay's)."""
     if not recorded or _git("rev-parse", "HEAD") is None:
         return ["unknown: the report or this tree is not a git checkout"]
     if _git("cat-file", "-e", f"{recorded['commit']}^{{commit}}") is None:
@@ -200,6 +215,33 @@ def stale_code(name: str, report: dict) -> list[str] | None:
     at_run = {path for path in recorded["changed_files"]
               if any(fnmatch.fnmatchcase(path, own) or path.startswith(own + "/") for own in paths)}
     return sorted(since | at_run) or ["edits uncommitted when it ran"]
+
+
+def replay_experiment(name: str, output_dir: str | Path, progress=print) -> dict:
+    """Rerun the designated part (`Experiment.replay`) of the report in ``output_dir`` with this checkout's code, at
+    the report's own settings cut down to that part, and record in the report (``replay``: the code, the overrides,
+    the replayed numbers, the largest difference from the report's, the tolerance, whether they match); returns it."""
+    experiment = EXPERIMENTS[name]
+    if not experiment.replay:
+        raise UserError(f"{name} has no designated replay part yet (`Experiment.replay` in reproduce/experiments.py)")
+    path = Path(output_dir) / f"{experiment.module}.json"
+    if not path.is_file():
+        raise UserError(f"no report of {name} in {output_dir} (`energyzoo reproduce {name} --output-dir "
+                        f"{output_dir}` writes one)")
+    report = json.loads(path.read_text())
+    code = experiment.code()
+    settings = typed_settings(code.Settings, list(experiment.replay), base=report["settings"],
+                              owner=f"{name} replay settings")
+    state = code_state(name)  # before the run: the code that made the numbers
+    with tempfile.TemporaryDirectory() as scratch:
+        replayed = code.run(settings, scratch, progress) if experiment.trains_models else code.run(settings, progress)
+    values, reported = code.replayed_values(replayed), code.replayed_values(report)
+    largest = max((abs(values[key] - reported[key]) for key in reported.keys() & values.keys()), default=math.inf)
+    report["replay"] = {"code": state, "overrides": list(experiment.replay), "values": values,
+                        "largest_difference": largest, "tolerance": experiment.replay_tolerance,
+                        "matches": values.keys() == reported.keys() and largest <= experiment.replay_tolerance}
+    path.write_text(json.dumps(report, indent=2))
+    return report["replay"]
 
 
 def machine() -> str:
@@ -251,7 +293,7 @@ def build_ledger(reports: dict[str, dict], command: str, keep_other_code: bool =
         for (name, _), record in zip(members, decide([record for _, record in members])):
             decided.setdefault(name, []).append(record)
     experiments = {name: {key: report.get(key) for key in ("setting", "seconds", "settings", "machine", "packages",
-                                                            "code", "validation_curves")}
+                                                            "code", "replay", "validation_curves")}
                    | {"other_code": stale.get(name), "verdicts": decided.get(name, [])}
                    for name, report in reports.items()}
     tested = sum(record["p_adjusted"] is not None for records in decided.values() for record in records)

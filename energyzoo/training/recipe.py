@@ -360,16 +360,19 @@ def refuse_resolvers(config, owner: str) -> None:
                             "are fine)")
 
 
-def typed_settings(schema: type, overrides: list[str] = (), path: str | Path | None = None, owner: str = "recipe"):
-    """An instance of the dataclass ``schema`` from a YAML file (``path``) and dotted ``key=value`` overrides, read as
-    an OmegaConf structured config: every key is checked against its dataclass (an unknown one is refused by name,
-    with the closest known key), every value converted to its field's annotation (``1e-5`` for a float field), and
-    resolver interpolations refused (`refuse_resolvers`). Errors are one-line `UserError`s naming ``owner`` and the
-    key (or the file)."""
+def typed_settings(schema: type, overrides: list[str] = (), path: str | Path | None = None, owner: str = "recipe",
+                   base: dict | None = None):
+    """An instance of the dataclass ``schema`` from a YAML file (``path``), or values (``base``: a report's own
+    settings), and dotted ``key=value`` overrides over them, read as an OmegaConf structured config: every key is
+    checked against its dataclass (an unknown one is refused by name, with the closest known key), every value converted
+    to its field's annotation (``1e-5`` for a float field), and resolver interpolations refused (`refuse_resolvers`).
+    Errors are one-line `UserError`s naming ``owner`` and the key (or the file)."""
     for override in overrides:
         if "=" not in override:
             raise UserError(f"override {override!r} must look like key=value (in a recipe: section.key=value)")
     sources = [_yaml_file(Path(path))] if path is not None else []
+    if base is not None:
+        sources.append(OmegaConf.create(base))
     try:
         sources.append(OmegaConf.from_dotlist(list(overrides)))
     except yaml.YAMLError as error:
