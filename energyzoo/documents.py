@@ -70,8 +70,8 @@ def speed_summary() -> str:
 
 def ledger_summary() -> str:
     """The ledger's headline, each paper's primary claim, a row per experiment (its setting, wall time, the count of
-    each verdict, the commit it ran at and whether its code is this ledger's, the machine), and what each full
-    setting leaves out of its paper's protocol (`Experiment.cut`)."""
+    each verdict, the commit it ran at, and whether its code is this ledger's or a replay showed its numbers to be,
+    the machine), and what each full setting leaves out of its paper's protocol (`Experiment.cut`)."""
     ledger = measured_ledger()
     columns = (*VERDICTS, "smoke")
     lines = [headline(ledger), "", "Each paper's primary claim, declared before its run:", "", primary_table(ledger),
@@ -80,8 +80,9 @@ def ledger_summary() -> str:
     for name, report in ledger["experiments"].items():
         counts = Counter(record["verdict"] for record in report["verdicts"])
         ran = (report.get("code") or {}).get("commit", "unknown")[:7]
-        other = report.get("other_code")
-        code = f"{ran}: other code than the ledger's ({len(other)} files)" if other else f"{ran}: the ledger's"
+        other, replay = report.get("other_code"), report.get("replay")
+        code = f"{ran}: other code than the ledger's ({len(other)} files)" if other else (
+            f"{ran}, replayed at {replay['code']['commit'][:7]}: the ledger's" if replay else f"{ran}: the ledger's")
         lines.append(f"| {name} | {report['setting']} | {report['seconds'] / 60:.0f} | "
                      + " | ".join(str(counts[verdict]) for verdict in columns) + f" | {code} | {report['machine']} |")
     lines += ["", "What each full setting leaves out of its paper's protocol, to fit 2 CPU cores:", "",
