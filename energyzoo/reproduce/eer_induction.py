@@ -240,6 +240,11 @@ def summarise(runs: list[dict], settings: Settings) -> dict:
     return {"final": final, "table": table}
 
 
+def replayed_part(report: dict) -> list[dict]:
+    """The replayed part (`Experiment.replay`: seed 0, both methods) of ``report``."""
+    return [run for run in report["runs"] if run["seed"] == 0]
+
+
 def format_markdown(report: dict) -> str:
     settings, summary = report["settings"], report["summary"]
     lengths = settings["eval_lengths"]

@@ -83,6 +83,11 @@ def run(settings: Settings, output_dir: str | Path, progress=print) -> dict:
             "seconds": time.perf_counter() - started}
 
 
+def replayed_part(report: dict) -> list[dict]:
+    """The replayed part (`Experiment.replay`: seed 0, every arm) of ``report``."""
+    return [row for row in report["rows"] if row["seed"] == 0]
+
+
 def format_markdown(report: dict) -> str:
     settings = report["settings"]
     lines = [f"EER block choices at T = {settings['loops']} ({report['seconds']:.0f} s), {settings['steps']} steps "

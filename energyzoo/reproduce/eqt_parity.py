@@ -274,6 +274,11 @@ def _cell(column: str, statistic: dict) -> str:
     return f"{scale * statistic['mean']:.{digits}f} +- {scale * statistic['std']:.{digits}f}"
 
 
+def replayed_part(report: dict) -> list[dict]:
+    """The replayed part (`Experiment.replay`: seed 0, every arm and length) of ``report``."""
+    return [row for row in report["rows"] if row["seed"] == 0]
+
+
 def format_markdown(report: dict) -> str:
     settings = report["settings"]
     names = columns(settings)

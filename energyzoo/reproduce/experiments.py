@@ -25,11 +25,11 @@ class Experiment:
     line's; paper_scale: the overrides of ``--paper-scale`` (the paper's own scale, for a GPU); inputs: what else
     it reads (the training loop, data sources, recipes, presets: globs under energyzoo/, `code_paths`); cut: what
     the full setting leaves out of the paper's protocol (the module's docstring says why), shown beside the ledger;
-    replay: the overrides that cut a report's own settings down to its designated part (a seed, a cell: minutes),
-    which `energyzoo reproduce NAME --replay` reruns with the checkout's code against the report's numbers of that part
-    (the module's ``replayed_values(report)``), to ``replay_tolerance`` (0: bit-identical, the run being deterministic
-    on one CPU thread), so that a report of earlier code joins a ledger only where its numbers are shown to be this
-    code's (`report.stale_code`).
+    replay: the overrides that cut a report's own settings down to its designated part (a seed, a cell: minutes), which
+    `energyzoo reproduce NAME --replay` reruns with the checkout's code against the report's numbers of that part (the
+    module's ``replayed_part(report)``: those entries of a report), to ``replay_tolerance`` (0: bit-identical, the run
+    being deterministic on one CPU thread), so that a report of earlier code joins a ledger only where its numbers are
+    shown to be this code's (`report.stale_code`).
     The defaults are the full setting: the protocol at the largest scale that fits about two hours on 2 CPU cores
     (the whole ledger in about eight), >= 5 seeds. The family (whose model cards and docs page show the verdicts) is
     the module's first word."""
@@ -130,7 +130,7 @@ EXPERIMENTS = {
                              inputs=(*TRAINING_LOOP, "data/parity.py", "recipes/eqt-parity*.yaml",
                                      "presets/eqt-parity*.json", "presets/llama-parity*.json"),
                              cut=("a 0.2M-parameter model, 1,200 steps of batch 64, L = 64 only, instead of 6.3M "
-                                  "parameters, 25 epochs in batches of 256, L = 64 and 192")),
+                                  "parameters, 25 epochs in batches of 256, L = 64 and 192"), replay=("seeds=[0]",)),
     "eer-induction": Experiment("eer_induction",
                                 "EER vs cross-entropy on induction heads, trained at L 16-64, evaluated at L 10 / "
                                 "100 / 1000 (eer.txt App. C)", ("seeds=[0,1,2]", "steps=200", "eval_every=200",
@@ -138,12 +138,13 @@ EXPERIMENTS = {
                                 ("steps=20000", "eval_every=500", "tf32=true"),
                                 inputs=(*TRAINING_LOOP, "data/induction.py", "recipes/eer-induction.yaml",
                                         "presets/eer-induction*.json"),
-                                cut="1,000 steps instead of Table 1's 20,000; TF32 on against off needs a GPU"),
+                                cut="1,000 steps instead of Table 1's 20,000; TF32 on against off needs a GPU",
+                                replay=("seeds=[0]",)),
     "eer-block-screen": Experiment("eer_screen",
                                    "EER's unstated block choices (norms, embedding scale, readout, length curriculum, "
                                    "App. C's initial energy) screened at T = 4", ("seeds=[0,1,2]", "steps=300"),
                                    inputs=(*TRAINING_LOOP, "data/induction.py", "recipes/eer-induction.yaml",
                                            "presets/eer-induction*.json"),
                                    cut=("T = 4 loops instead of 25 (a screen of choices the paper leaves unstated, "
-                                        "not a claim of the paper)")),
+                                        "not a claim of the paper)"), replay=("seeds=[0]",)),
 }

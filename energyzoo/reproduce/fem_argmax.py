@@ -123,10 +123,9 @@ def run(settings: Settings, progress=print) -> dict:
     return {"settings": asdict(settings), "rows": rows, "verdicts": verdicts, "seconds": time.perf_counter() - started}
 
 
-def replayed_values(report: dict) -> dict[str, float]:
-    """The numbers of the replayed part (`Experiment.replay`: seed 0, both arms) in ``report``."""
-    return {f"{row['arm']} seed {row['seed']} {metric}": row[metric] for row in report["rows"] if row["seed"] == 0
-            for metric in ("mse", "index_accuracy")}
+def replayed_part(report: dict) -> list[dict]:
+    """The replayed part (`Experiment.replay`: seed 0, both arms) of ``report``: its rows."""
+    return [row for row in report["rows"] if row["seed"] == 0]
 
 
 def format_markdown(report: dict) -> str:

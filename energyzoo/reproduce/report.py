@@ -235,13 +235,31 @@ def replay_experiment(name: str, output_dir: str | Path, progress=print) -> dict
     state = code_state(name)  # before the run: the code that made the numbers
     with tempfile.TemporaryDirectory() as scratch:
         replayed = code.run(settings, scratch, progress) if experiment.trains_models else code.run(settings, progress)
-    values, reported = code.replayed_values(replayed), code.replayed_values(report)
-    largest = max((abs(values[key] - reported[key]) for key in reported.keys() & values.keys()), default=math.inf)
+    values, reported = _leaves(code.replayed_part(replayed)), _leaves(code.replayed_part(report))
+    largest = max((_difference(values[key], reported[key]) for key in reported.keys() & values.keys()),
+                  default=math.inf)
     report["replay"] = {"code": state, "overrides": list(experiment.replay), "values": values,
                         "largest_difference": largest, "tolerance": experiment.replay_tolerance,
                         "matches": values.keys() == reported.keys() and largest <= experiment.replay_tolerance}
     path.write_text(json.dumps(report, indent=2))
     return report["replay"]
+
+
+def _leaves(part, path: str = "") -> dict[str, object]:
+    """Every value of a report's part (nested dicts and lists of JSON values) under its path ("rows.0.mse")."""
+    if isinstance(part, (list, tuple)):
+        part = dict(enumerate(part))
+    if isinstance(part, dict):
+        return {key: value for name, child in part.items() for key, value in _leaves(child, f"{path}{name}.").items()}
+    return {path.rstrip("."): part}
+
+
+def _difference(replayed, reported) -> float:
+    """|replayed - reported| for numbers (bit-identical: 0), 0 or infinity for anything else (equal or not)."""
+    numbers = all(isinstance(value, (int, float)) and not isinstance(value, bool) for value in (replayed, reported))
+    if numbers:
+        return abs(replayed - reported)
+    return 0.0 if replayed == reported else math.inf
 
 
 def machine() -> str:
