@@ -18,7 +18,7 @@ from pathlib import Path
 from ..modeling.errors import UserError, needs_extra
 from ..training.recipe import typed_settings
 from .experiments import EXPERIMENTS
-from .verdict import ALPHA, LEDGER_HEADER, MIN_SEEDS, VERDICTS, decide
+from .verdict import ALPHA, LEDGER_HEADER, MIN_SEEDS, UNDECIDED, VERDICTS, decide
 
 PROVENANCE_PACKAGES = ("energyzoo", "torch", "transformers", "accelerate", "scipy", "statsmodels", "scikit-learn")
 
@@ -120,6 +120,8 @@ def primary_table(ledger: dict) -> str:
                                                           f"{record['interval'][1]:+.3g}]")
         difference = "–" if record["difference"] is None else f"{record['difference']:+.3g}{interval}"
         adjusted = "–" if record["p_adjusted"] is None else f"{record['p_adjusted']:.2g}"
+        if record["p_adjusted"] is not None and record["verdict"] in UNDECIDED:
+            adjusted += " (of the opposite effect)"  # an undecided row's one test: whether it lies against the claim
         power = "–" if record["power"] is None else f"{record['power']:.2f}"
         lines.append(f"| {family} | {record['claim']['quote']} ({record['claim']['source']}) | "
                      f"**{record['verdict']}** | {difference} | {adjusted} | {record['seeds']} | {power} | {name} |")
