@@ -181,7 +181,7 @@ def test_the_l1000_claims_are_judged_against_cross_entropy_and_against_the_paper
     assert comparative.paper_effect == pytest.approx(0.792 - 0.335)  # the jump: the power's truth
     eer, ce = [0.36, 0.35, 0.37, 0.355, 0.365], [0.36, 0.36, 0.35, 0.355, 0.35]  # both near 1/3, as measured
     assert judge(comparative, eer, ce).verdict == "not reproduced"  # EER is far from the jump
-    assert judge(absolute, eer, ce).verdict == "not reproduced"
+    assert judge(absolute, eer, ce).verdict == "contradicted at this scale"  # 36 % against Table 2's 79.2 %
     # cross-entropy 20 points above chance was once "stagnating"; now no floor: EER must still beat it by the effect
     learned = judge(comparative, eer, [0.55, 0.56, 0.54, 0.55, 0.57])
     assert learned.verdict == "not reproduced"

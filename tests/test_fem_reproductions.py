@@ -216,7 +216,7 @@ def test_the_language_model_verdicts_read_loss_as_lower_is_better():
     accuracy = judge(language_model_claim("next_token_accuracy"), [0.30, 0.31, 0.305, 0.3, 0.31],
                      [0.33, 0.34, 0.35, 0.34, 0.345])
     assert loss.verdict == "reproduced" and loss.difference == pytest.approx(0.3)
-    assert accuracy.verdict == "not reproduced"
+    assert accuracy.verdict == "contradicted at this scale"  # 3.6 points behind: beyond the effect, the other way
     untrained = judge(language_model_claim("loss"), [7.5] * 5, [7.62, 7.615, 7.62, 7.61, 7.625])
     assert untrained.verdict == "regime differs"  # Llama within the effect of log(2048) = 7.62: nothing learned
     assert language_model_claim("loss").primary and not language_model_claim("next_token_accuracy").primary
