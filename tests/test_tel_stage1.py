@@ -50,7 +50,7 @@ def test_reproduce_tel_stage1_writes_a_consistent_report(tmp_path):
     assert roll["metric"] == "mse" and roll["tel"]["mean"] < 1.0  # below predicting the (standardised) mean
     markdown = (tmp_path / "tel_stage1.md").read_text()
     assert markdown.count("| wine |") == 1 and markdown.count("| swiss_roll |") == 1
-    assert "Cells: 0 reproduced, 0 not reproduced, 2 inconclusive" in markdown
+    assert "Cells: 0 reproduced, 0 not reproduced, 0 contradicted at this scale, 2 inconclusive" in markdown
     assert (tmp_path / "tel_stage1.png").read_bytes()[:4] == b"\x89PNG"
     trace = report["traces"]["wine"]
     assert len(trace["train"]["temperature"]) == 5
