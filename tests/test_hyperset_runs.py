@@ -28,7 +28,8 @@ def test_recipes_train_and_report_their_task_metrics(recipe, metric, tmp_path):
 @pytest.mark.slow
 def test_reproduce_hyperset_writes_scaling_baselines_verdicts_and_traces(tmp_path):
     code = main(["reproduce", "hyperset", "seeds=[0]", "sudoku_steps=20", "classification_steps=20",
-                 "sudoku_arms=[hyperset,transformer,hyperset_low_lr]",
+                 "sudoku_arms=[hyperset,transformer,hyperset_low_lr]", "classification_seeds=[0,1]", "grid_seeds=1",
+                 "classification_learning_rates=[1e-3,3e-2]", "workers=1",
                  "maskgit_steps=20", "evaluation_puzzles=100", "--output-dir", str(tmp_path)])
     assert code == 0
     report = json.loads((tmp_path / "hyperset.json").read_text())
@@ -55,17 +56,29 @@ def test_reproduce_hyperset_writes_scaling_baselines_verdicts_and_traces(tmp_pat
     markdown = (tmp_path / "hyperset.md").read_text()
     assert "(54.70% vs. 49.30%) (hyperset.txt §5.1; secondary)" in markdown and "| transformer | 39,200 |" in markdown
     assert "(hyperset.txt Table 1; primary)" in markdown
-    # the digits verdict is read on the held-out test digits, recounted here from the best checkpoint
+    # each arm's learning rate is the grid point of the best validation accuracy, read from the runs' own best models
+    grid_accuracy = {(arm, rate): json.loads((tmp_path / f"digits-{arm}-lr{rate:g}-s0" / "best-model" /
+                                              "training_metrics.json").read_text())["validation_accuracy"]
+                     for arm in ("hyperset", "transformer") for rate in (1e-3, 3e-2)}
+    for arm in ("hyperset", "transformer"):
+        assert report["learning_rates"][arm] == max((1e-3, 3e-2), key=lambda rate: grid_accuracy[arm, rate])
+        assert [row["learning_rate"] for row in report["classification"] if row["arm"] == arm] == \
+            [report["learning_rates"][arm]] * 2
+    # the digits verdict is read on the seed's held-out test digits, recounted here from the best checkpoint
     from transformers import AutoModelForImageClassification
 
     from energyzoo.data.digits import digits_test_set
 
-    images, labels = digits_test_set()
-    best_digits = AutoModelForImageClassification.from_pretrained(tmp_path / "digits-hyperset-s0" / "best-model")
-    with torch.no_grad():
-        hits = sum(int(predicted == label) for predicted, label in
-                   zip(best_digits.eval()(pixel_values=images).logits.argmax(-1).tolist(), labels.tolist()))
-    assert report["classification"][0]["accuracy"] == hits / 360
+    chosen = report["learning_rates"]["hyperset"]
+    for seed in (0, 1):
+        images, labels = digits_test_set(seed)
+        best_digits = AutoModelForImageClassification.from_pretrained(
+            tmp_path / f"digits-hyperset-lr{chosen:g}-s{seed}" / "best-model")
+        with torch.no_grad():
+            hits = sum(int(predicted == label) for predicted, label in
+                       zip(best_digits.eval()(pixel_values=images).logits.argmax(-1).tolist(), labels.tolist()))
+        row = next(row for row in report["classification"] if row["arm"] == "hyperset" and row["seed"] == seed)
+        assert row["accuracy"] == hits / 359
     givens = report["test_givens"]
     assert givens["requested"] == [4, 5] and 4 <= givens["min"] <= givens["median"] <= givens["max"]
     ceiling, decoded, floor = report["maskgit"]
@@ -145,18 +158,26 @@ def test_training_validation_and_test_puzzles_come_from_disjoint_solution_grids(
 
 
 
-def test_the_test_digits_are_a_fixed_fifth_that_no_split_contains():
+def test_each_seed_draws_its_own_test_fifth_that_its_split_does_not_contain():
+    from sklearn.datasets import load_digits
+
     from energyzoo.data.digits import digits_split, digits_test_set
 
-    test_images, test_labels = digits_test_set()
-    assert len(test_labels) == 360  # every fifth of scikit-learn's 1,797
-    test = {tuple(image.flatten().tolist()) for image in test_images}
+    originals = {tuple(image.flatten().tolist()): index for index, image in enumerate(load_digits().images / 8.0 - 1)}
+
+    def indices(images) -> set[int]:  # scikit-learn's index of each image (its few duplicates share one)
+        return {originals[tuple(image.flatten().tolist())] for image in images}
+
+    tested = {}
     for seed in (0, 1):
+        test_images, test_labels = digits_test_set(seed)
+        assert len(test_labels) == 359  # a fifth of scikit-learn's 1,797
         train_images, _, validation_images, _ = digits_split(0.2, seed)
-        assert len(train_images) + len(validation_images) == 1797 - 360
-        seen = [tuple(image.flatten().tolist()) for image in torch.cat([train_images, validation_images])]
-        # scikit-learn's digits hold a few identical images; none of the test ones is among the rest by index
-        assert sum(image in test for image in seen) <= 5
+        assert len(train_images) + len(validation_images) == 1797 - 359
+        tested[seed] = indices(test_images)
+        assert len(tested[seed] & indices(torch.cat([train_images, validation_images]))) <= 5
+    # a fresh draw per seed: two fifths drawn at random share about a fifth of their digits
+    assert 30 < len(tested[0] & tested[1]) < 120
 
 
 def test_givens_reached_counts_the_filled_cells():

@@ -7,8 +7,12 @@ at Hyper-SET's parameter count), over seeds, on data that is always there.
    dynamics settle?); each evaluated from its best-validation checkpoint (board accuracy), as the public code
    does, at R, 1.5R and 2R iterations with the same weights, with the update size per iteration (and Hyper-SET's
    E_ATTN, E_FF) up to 2R.
-2. Image classification (§5.2, Table 1): `hyperset-digits` for Hyper-SET and its Transformer baseline on the
-   embedded 8x8 digits, best-validation checkpoint.
+2. Image classification (§5.2, Table 1; the primary claim): `hyperset-digits` for Hyper-SET and its Transformer
+   baseline on the embedded 8x8 digits, best-validation checkpoint. Each arm gets its own learning rate, as fem-lm's
+   do: every point of ``classification_learning_rates`` is trained with the first ``grid_seeds`` seeds, and the one
+   with the highest mean best-validation accuracy is the arm's (the paper tunes neither arm on our data); the other
+   seeds run at it. Each seed draws its own test fifth of the digits (`energyzoo.data.digits.digits_test_set`), so the
+   spread over seeds the interval reads carries the test set's sampling noise as well as training's.
 3. MaskGIT (§5.3, Table 3): the `hyperset-maskgit-digits` recipe on k-means patch codes of the digits; held-out
    digits with 40% of their codes masked (Bernoulli, D.4) are completed by iterative decoding and scored by PSNR
    and SSIM against the original images, beside the tokenizer's own reconstruction (the ceiling) and a fill with
@@ -17,10 +21,10 @@ at Hyper-SET's parameter count), over seeds, on data that is always there.
 Verdicts (seeds paired): Hyper-SET beats the Transformer in distribution on Sudoku by half §5.1's gap (54.70 % vs
 49.30 %; the Transformer must sit within 20 points of 49.3 %: a task as hard as the paper's); its gain from R to 2R
 beats the Transformer's by a point (Fig. 3b; the levels at R must leave a point of room above 0 and below 1); it is
-within one point of the Transformer on the digits (Table 1: 90.11 vs 89.90 on CIFAR-10, "competitive"). The Sudoku
-regime is 4-5 givens per 4x4 board; test puzzles come from held-out solution grids (`energyzoo.data.sudoku`), and
-each model is the best-validation checkpoint of ``sudoku_steps`` (Hyper-SET starts as the identity and needs about
-2,000 steps to leave it).
+within one point of the Transformer on the digits ("competitive": `CLASSIFICATION` gives the margin's rationale).
+The Sudoku regime is 4-5 givens per 4x4 board; test puzzles come from held-out solution grids
+(`energyzoo.data.sudoku`), and each model is the best-validation checkpoint of ``sudoku_steps`` (Hyper-SET starts as
+the identity and needs about 2,000 steps to leave it).
 
 Parameter counts include Hyper-SET's step-size network, whose t-path is zero at initialisation and receives no
 gradient under the default `step_zero_init="all"` (it stays exactly zero: `HyperSETConfig`'s docstring), as the
@@ -29,12 +33,15 @@ digits instead of CIFAR/ImageNet, tiny models and minutes of training; ``--paper
 hyperset.txt's 17-34 givens (asked of the generator, which stops where uniqueness allows, about 22 on 9x9: the
 report prints the givens reached; the paper's Palm et al. set loads through `data.source=hf-sudoku`). Selection and
 scoring are apart: Sudoku's validation puzzles come from solution grids of their own (`energyzoo.data.sudoku`), and
-the digits verdict is scored on the held-out test digits, not on the validation accuracy that picked the checkpoint.
+the digits verdict is scored on the seed's held-out test digits, not on the validation accuracy that picked the
+checkpoint and the learning rate. The runs are spread over ``workers`` processes, and each finished run is kept in
+``output_dir/parts`` (`Parts`): a run stopped at a session's end resumes where it stopped.
 """
 
 import json
-import time
-from dataclasses import asdict, dataclass, field
+import statistics
+from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -51,6 +58,8 @@ from ..modeling.errors import UserError
 from ..training.recipe import load_recipe
 from ..training.run import run_training
 from ..training.tasks import training_task
+from .parts import Parts
+from .processes import runs_mapped
 from .verdict import Claim, judged, ledger_lines, mean_std
 
 SCALES = (1.0, 1.5, 2.0)
@@ -80,28 +89,37 @@ EXTRAPOLATION = Claim("our model scales more effectively than Transformer, with 
                       regime_source="each level at R above 0 by the larger gain, below 1 by the effect")
 CLASSIFICATION = Claim("competitive with the Transformer of the same parameter count (90.11 vs 89.90 on CIFAR-10)",
                        "hyperset.txt Table 1", "hyperset", "transformer", "digits test accuracy", kind="not_worse",
-                       effect=0.01, effect_source="Table 1 calls leads of 0.21-1.52 points superior (CIFAR-10/100, "
-                                                  "ImageNet-100): a 1-point deficit, inside that range, is our margin",
+                       effect=0.01, effect_source="the abstract calls its image classification 'competitive or "
+                                                  "superior'; §5.2 says it 'performs comparably' where Table 2 has it "
+                                                  "1.19-2.21 points behind at d 512 (CIFAR-10*, CIFAR-100*, IN-1K), "
+                                                  "and 'lags behind' at Table 1's 4.18 (IN-1K): a 1-point deficit, "
+                                                  "under the least it calls comparable, is our margin",
                        paper_effect=0.0021, chance=0.1, ceiling=1.0, primary=True,
                        regime_source="chance 0.1 (ten digits); both arms within the margin of 1 say nothing")
 
 
 @dataclass
 class Settings:
-    # the quick pilot's digits seeds split 0.31 / 0.64 (400 steps): its power plan asks for more than the cap; 8 is
-    # the budget's (about 75 minutes on 2 CPU cores), and the rows say what power that leaves
-    seeds: list[int] = field(default_factory=lambda: list(range(8)))
+    seeds: list[int] = field(default_factory=lambda: list(range(8)))  # Sudoku's
     sudoku_arms: list[str] = field(default_factory=lambda: ["hyperset", "transformer"])
     sudoku_steps: int = 2000  # Hyper-SET's recipe needs about 2,000 to leave the identity
     sudoku_givens: list[int] = field(default_factory=lambda: [4, 5])  # clues per 4x4 board: the fewest that stay unique
     sudoku_side: int = 4  # 4 (CPU) or 9 (the paper's board)
     low_learning_rate: float = 3e-4  # a tenth of hyperset-sudoku-4x4's
+    # the primary's power plan: the 8-seed run of 43a7256 (one fixed test set) spread its paired differences so that
+    # 17 seeds give power 0.8 at the paper's +0.0021; a test set drawn per seed adds its sampling noise, so 20, what
+    # the budget holds (about 80 minutes in two processes); the row reports the power reached and the seeds the plan
+    # asks at this run's spread
+    classification_seeds: list[int] = field(default_factory=lambda: list(range(20)))
+    classification_learning_rates: list[float] = field(default_factory=lambda: [1e-3, 3e-3, 1e-2])  # each arm's grid
+    grid_seeds: int = 2  # the first classification seeds, which train every point of the grid
     classification_steps: int = 2000
     maskgit_steps: int = 1500
     decoding_steps: int = 4
     masked_fraction: float = 0.4
     evaluation_puzzles: int = 500
     evaluation_seed: int = 42
+    workers: int = 2  # processes the runs are spread over
 
     def __post_init__(self):
         if self.sudoku_side not in BOARDS:
@@ -110,6 +128,12 @@ class Settings:
         if unknown or not {"hyperset", "transformer"} <= set(self.sudoku_arms):
             raise UserError(f"hyperset sudoku_arms must include hyperset and transformer and be among "
                              f"{list(SUDOKU_ARMS)}, got {self.sudoku_arms}")
+        if not 1 <= self.grid_seeds <= len(self.classification_seeds) or not self.classification_learning_rates:
+            raise UserError(f"hyperset grid_seeds must be between 1 and the number of classification_seeds "
+                             f"({len(self.classification_seeds)}) and classification_learning_rates non-empty, got "
+                             f"{self.grid_seeds} and {self.classification_learning_rates}")
+        if self.workers < 1:
+            raise UserError(f"hyperset workers must be >= 1, got {self.workers}")
 
 
 def _train(recipe: str, output_dir: Path, steps: int, *overrides: str, keep_best: str | None = None):
@@ -170,36 +194,90 @@ def maskgit_reconstruction(model, recipe, settings: Settings) -> list[dict]:
     return rows
 
 
-def test_accuracy(model) -> float:
-    """The accuracy on the held-out test digits (`digits_test_set`: no training or validation run sees them), the
-    best-validation checkpoint's score: the selection metric would flatter it."""
-    images, labels = digits_test_set()
+def test_accuracy(model, seed: int) -> float:
+    """The accuracy on seed ``seed``'s held-out test digits (`digits_test_set`: no training or validation run of that
+    seed sees them), the best-validation checkpoint's score: the selection metric would flatter it."""
+    images, labels = digits_test_set(seed)
     with torch.no_grad():
         predicted = model(pixel_values=images).logits.argmax(-1)
     return (predicted == labels).sum().item() / len(labels)
 
 
-def _sudoku_runs(settings: Settings, output_dir: Path, progress) -> tuple[list[dict], dict, dict, dict]:
-    """Per arm and seed: the best checkpoint's accuracies at R, 1.5R, 2R; per arm, seed 0's traces up to 2R; the
-    parameter counts; the givens of the test puzzles."""
-    rows, traces, parameters = [], {}, {}
+@dataclass(frozen=True)
+class Job:
+    """One training run of the experiment: a Sudoku arm, a digits arm at a learning rate, or the MaskGIT model."""
+
+    task: str  # "sudoku" | "digits" | "maskgit"
+    arm: str = "hyperset"
+    seed: int = 0
+    learning_rate: float | None = None
+
+    @property
+    def name(self) -> str:
+        rate = "" if self.learning_rate is None else f"-lr{self.learning_rate:g}"
+        return f"{self.task}-{self.arm}-s{self.seed}{rate}"
+
+
+def _sudoku_run(settings: Settings, output_dir: Path, job: Job) -> dict:
+    """The best checkpoint's accuracies at R, 1.5R, 2R on the test puzzles, its parameter count, and for the first
+    seed its traces' mean curves up to 2R."""
     recipe, _, arms = BOARDS[settings.sudoku_side]
-    inputs, labels = sudoku_test_set(settings)
-    for arm in settings.sudoku_arms:
-        overrides = arms[arm]
-        rate = (f"training.learning_rate={settings.low_learning_rate}",) if arm == "hyperset_low_lr" else ()
-        for seed in settings.seeds:
-            progress(f"Sudoku: training {arm}, seed {seed}")
-            result = _train(recipe, output_dir / f"sudoku-{arm}-s{seed}", settings.sudoku_steps,
-                            *overrides, *rate, f"data.givens=[{','.join(map(str, settings.sudoku_givens))}]",
-                            f"training.seed={seed}", keep_best="validation_board_accuracy")
-            model = AutoModelForTokenClassification.from_pretrained(result.best_model_dir).eval()
-            parameters[arm] = sum(p.numel() for p in model.parameters())
-            scaling, trace = sudoku_scaling(model, inputs, labels)
-            rows.append({"arm": arm, "seed": seed, "scaling": scaling})
-            if seed == settings.seeds[0]:
-                traces[arm] = trace
-    return rows, traces, parameters, givens_reached(inputs, settings.sudoku_givens)
+    rate = (f"training.learning_rate={settings.low_learning_rate}",) if job.arm == "hyperset_low_lr" else ()
+    result = _train(recipe, output_dir / f"sudoku-{job.arm}-s{job.seed}", settings.sudoku_steps, *arms[job.arm],
+                    *rate, f"data.givens=[{','.join(map(str, settings.sudoku_givens))}]", f"training.seed={job.seed}",
+                    keep_best="validation_board_accuracy")
+    model = AutoModelForTokenClassification.from_pretrained(result.best_model_dir).eval()
+    scaling, trace = sudoku_scaling(model, *sudoku_test_set(settings))
+    curves = {name: trace.stack(name).mean(-1)[0].tolist() for name in
+              ("residual", "attention_energy", "feedforward_energy") if name in trace.names()}
+    return {"arm": job.arm, "seed": job.seed, "parameters": sum(p.numel() for p in model.parameters()),
+            "scaling": scaling, **({"curves": curves} if job.seed == settings.seeds[0] else {})}
+
+
+def _digits_run(settings: Settings, output_dir: Path, job: Job) -> dict:
+    """The best-validation checkpoint of one arm at one learning rate: its test and validation accuracy."""
+    result = _train("hyperset-digits", output_dir / f"digits-{job.arm}-lr{job.learning_rate:g}-s{job.seed}",
+                    settings.classification_steps, f"model.preset={DIGITS_ARMS[job.arm]}",
+                    f"training.learning_rate={job.learning_rate}", f"training.seed={job.seed}",
+                    keep_best="validation_accuracy")
+    trained = AutoModelForImageClassification.from_pretrained(result.best_model_dir).eval()
+    best = json.loads((result.best_model_dir / "training_metrics.json").read_text())
+    return {"arm": job.arm, "seed": job.seed, "learning_rate": job.learning_rate,
+            "parameters": sum(p.numel() for p in trained.parameters()), "accuracy": test_accuracy(trained, job.seed),
+            "validation_accuracy": best["validation_accuracy"], "best_step": best["steps"]}
+
+
+def _maskgit_run(settings: Settings, output_dir: Path, job: Job) -> list[dict]:
+    maskgit = _train("hyperset-maskgit-digits", output_dir / "maskgit", settings.maskgit_steps)
+    mim = AutoModelForMaskedImageModeling.from_pretrained(maskgit.model_dir).eval()
+    return maskgit_reconstruction(mim, load_recipe(maskgit.model_dir / "recipe.yaml"), settings)
+
+
+def _run_job(settings: Settings, output_dir: Path, job: Job):
+    return {"sudoku": _sudoku_run, "digits": _digits_run, "maskgit": _maskgit_run}[job.task](settings, output_dir, job)
+
+
+def _finished(jobs: list[Job], settings: Settings, output_dir: Path, parts: Parts, progress) -> dict[Job, object]:
+    """Each run's result: read back from ``parts`` where a run of these settings on this code finished it, else
+    trained in ``settings.workers`` processes (`runs_mapped`) and kept there as it finishes."""
+    results = {job: parts.read(job.name) for job in jobs}
+    todo = [job for job in jobs if results[job] is None]
+    if len(todo) < len(jobs):
+        progress(f"hyperset: {len(jobs) - len(todo)} of {len(jobs)} runs read back from {parts.folder}")
+    with runs_mapped(settings.workers) as mapped:
+        for job, result in zip(todo, mapped(partial(_run_job, settings, output_dir), todo)):
+            progress(f"hyperset: {job.name} trained")
+            parts.write(job.name, result)
+            results[job] = result
+    return results
+
+
+def _chosen_rates(grid: list[dict]) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
+    """Per arm, the mean best-validation accuracy at each learning rate of the grid, and the rate with the highest."""
+    means = {arm: {rate: statistics.fmean(row["validation_accuracy"] for row in grid
+                                          if row["arm"] == arm and row["learning_rate"] == rate)
+                   for rate in dict.fromkeys(row["learning_rate"] for row in grid)} for arm in DIGITS_ARMS}
+    return means, {arm: max(rates, key=rates.get) for arm, rates in means.items()}
 
 
 def _sudoku_verdicts(rows: list[dict]) -> list[dict]:
@@ -215,34 +293,49 @@ def _sudoku_verdicts(rows: list[dict]) -> list[dict]:
 
 
 def run(settings: Settings, output_dir: str | Path, progress=print) -> dict:
-    started = time.perf_counter()
+    """Every run of the experiment in ``settings.workers`` processes, each kept in ``output_dir/parts`` as it
+    finishes; the digits grid first (with the Sudoku and MaskGIT runs), then the other classification seeds at each
+    arm's chosen learning rate."""
     output_dir = Path(output_dir)
-    sudoku, traces, parameters, givens = _sudoku_runs(settings, output_dir, progress)
-    classification = []
-    for arm, preset in DIGITS_ARMS.items():
-        for seed in settings.seeds:
-            progress(f"digits: training {arm}, seed {seed}")
-            result = _train("hyperset-digits", output_dir / f"digits-{arm}-s{seed}", settings.classification_steps,
-                            f"model.preset={preset}", f"training.seed={seed}", keep_best="validation_accuracy")
-            trained = AutoModelForImageClassification.from_pretrained(result.best_model_dir).eval()
-            best = json.loads((result.best_model_dir / "training_metrics.json").read_text())
-            classification.append({"arm": arm, "seed": seed, "parameters": sum(p.numel() for p in trained.parameters()),
-                                   "accuracy": test_accuracy(trained),
-                                   "validation_accuracy": best["validation_accuracy"], "best_step": best["steps"]})
-    progress("training Hyper-SET MaskGIT on digit patch codes")
-    maskgit = _train("hyperset-maskgit-digits", output_dir / "maskgit", settings.maskgit_steps)
-    mim = AutoModelForMaskedImageModeling.from_pretrained(maskgit.model_dir).eval()
-    reconstruction = maskgit_reconstruction(mim, load_recipe(maskgit.model_dir / "recipe.yaml"), settings)
-    accuracy = {arm: [row["accuracy"] for row in classification if row["arm"] == arm] for arm in DIGITS_ARMS}
+    parts = Parts("hyperset", asdict(replace(settings, workers=1)), output_dir)  # workers change no number
+    sudoku_runs = [Job("sudoku", arm, seed) for arm in settings.sudoku_arms for seed in settings.seeds]
+    grid_runs = [Job("digits", arm, seed, rate) for arm in DIGITS_ARMS
+                 for rate in settings.classification_learning_rates
+                 for seed in settings.classification_seeds[:settings.grid_seeds]]
+    first = _finished([*grid_runs, *sudoku_runs, Job("maskgit")], settings, output_dir, parts, progress)
+    grid = [first[job] for job in grid_runs]
+    grid_means, chosen = _chosen_rates(grid)
+    rest = [Job("digits", arm, seed, chosen[arm]) for arm in DIGITS_ARMS
+            for seed in settings.classification_seeds[settings.grid_seeds:]]
+    classification = [row for row in grid if row["learning_rate"] == chosen[row["arm"]]]
+    classification += _finished(rest, settings, output_dir, parts, progress).values()
+    sudoku = [first[job] for job in sudoku_runs]
+    accuracy = {arm: [row["accuracy"] for row in sorted(classification, key=lambda row: row["seed"])
+                      if row["arm"] == arm] for arm in DIGITS_ARMS}
     verdicts = [*_sudoku_verdicts(sudoku), judged(CLASSIFICATION, accuracy["hyperset"], accuracy["transformer"],
                                                   task="digits")]
-    curves = {arm: {name: trace.stack(name).mean(-1)[0].tolist() for name in
-                    ("residual", "attention_energy", "feedforward_energy") if name in trace.names()}
-              for arm, trace in traces.items()}
-    return {"settings": asdict(settings), "sudoku": sudoku, "sudoku_parameters": parameters, "test_givens": givens,
+    inputs, _ = sudoku_test_set(settings)
+    return {"settings": asdict(settings),
+            "sudoku": [{key: row[key] for key in ("arm", "seed", "scaling")} for row in sudoku],
+            "sudoku_parameters": {row["arm"]: row["parameters"] for row in sudoku},
+            "test_givens": givens_reached(inputs, settings.sudoku_givens),
             "trained_iterations": sudoku[0]["scaling"][0]["iterations"],
-            "classification": classification, "maskgit": reconstruction, "curves": curves, "traces": traces,
-            "verdicts": verdicts, "seconds": time.perf_counter() - started}
+            "learning_rate_grid": {arm: {f"{rate:g}": value for rate, value in means.items()}
+                                   for arm, means in grid_means.items()},
+            "learning_rates": chosen, "classification_grid": grid, "classification": classification,
+            "maskgit": first[Job("maskgit")],
+            "curves": {row["arm"]: row["curves"] for row in sudoku if "curves" in row},
+            "verdicts": verdicts, "seconds": parts.seconds()}
+
+
+def replayed_part(report: dict) -> dict:
+    """The replayed part (`Experiment.replay`: seed 0 of every Sudoku arm, every grid point of classification seed 0,
+    and MaskGIT) of ``report``."""
+    return {"sudoku": [row for row in report["sudoku"] if row["seed"] == 0],
+            "classification_grid": [row for row in report["classification_grid"] if row["seed"] == 0],
+            "maskgit": report["maskgit"]}
+
+
 def _mean_std_cell(values: list[float]) -> str:
     mean, std = mean_std(values)
     return f"{mean:.4f} +- {std:.4f}"
@@ -272,15 +365,25 @@ def format_markdown(report: dict) -> str:
             f"; E_ATTN {curves['attention_energy'][0]:.2f} -> {curves['attention_energy'][-1]:.2f}, E_FF "
             f"{curves['feedforward_energy'][0]:.2f} -> {curves['feedforward_energy'][-1]:.2f}")
         lines.append(f"- {arm}: " + ", ".join(f"{value:.2f}" for value in residual) + energies)
-    lines += ["", f"Digits classification ({settings['classification_steps']} steps): the best-validation checkpoint "
-              f"on the held-out test digits:", "",
-              "| arm | parameters | test accuracy | validation accuracy (selection) | best step |",
-              "|---|---|---|---|---|"]
+    lines += ["", f"Digits classification ({settings['classification_steps']} steps), the primary: each arm at its "
+              f"learning rate of {settings['classification_learning_rates']} (highest mean best-validation accuracy "
+              f"over classification seeds {settings['classification_seeds'][:settings['grid_seeds']]}); the "
+              f"best-validation checkpoint on the seed's own held-out test fifth, mean +- std over seeds "
+              f"{settings['classification_seeds']}:", "",
+              "| arm | parameters | learning rate | validation accuracy per rate of the grid | test accuracy | "
+              "validation accuracy (selection) | best step |", "|---|---|---|---|---|---|---|"]
     for arm in DIGITS_ARMS:
         runs = [row for row in report["classification"] if row["arm"] == arm]
-        lines.append(f"| {arm} | {runs[0]['parameters']:,} | {_mean_std_cell([row['accuracy'] for row in runs])} | "
+        grid = ", ".join(f"{rate}: {value:.4f}" for rate, value in report["learning_rate_grid"][arm].items())
+        lines.append(f"| {arm} | {runs[0]['parameters']:,} | {report['learning_rates'][arm]:g} | {grid} | "
+                     f"{_mean_std_cell([row['accuracy'] for row in runs])} | "
                      f"{_mean_std_cell([row['validation_accuracy'] for row in runs])} | "
                      + ", ".join(str(row["best_step"]) for row in runs) + " |")
+    primary = report["verdicts"][-1]
+    if primary["seeds_for_power"] is not None:
+        lines += ["", f"Power plan (`Settings.classification_seeds`): {primary['seeds']} seeds; at this run's spread "
+                      f"the power at the paper's {primary['claim']['paper_effect']:+g} is {primary['power']:.2f}, and "
+                      f"{primary['seeds_for_power']} seeds would give 0.8."]
     lines += ["", f"MaskGIT on held-out digits, {settings['masked_fraction']:.0%} of the 4x4 patch codes masked, "
               f"{settings['decoding_steps']} decoding steps:", "", "| method | PSNR | SSIM |", "|---|---|---|"]
     lines += [f"| {row['method']} | {row['psnr']:.2f} | {row['ssim']:.4f} |" for row in report["maskgit"]]
