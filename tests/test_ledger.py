@@ -27,16 +27,16 @@ def _report(name: str, setting: str, seconds: float, *pairs) -> dict:
 
 def test_the_ledger_decides_every_verdict_together_and_counts_smoke_apart(tmp_path):
     reports = {
-        "tel-stage1": _report("tel-stage1", "full", 120.0, ([0.80 + d for d in FIVE], [0.70 + d / 2 for d in FIVE]),
+        "fem-argmax": _report("fem-argmax", "full", 120.0, ([0.80 + d for d in FIVE], [0.70 + d / 2 for d in FIVE]),
                               ([0.70 + d for d in FIVE], [0.70 - d for d in FIVE])),
-        "eqt-parity": _report("eqt-parity", "quick", 60.0, ([0.5 + d for d in FIVE], [0.7 + d for d in FIVE])),
+        "hyperset": _report("hyperset", "quick", 60.0, ([0.5 + d for d in FIVE], [0.7 + d for d in FIVE])),
     }
-    ledger = build_ledger(reports, command="energyzoo reproduce all eqt-parity=quick")
+    ledger = build_ledger(reports, command="energyzoo reproduce all hyperset=quick")
     verdicts = [record["verdict"] for report in ledger["experiments"].values() for record in report["verdicts"]]
     assert verdicts == ["reproduced", "not reproduced", "smoke"]  # the second: a true zero excludes the effect
-    assert ledger["tested"] == 2  # TEL's family: its two full-setting claims
-    first = ledger["experiments"]["tel-stage1"]["verdicts"][0]
-    raw = [record["p"] for record in ledger["experiments"]["tel-stage1"]["verdicts"]]
+    assert ledger["tested"] == 2  # FEM's family: its two full-setting claims
+    first = ledger["experiments"]["fem-argmax"]["verdicts"][0]
+    raw = [record["p"] for record in ledger["experiments"]["fem-argmax"]["verdicts"]]
     assert first["p_adjusted"] == pytest.approx(min(1.0, 2 * min(raw)))  # Holm's first step over two claims
     assert ledger["provenance"]["seconds"] == 180.0 and ledger["provenance"]["packages"]["torch"]
     markdown = ledger_markdown(ledger)
@@ -45,7 +45,7 @@ def test_the_ledger_decides_every_verdict_together_and_counts_smoke_apart(tmp_pa
         "settings: no verdicts). Verdicts need >= 5 seeds and Holm-adjusted p <= 0.05 within each paper's tested "
         "claims (2 in all).")
     assert markdown.count("| A beats B (paper Table 1; secondary) |") == 3
-    assert markdown.index("**tel-stage1** (full setting, 2.0 min)") < markdown.index("**eqt-parity** (quick")
+    assert markdown.index("**fem-argmax** (full setting, 2.0 min)") < markdown.index("**hyperset** (quick")
     paths = write_ledger(ledger, tmp_path)
     assert json.loads(paths["json"].read_text()) == json.loads(json.dumps(ledger))
     assert paths["markdown"].read_text() == markdown + "\n"
@@ -238,3 +238,40 @@ def test_a_shipped_report_replays_at_this_checkout(name, tmp_path):
     (tmp_path / f"{module}.json").write_text(shipped.read_text())
     replay = replay_experiment(name, tmp_path, progress=lambda message: None)
     assert replay["matches"], {key: replay[key] for key in ("largest_difference", "tolerance")}
+
+
+def _shipped_reports() -> dict[str, dict]:
+    from energyzoo.reproduce.report import read_reports
+
+    return read_reports(Path(__file__).parents[1] / "reports")
+
+
+def test_a_ledger_judges_a_reports_rows_by_the_claims_that_ship():
+    """The shipped eqt-parity report recorded its convergence claim (K = 8 against K = 32) before the claim passed
+    K = 0: its record carries no switched-off values. A ledger derives the records afresh from the report's per-seed
+    rows, so the row says what those rows show: K = 0, 8 and 32 agree, refinement is inert."""
+    report = _shipped_reports()["eqt-parity"]
+    recorded = next(record for record in report["verdicts"] if "K = 8 and K = 32" in record["claim"]["quote"])
+    assert "mechanism_off" not in recorded["values"]
+    ledger = build_ledger({"eqt-parity": report}, "derived")
+    derived = next(record for record in ledger["experiments"]["eqt-parity"]["verdicts"]
+                   if "K = 8 and K = 32" in record["claim"]["quote"])
+    assert derived["values"]["mechanism_off"] == [row["eqt_K0"] for row in report["rows"]]
+    assert derived["values"]["arm"] == recorded["values"]["arm"]
+    assert derived["verdict"] == "mechanism inert at this scale"
+
+
+def test_the_shipped_ledger_reassembles_from_the_shipped_reports_at_this_checkout():
+    """`energyzoo reproduce ledger` with no override: every shipped report ran this checkout's experiment code or
+    carries a replay at it that gave its numbers, and the ledger they make is the one that ships."""
+    ledger = build_ledger(_shipped_reports(), "energyzoo reproduce ledger")
+    shipped = measured_ledger()
+    assert list(ledger["experiments"]) == list(shipped["experiments"])
+    for name, entry in ledger["experiments"].items():
+        assert entry["other_code"] is None, name
+        kept = shipped["experiments"][name]
+        assert [record["row"] for record in entry["verdicts"]] == [record["row"] for record in kept["verdicts"]], name
+    commit = shipped["provenance"]["code"]["commit"]
+    from energyzoo.reproduce.report import _git
+
+    assert _git("merge-base", "--is-ancestor", commit, "HEAD") is not None, f"the ledger's {commit} is not in HEAD"

@@ -12,45 +12,51 @@ from energyzoo.reproduce.tel_stage1 import MODELS, load_task
 
 @pytest.mark.slow
 def test_reproduce_tel_stage1_writes_a_consistent_report(tmp_path):
-    code = main(["reproduce", "tel-stage1", "datasets=[wine,swiss_roll]", "widths=[8]", "seeds=2", "selection_seeds=1",
-                 "max_epochs=30", "learning_rates=[3e-3]", "dropouts=[0.0,0.2]", "weight_decays=[0.01]",
-                 "--output-dir", str(tmp_path)])
+    code = main(["reproduce", "tel-stage1", "datasets=[wine,swiss_roll]", "widths=[4,8]", "seeds=2",
+                 "selection_seeds=1", "max_epochs=30", "learning_rates=[3e-3]", "dropouts=[0.0,0.2]",
+                 "weight_decays=[0.01]", "--output-dir", str(tmp_path)])
     assert code == 0
     report = json.loads((tmp_path / "tel_stage1.json").read_text())
     records = report["records"]
-    assert len(records) == 2 * 1 * len(MODELS) * 2
+    assert len(records) == 2 * 2 * len(MODELS) * 2
     # G.1's grid: per cell and model one configuration, the one best on the selection seed's validation metric
     for dataset in ("wine", "swiss_roll"):
         for kind in MODELS:
-            chosen = {r["dropout"] for r in records if r["dataset"] == dataset and r["model"] == kind}
-            assert len(chosen) == 1 and chosen <= {0.0, 0.2}
+            for width in (4, 8):
+                chosen = {r["dropout"] for r in records if r["dataset"] == dataset and r["model"] == kind
+                          and r["width"] == width}
+                assert len(chosen) == 1 and chosen <= {0.0, 0.2}
     for row in report["summary"]:
-        values = {kind: [r["value"] for r in records if r["dataset"] == row["dataset"] and r["model"] == kind]
-                  for kind in MODELS}
+        values = {kind: [r["value"] for r in records if r["dataset"] == row["dataset"] and r["model"] == kind
+                         and r["width"] == row["width"]] for kind in MODELS}
         for kind in MODELS:
             assert row[kind]["mean"] == pytest.approx(statistics.fmean(values[kind]))
         pick = max if row["metric"] == "accuracy" else min
         assert row["best"] == pick(MODELS, key=lambda kind: row[kind]["mean"])
     count, *cells = report["verdicts"]  # the primary count claim, then TEL vs its MLP per cell
     assert count["claim"]["kind"] == "wins" and count["claim"]["primary"]
-    assert count["values"]["arm"] == [float(row["best"] == "tel") for row in report["summary"]]
-    assert count["reason"] == "2 seeds; a verdict needs >= 5"  # two cells
+    # its unit is the dataset: the share of the dataset's widths where TEL's mean is the best of the three
+    shares = [statistics.fmean(float(row["best"] == "tel") for row in report["summary"] if row["dataset"] == dataset)
+              for dataset in ("wine", "swiss_roll")]
+    assert count["values"]["arm"] == shares
+    assert count["reason"] == "2 units; a verdict needs >= 5"  # two datasets
     for row, verdict in zip(report["summary"], cells, strict=True):
         assert (verdict["dataset"], verdict["width"]) == (row["dataset"], row["width"])
         log = (lambda value: value) if row["metric"] == "accuracy" else math.log  # errors are judged as logs
+        cell = [r for r in records if (r["dataset"], r["width"]) == (row["dataset"], row["width"])]
         assert verdict["arm"][0] == pytest.approx(statistics.fmean(map(log, [
-            r["value"] for r in records if r["dataset"] == row["dataset"] and r["model"] == "tel"])))
+            r["value"] for r in cell if r["model"] == "tel"])))
         assert verdict["baseline"][0] == pytest.approx(statistics.fmean(map(log, [
-            r["value"] for r in records if r["dataset"] == row["dataset"] and r["model"] == "mlp"])))
+            r["value"] for r in cell if r["model"] == "mlp"])))
         assert verdict["verdict"] == "inconclusive" and verdict["reason"] == "2 seeds; a verdict needs >= 5"
     assert cells[0]["claim"]["chance"] == pytest.approx(71 / 178)  # wine's majority class
-    assert cells[1]["claim"]["metric"] == "log mse" and cells[1]["claim"]["effect"] == 0.07  # H.1's relative spread
-    wine, roll = report["summary"]
+    assert cells[2]["claim"]["metric"] == "log mse" and cells[2]["claim"]["effect"] == 0.07  # H.1's relative spread
+    _, wine, _, roll = report["summary"]  # the width-8 rows
     assert wine["metric"] == "accuracy" and wine["mlp"]["mean"] > 0.7  # 3 classes: chance is ~0.4
     assert roll["metric"] == "mse" and roll["tel"]["mean"] < 1.0  # below predicting the (standardised) mean
     markdown = (tmp_path / "tel_stage1.md").read_text()
-    assert markdown.count("| wine |") == 1 and markdown.count("| swiss_roll |") == 1
-    assert "Cells: 0 reproduced, 0 not reproduced, 0 contradicted at this scale, 2 inconclusive" in markdown
+    assert markdown.count("| wine |") == 2 and markdown.count("| swiss_roll |") == 2
+    assert "Cells: 0 reproduced, 0 not reproduced, 0 contradicted at this scale, 4 inconclusive" in markdown
     assert (tmp_path / "tel_stage1.png").read_bytes()[:4] == b"\x89PNG"
     trace = report["traces"]["wine"]
     assert len(trace["train"]["temperature"]) == 5

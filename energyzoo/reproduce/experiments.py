@@ -29,7 +29,9 @@ class Experiment:
     `energyzoo reproduce NAME --replay` reruns with the checkout's code against the report's numbers of that part (the
     module's ``replayed_part(report)``: those entries of a report), to ``replay_tolerance`` (0: bit-identical, the run
     being deterministic on one CPU thread), so that a report of earlier code joins a ledger only where its numbers are
-    shown to be this code's (`report.stale_code`).
+    shown to be this code's (`report.stale_code`); rows: the report's key of the per-seed results its module's
+    ``verdicts(rows, settings)`` judges, from which a ledger derives the verdict records afresh with the checkout's
+    claims and rule (`report.report_verdicts`; None: the records the report carries).
     The defaults are the full setting: the protocol at the largest scale that fits about two hours on 2 CPU cores
     (the whole ledger in about eight), >= 5 seeds. The family (whose model cards and docs page show the verdicts) is
     the module's first word."""
@@ -42,6 +44,7 @@ class Experiment:
     cut: str = field(kw_only=True)  # required of every experiment: what its full setting leaves out
     replay: tuple[str, ...] = field(default=(), kw_only=True)  # () : no designated part yet
     replay_tolerance: float = field(default=0.0, kw_only=True)
+    rows: str | None = field(default=None, kw_only=True)
 
     @property
     def family(self) -> str:
@@ -95,7 +98,8 @@ EXPERIMENTS = {
                          inputs=(*TRAINING_LOOP, "data/text.py", "recipes/fem-lm-tiny.yaml",
                                  "presets/fem-lm-tiny.json", "presets/llama-tiny.json"),
                          cut=("1.3M parameters on 2M tokens of Python source, judged by held-out loss, instead of "
-                              "340M on 15B tokens of FineWeb-Edu judged by lm-eval's tasks")),
+                              "340M on 15B tokens of FineWeb-Edu judged by lm-eval's tasks"),
+                         replay=("seeds=[0]", "learning_rates=[3e-3]")),
     "fem-mad": Experiment("fem_mad",
                           "fem.txt Table 1: the MAD ladder softmax -> +C -> +C,L -> +C,L,T -> FEM-SM",
                           ("seeds=[0,1,2]", "steps=100", "learning_rates=[1e-3]", "test_examples=256"),
@@ -105,14 +109,16 @@ EXPERIMENTS = {
                            "device=cuda"), inputs=(*WORKERS, "data/mad.py"),
                           cut=("width 64, sequences of 64, 300 steps of batch 32 and two learning rates instead of "
                                "MAD's width 128, full lengths, 20,000 steps of batch 128 and six grid points; "
-                               "compress and fuzzy recall, which nothing learns there, need a GPU")),
+                               "compress and fuzzy recall, which nothing learns there, need a GPU"),
+                          replay=("tasks=[in_context_recall]", "seeds=[0]"), rows="rows"),
     "tel-stage1": Experiment("tel_stage1",
                              "tel.txt Stage I: Linear vs MLP vs TEL at matched width on embedded data",
                              ("seeds=3", "selection_seeds=3", "widths=[16,64]", "learning_rates=[3e-3]",
                               "dropouts=[0.0]", "weight_decays=[0.01]", "max_epochs=60"),
                              inputs=(*WORKERS, "reproduce/parts.py"),
                              cut=("G.1's grid picked on 3 of the 20 runs; embedded scikit-learn data and two of "
-                                  "H.1's five baselines instead of MNIST, CIFAR and UCI against five")),
+                                  "H.1's five baselines instead of MNIST, CIFAR and UCI against five"),
+                             replay=("datasets=[wine]", "widths=[16]", "seeds=3"), rows="records"),
     "hyperset": Experiment("hyperset",
                            "Hyper-SET vs its Transformer baseline: Sudoku at R-2R, digits; MaskGIT; traces",
                            ("seeds=[0,1,2]", "sudoku_steps=600", "classification_seeds=[0,1,2]", "grid_seeds=1",
@@ -133,7 +139,8 @@ EXPERIMENTS = {
                              inputs=(*TRAINING_LOOP, "data/parity.py", "recipes/eqt-parity*.yaml",
                                      "presets/eqt-parity*.json", "presets/llama-parity*.json"),
                              cut=("a 0.2M-parameter model, 1,200 steps of batch 64, L = 64 only, instead of 6.3M "
-                                  "parameters, 25 epochs in batches of 256, L = 64 and 192"), replay=("seeds=[0]",)),
+                                  "parameters, 25 epochs in batches of 256, L = 64 and 192"), replay=("seeds=[0]",),
+                             rows="rows"),
     "eer-induction": Experiment("eer_induction",
                                 "EER vs cross-entropy on induction heads, trained at L 16-64, evaluated at L 10 / "
                                 "100 / 1000 (eer.txt App. C)", ("seeds=[0,1,2]", "steps=200", "eval_every=200",
@@ -142,7 +149,7 @@ EXPERIMENTS = {
                                 inputs=(*TRAINING_LOOP, "data/induction.py", "recipes/eer-induction.yaml",
                                         "presets/eer-induction*.json"),
                                 cut="1,000 steps instead of Table 1's 20,000; TF32 on against off needs a GPU",
-                                replay=("seeds=[0]",)),
+                                replay=("seeds=[0]",), rows="runs"),
     "eer-block-screen": Experiment("eer_screen",
                                    "EER's unstated block choices (norms, embedding scale, readout, length curriculum, "
                                    "App. C's initial energy) screened at T = 4", ("seeds=[0,1,2]", "steps=300"),

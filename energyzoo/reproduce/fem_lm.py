@@ -141,6 +141,12 @@ def run(settings: Settings, output_dir: str | Path, progress=print) -> dict:
             "seconds": time.perf_counter() - started}
 
 
+def replayed_part(report: dict) -> list[dict]:
+    """The replayed part (`Experiment.replay`: seed 0 of both arms at their learning rate, 3e-3 in the shipped
+    report) of ``report``: its rows, training losses and validation curves included."""
+    return [row for row in report["rows"] if row["seed"] == 0]
+
+
 def mean_curves(rows: list[dict]) -> dict:
     """Per arm, the validation loss at each evaluated step: mean and std over the seeds at its learning rate."""
     curves = {}

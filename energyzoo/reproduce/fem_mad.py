@@ -271,6 +271,12 @@ def run(settings: Settings, progress=print) -> dict:
             "seconds": time.perf_counter() - started}
 
 
+def replayed_part(report: dict) -> list[dict]:
+    """The replayed part (`Experiment.replay`: in-context recall, seed 0, every arm at every grid point) of
+    ``report``: those runs of its grid."""
+    return [row for row in report["grid"] if row["task"] == "in_context_recall" and row["seed"] == 0]
+
+
 def verdicts(rows: list[dict], settings: Settings) -> list[dict]:
     def scores(arm: str, task: str | None = None) -> list[float]:
         """Per seed: the task's accuracy, or the mean over `LADDER_TASKS`."""

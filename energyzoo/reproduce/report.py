@@ -294,11 +294,11 @@ def provenance(reports: dict[str, dict]) -> dict:
 
 def build_ledger(reports: dict[str, dict], command: str, keep_other_code: bool = False) -> dict:
     """The ledger of ``reports`` (name: report, each run at its own setting), made by ``command``: every verdict
-    decided again with Holm within its paper (the family: one paper's tested claims; a quick report's rows stay
-    smoke), each experiment's setting, settings, wall time, code, packages, machine and validation curves (where it
-    keeps them), and the `provenance`. A
-    report whose experiment's code differs from this checkout's (`stale_code`) is refused, its numbers not being
-    this code's; with ``keep_other_code`` it joins, and its entry's ``other_code`` names the files that differ."""
+    (`report_verdicts`) decided again within its paper (the family: one paper's claims, `verdict.decide`; a quick
+    report's rows stay smoke), each experiment's setting, settings, wall time, code, packages, machine and
+    validation curves (where it keeps them), and the `provenance`. A report whose experiment's code differs from
+    this checkout's (`stale_code`) is refused, its numbers not being this code's; with ``keep_other_code`` it joins,
+    and its entry's ``other_code`` names the files that differ."""
     stale = {name: files for name, report in reports.items() if (files := stale_code(name, report))}
     if stale and not keep_other_code:
         raise UserError("these reports ran other code than this checkout's, so a ledger of this commit cannot hold "
@@ -309,7 +309,7 @@ def build_ledger(reports: dict[str, dict], command: str, keep_other_code: bool =
     for family in dict.fromkeys(EXPERIMENTS[name].family for name in reports):
         members = [(name, {**record, "smoke": record["smoke"] or report["setting"] == "quick"})
                    for name, report in reports.items() if EXPERIMENTS[name].family == family
-                   for record in report["verdicts"]]
+                   for record in report_verdicts(name, report)]
         for (name, _), record in zip(members, decide([record for _, record in members])):
             decided.setdefault(name, []).append(record)
     experiments = {name: {key: report.get(key) for key in ("setting", "seconds", "settings", "machine", "packages",
@@ -318,6 +318,18 @@ def build_ledger(reports: dict[str, dict], command: str, keep_other_code: bool =
                    for name, report in reports.items()}
     tested = sum(record["p_adjusted"] is not None for records in decided.values() for record in records)
     return {"command": command, "tested": tested, "provenance": provenance(reports), "experiments": experiments}
+
+
+def report_verdicts(name: str, report: dict) -> list[dict]:
+    """A report's verdict records: derived afresh from its per-seed results by this checkout's ``verdicts`` where the
+    experiment names them (`Experiment.rows`), so that a report whose numbers a replay showed to be this code's is
+    judged by the claims and the rule that ship; else the records it carries."""
+    experiment = EXPERIMENTS[name]
+    if experiment.rows is None:
+        return report["verdicts"]
+    code = experiment.code()
+    settings = typed_settings(code.Settings, [], base=report["settings"], owner=f"{name} report settings")
+    return code.verdicts(report[experiment.rows], settings)
 
 
 def read_reports(output_dir: str | Path) -> dict[str, dict]:

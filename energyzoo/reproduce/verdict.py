@@ -11,10 +11,11 @@ paper itself reports, ``paper_effect`` (what the power is computed at). By ``kin
 - ``not_worse``: the arm trails the baseline by less than ``effect`` (non-inferiority);
 - ``equivalent``: the arm is within ``effect`` of the baseline either way (a "no difference" claim: TOST);
 - ``reaches``: the arm reaches the paper's absolute ``target`` (the baseline is run and reported beside it);
-- ``wins``: a count claim ("TEL wins 98 of 120 comparisons"): the values are one per comparison, 1 where the arm
-  won it and 0 where not, the baseline a coin's 1/2 each; the arm wins more often than a coin by at least
-  ``effect``. Its tests are the exact binomial ones (`scipy.stats.binomtest`, a sign test), its interval
-  Clopper-Pearson's, its power the binomial's.
+- ``wins``: a count claim ("TEL wins 98 of 120 comparisons") whose comparisons cluster in units that share their
+  data (TEL's: the widths of one dataset): the values are one per unit, the share of its comparisons the arm won,
+  the baseline a coin's 1/2 each; the arm wins more often than a coin by at least ``effect``. The unit is what the
+  test counts, since comparisons on one dataset are not independent: its tests, interval and power are the paired
+  t's over the units' shares, as for ``better``.
 
 Each claim is two one-sided paired t-tests (`scipy.stats.ttest_1samp` on the differences) at ``ALPHA`` against
 the claim's bound: one that supports it (``better``: the lower confidence bound of the mean difference clears
@@ -24,10 +25,14 @@ the two sides). Only one of the two nulls can be false, so deciding on the small
 Where every seed gives the same difference the t statistic is infinite and the p is its limit: 0 for the side the
 difference lies strictly on, 1 for the other (so identical values are equivalent, as they are).
 
-**Families.** A paper's tested claims are one family (`decide` is given one paper's records): their p are
-Holm-adjusted together (`statsmodels`' ``multipletests``), so a verdict does not depend on how many claims of other
-papers ran. Each paper declares one ``primary`` claim in its experiment before it runs (the ledger's answer for the
-paper); the others are secondary and say so.
+**Families.** A paper's claims are judged together (`decide` is given one paper's records), apart from other
+papers', so a verdict does not depend on how many claims of other papers ran. Each paper declares one ``primary``
+claim in its experiment before it runs (the ledger's answer for the paper); the others are secondary and say so.
+The primary is tested first, alone, at ``ALPHA``; only where it is decided (its test rejects, whichever way) are
+the secondary claims tested, their p Holm-adjusted together (`statsmodels`' ``multipletests``) at ``ALPHA``: serial
+gatekeeping, which keeps the chance of any false verdict in the paper at ``ALPHA``. Where the primary decides
+nothing, no secondary claim is tested: its row shows its numbers and says so. (A family with no primary claim is
+one Holm family.)
 
 - **reproduced** / **not reproduced**: the supporting / refuting test rejects after Holm;
 - **inconclusive**: neither does, or fewer than ``MIN_SEEDS`` seeds ran;
@@ -51,9 +56,10 @@ paper); the others are secondary and say so.
 - **smoke**: a quick setting ran: the numbers are shown, and no verdict is drawn from them.
 
 **The printed interval matches the decision.** A claim of rank r (by p, from 0) among the m tested claims of its
-family is rejected by Holm's step-down at level ``ALPHA / (m - r)`` (when every claim ranked before it was); its
-interval is the two-sided paired t interval at confidence 1 - 2 ``ALPHA / (m - r)``, whose one-sided ends are the
-bounds that test. Where the step-down stopped at an earlier claim, the row says so beside the interval.
+Holm family (the primary is a family of one) is rejected by Holm's step-down at level ``ALPHA / (m - r)`` (when
+every claim ranked before it was); its interval is the two-sided paired t interval at confidence 1 - 2 ``ALPHA /
+(m - r)``, whose one-sided ends are the bounds that test. Where the step-down stopped at an earlier claim, the row
+says so beside the interval.
 
 **Power.** ``power`` is the chance that the supporting test rejects at the family's smallest Holm level
 (``ALPHA / m``) with the run's seeds, if the true difference were the paper's (``paper_effect``) and the seeds
@@ -78,7 +84,7 @@ INERT = "mechanism inert at this scale"
 UNDECIDED = ("regime differs", "needs a GPU")  # rows that cannot decide the claim (they can still contradict it)
 VERDICTS = ("reproduced", "not reproduced", CONTRADICTED, "inconclusive", *UNDECIDED, INERT)
 KINDS = ("better", "not_worse", "equivalent", "reaches", "wins")
-COIN = 0.5  # a "wins" claim's reference: the win rate of a coin
+COIN = 0.5  # a "wins" claim's baseline: the win rate of a coin
 
 
 @dataclass(frozen=True)
@@ -170,14 +176,6 @@ def _one_sided(differences: list[float], bound: float, alternative: str, scale: 
     return float(stats.ttest_1samp(differences, bound, alternative=alternative).pvalue)
 
 
-def _binomial(differences: list[float], bound: float, alternative: str) -> float:
-    """p of the exact binomial test that the win rate exceeds (or falls short of) 1/2 + ``bound``."""
-    with needs_extra("reproduce"):
-        from scipy import stats
-    wins = round(sum(differences) + COIN * len(differences))
-    return float(stats.binomtest(wins, len(differences), COIN + bound, alternative=alternative).pvalue)
-
-
 def _bounds(claim: Claim) -> list[float]:
     """The bounds the supporting test(s) must clear from below (a second one, TOST's, from above)."""
     if claim.kind == "equivalent":
@@ -194,8 +192,6 @@ def _tests(claim: Claim, differences: list[float], scale: float) -> tuple[float,
                                   _one_sided(differences, -claim.effect, "less", scale)))
         return support, refute
     bound = _bounds(claim)[0]
-    if claim.kind == "wins":
-        return _binomial(differences, bound, "greater"), _binomial(differences, bound, "less")
     return _one_sided(differences, bound, "greater", scale), _one_sided(differences, bound, "less", scale)
 
 
@@ -204,8 +200,6 @@ def _contradicting(claim: Claim, differences: list[float], scale: float) -> floa
     (module docstring, "contradicted at this scale"): TOST's refuting side for an equivalence."""
     if claim.kind == "equivalent":
         return _tests(claim, differences, scale)[1]
-    if claim.kind == "wins":
-        return _binomial(differences, -claim.effect, "less")
     return _one_sided(differences, -claim.effect, "less", scale)
 
 
@@ -218,15 +212,9 @@ def _against(claim: Claim, interval: tuple[float, float] | None) -> bool:
     return interval[1] < -claim.effect
 
 
-def _interval(claim: Claim, differences: list[float], confidence: float, scale: float) -> tuple[float, float] | None:
+def _interval(differences: list[float], confidence: float, scale: float) -> tuple[float, float] | None:
     if len(differences) < 2:
         return None
-    if claim.kind == "wins":  # Clopper-Pearson's, for the win rate less a coin's
-        with needs_extra("reproduce"):
-            from scipy import stats
-        wins = round(sum(differences) + COIN * len(differences))
-        interval = stats.binomtest(wins, len(differences)).proportion_ci(confidence_level=confidence)
-        return float(interval.low) - COIN, float(interval.high) - COIN
     if statistics.pstdev(differences) <= scale:
         return statistics.fmean(differences), statistics.fmean(differences)
     with needs_extra("reproduce"):
@@ -245,10 +233,6 @@ def power(claim: Claim, spread: float, seeds: int, level: float) -> float | None
         from scipy import stats
     degrees, truth = seeds - 1, claim.paper_effect
     critical = stats.t.ppf(1 - level, degrees)
-    if claim.kind == "wins":  # the binomial test's: the fewest wins that reject, at the paper's rate
-        wins_needed = next((wins for wins in range(seeds + 1)
-                            if stats.binom.sf(wins - 1, seeds, COIN + claim.effect) <= level), seeds + 1)
-        return float(stats.binom.sf(wins_needed - 1, seeds, COIN + truth))
 
     def rejects(bound: float, sign: float) -> float:  # P(the test of "sign * (d - bound) > 0" rejects)
         if spread <= 0:
@@ -340,10 +324,10 @@ def _judged_in_family(claim: Claim, arm: list[float], baseline: list[float], lev
         raise UserError(f"no seeds of {claim.arm} and {claim.baseline} to judge {claim.quote!r} on")
     differences, scale = _paired(claim, arm, baseline)
     support, refute = _tests(claim, differences, scale) if len(arm) > 1 else (None, None)
-    spread = statistics.stdev(differences) if len(arm) > 1 else 0.0  # (a binomial power ignores it)
+    spread = statistics.stdev(differences) if len(arm) > 1 else 0.0
     level = ALPHA / family_size
     result = Verdict("inconclusive", "", len(arm), mean_std(arm), mean_std(baseline), statistics.fmean(differences),
-                     _interval(claim, differences, 1 - 2 * ALPHA, scale), 1 - 2 * ALPHA if len(arm) > 1 else None,
+                     _interval(differences, 1 - 2 * ALPHA, scale), 1 - 2 * ALPHA if len(arm) > 1 else None,
                      support, refute, None if support is None else min(support, refute), None,
                      power(claim, spread, len(arm), level), seeds_for_power(claim, spread, level) if len(arm) > 1
                      else None)
@@ -367,9 +351,15 @@ def _judged_in_family(claim: Claim, arm: list[float], baseline: list[float], lev
         contradicting = _contradicting(claim, differences, scale)
         return replace(undecided, p=contradicting, p_adjusted=contradicting)
     if len(arm) < MIN_SEEDS:
-        return replace(result, reason=f"{len(arm)} seed{'' if len(arm) == 1 else 's'}; a verdict needs >= "
+        return replace(result, reason=f"{_counted(claim, len(arm))}; a verdict needs >= "
                                       f"{MIN_SEEDS}")
     return _decided(claim, result, result.p, ALPHA, (differences, scale))
+
+
+def _counted(claim: Claim, count: int) -> str:
+    """``count`` seeds, or units for a count claim (whose values are one per unit: its ``wins`` kind)."""
+    noun = "unit" if claim.kind == "wins" else "seed"
+    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 def _seeds_text(result: Verdict) -> str:
@@ -387,7 +377,7 @@ def _decided(claim: Claim, result: Verdict, p_adjusted: float, step_level: float
     """``result`` decided on ``p_adjusted`` (its own p, or Holm's), its interval at the level of its Holm step."""
     confidence = 1 - 2 * step_level
     result = replace(result, confidence=confidence, p_adjusted=p_adjusted,
-                     interval=_interval(claim, paired[0], confidence, paired[1]))
+                     interval=_interval(paired[0], confidence, paired[1]))
     evidence = f"{_evidence(claim, result)}, p {result.p:.2g} (Holm {p_adjusted:.2g})"
     if stopped_before:
         evidence += "; Holm's step-down stopped at a claim ranked before this one, so its interval decides nothing"
@@ -399,7 +389,7 @@ def _decided(claim: Claim, result: Verdict, p_adjusted: float, step_level: float
         verdict = "inconclusive"
     if result.power is not None and result.power < TARGET_POWER:
         evidence += (f"; underpowered: power {result.power:.2f} at the paper's {claim.paper_effect:+.3g} with "
-                     f"{result.seeds} seeds ({_seeds_text(result)} would give {TARGET_POWER:g})")
+                     f"{_counted(claim, result.seeds)} ({_seeds_text(result)} would give {TARGET_POWER:g})")
     return replace(result, verdict=verdict, reason=evidence)
 
 
@@ -410,7 +400,7 @@ def _contradiction_decided(claim: Claim, result: Verdict, p_adjusted: float, ste
     claim), else the row as it was, with that test's p and interval."""
     confidence = 1 - 2 * step_level
     result = replace(result, confidence=confidence, p_adjusted=p_adjusted,
-                     interval=_interval(claim, paired[0], confidence, paired[1]))
+                     interval=_interval(paired[0], confidence, paired[1]))
     if p_adjusted <= ALPHA and _against(claim, result.interval):
         return replace(result, verdict=CONTRADICTED, reason=(
             f"{_evidence(claim, result)}: against it beyond the effect, p {result.p:.2g} (Holm {p_adjusted:.2g}); "
@@ -420,10 +410,12 @@ def _contradiction_decided(claim: Claim, result: Verdict, p_adjusted: float, ste
 
 
 def decide(records: list[dict], smoke: bool = False) -> list[dict]:
-    """The records (`judged`) of one paper judged again together, as one family: the tested ones (>= ``MIN_SEEDS``
-    seeds, in the paper's regime) decided on Holm's step-down adjustment of their p, so that the chance of any
-    false verdict among them stays at ``ALPHA``, each interval at its Holm step's level. At most one of them may be
-    the paper's primary claim. ``smoke`` marks them all as a quick setting's (they stay so in any later family)."""
+    """The records (`judged`) of one paper judged again together: the primary claim tested first at ``ALPHA``, then,
+    where it is decided, the tested secondary ones (>= ``MIN_SEEDS`` seeds; a row that cannot decide its claim, by
+    its contradiction test) on Holm's step-down adjustment of their p, so that the chance of any false verdict in the
+    paper stays at ``ALPHA`` (module docstring, "Families"), each interval at its Holm step's level. At most one
+    record may be the paper's primary claim. ``smoke`` marks them all as a quick setting's (they stay so in any later
+    family)."""
     with needs_extra("reproduce"):
         from statsmodels.stats.multitest import multipletests
     claims = [Claim(**record["claim"]) for record in records]
@@ -431,19 +423,22 @@ def decide(records: list[dict], smoke: bool = False) -> list[dict]:
     if len(primaries) > 1:
         raise UserError(f"a paper has one primary claim; these records declare {len(primaries)}: {primaries}")
 
-    def judged_all(family_size: int) -> list[Verdict]:
+    def judged_all(family_sizes: list[int]) -> list[Verdict]:
         return [_judged_in_family(claim, record["values"]["arm"], record["values"]["baseline"],
                                   record["values"]["levels"], record["needs_gpu"], smoke or record["smoke"],
-                                  family_size, record["values"].get("mechanism_off"))
-                for claim, record in zip(claims, records)]
+                                  size, record["values"].get("mechanism_off"))
+                for claim, record, size in zip(claims, records, family_sizes)]
 
-    verdicts = judged_all(1)
-    family = [index for index, verdict in enumerate(verdicts) if verdict.p_adjusted is not None]
-    if family:
-        verdicts = judged_all(len(family))  # the power at the family's smallest Holm level
+    verdicts = judged_all([1] * len(records))
+    families, gated = _families(claims, verdicts)
+    sizes = [1] * len(records)
+    for family in families:
+        for index in family:
+            sizes[index] = len(family)
+    verdicts = judged_all(sizes)  # the power at each family's smallest Holm level
+    for family in families:
         adjusted = multipletests([verdicts[index].p for index in family], alpha=ALPHA, method="holm")[1]
-        order = sorted(family, key=lambda index: verdicts[index].p)
-        for rank, index in enumerate(order):
+        for rank, index in enumerate(sorted(family, key=lambda index: verdicts[index].p)):
             step_level = ALPHA / (len(family) - rank)
             p_adjusted = float(adjusted[family.index(index)])
             paired = _paired(claims[index], records[index]["values"]["arm"], records[index]["values"]["baseline"])
@@ -452,8 +447,39 @@ def decide(records: list[dict], smoke: bool = False) -> list[dict]:
             else:
                 verdicts[index] = _decided(claims[index], verdicts[index], p_adjusted, step_level, paired,
                                            stopped_before=verdicts[index].p <= step_level and p_adjusted > ALPHA)
+    primary = next((verdicts[index] for index, claim in enumerate(claims) if claim.primary), None)
+    for index in gated:
+        verdicts[index] = _gated(claims[index], verdicts[index], primary)
     return [_with_verdict({**record, "smoke": smoke or record["smoke"]}, claim, verdict)
             for record, claim, verdict in zip(records, claims, verdicts)]
+
+
+def _families(claims: list[Claim], verdicts: list[Verdict]) -> tuple[list[list[int]], list[int]]:
+    """The Holm families of a paper's tested claims (those with a p), in the order they are tested, and the tested
+    secondary claims the gate keeps untested: the primary alone first; the secondary claims together where the
+    primary was decided at ``ALPHA``, else none of them (module docstring, "Families")."""
+    tested = [index for index, verdict in enumerate(verdicts) if verdict.p_adjusted is not None]
+    primary = next((index for index, claim in enumerate(claims) if claim.primary), None)
+    if primary is None:
+        return [tested] if tested else [], []
+    secondary = [index for index in tested if index != primary]
+    families = [[primary]] if primary in tested else []
+    if primary in tested and verdicts[primary].p <= ALPHA:
+        return families + ([secondary] if secondary else []), []
+    return families, secondary
+
+
+def _gated(claim: Claim, result: Verdict, primary: Verdict) -> Verdict:
+    """A secondary claim left untested because its paper's primary decided nothing (gatekeeping): its numbers, its
+    own p, and why it carries no verdict."""
+    why = (f"the primary claim's p is {primary.p:.2g}" if primary.p is not None
+           else f"the primary claim was not tested ({primary.verdict})")
+    note = (f"not tested: secondary claims are tested only once the paper's primary claim is decided at {ALPHA:g} "
+            f"(gatekeeping), and {why}")
+    if result.verdict in UNDECIDED:
+        return replace(result, p_adjusted=None, reason=f"{result.reason}; {note}")
+    return replace(result, verdict="inconclusive", p_adjusted=None,
+                   reason=f"{_evidence(claim, result)}, p {result.p:.2g}; {note}")
 
 
 def verdict_markdown(claim: Claim, result: Verdict) -> str:
