@@ -13,6 +13,7 @@ from energyzoo.modeling.errors import UserError
 from energyzoo.reproduce.verdict import (
     ALPHA,
     CONTRADICTED,
+    GATED,
     INERT,
     LEDGER_HEADER,
     MIN_SEEDS,
@@ -334,9 +335,14 @@ def test_the_primary_is_tested_alone_first_and_opens_the_secondary_claims_holm()
     undecided = decide([judged(primary, [0.71, 0.69, 0.73, 0.70, 0.70], [0.70, 0.71, 0.69, 0.72, 0.70]), *secondary])
     assert undecided[0]["verdict"] == "inconclusive" and undecided[0]["p"] > ALPHA
     for record in undecided[1:]:  # p 0.001 would pass any Holm step, yet the gate is shut
-        assert record["verdict"] == "inconclusive" and record["p_adjusted"] is None
+        assert record["verdict"] == GATED and record["p_adjusted"] is None
         assert "gatekeeping" in record["reason"] and f"p {record['p']:.2g}" in record["reason"]
     assert undecided[1]["p"] == pytest.approx(0.001)
+    # a row that could not decide (regime differs) and lies wholly against its claim is untested too, and says both
+    at_ceiling = Claim("solves it better", "s", "a", "b", "accuracy", effect=0.01, effect_source="e", ceiling=1.0)
+    behind = judged(at_ceiling, [0.70, 0.75, 0.68, 0.72, 0.74], [1.0, 0.995, 1.0, 1.0, 0.998])
+    gated = decide([judged(primary, [0.71, 0.69, 0.73, 0.70, 0.70], [0.70, 0.71, 0.69, 0.72, 0.70]), behind])[1]
+    assert gated["verdict"] == GATED and "would be regime differs" in gated["reason"]
 
 
 @pytest.mark.slow  # statsmodels' Holm collects garbage on every call

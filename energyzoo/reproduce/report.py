@@ -86,7 +86,8 @@ def headline(ledger: dict) -> str:
     return (f"Reproduction ledger ({', '.join(f'{count} {setting}' for setting, count in settings.items())} "
             f"setting{'s' if len(ledger['experiments']) > 1 else ''}, {seconds / 60:.0f} min): "
             + "; ".join(part for part in (verdicts, smoke) if part) + f". Verdicts need >= {MIN_SEEDS} seeds and "
-            f"Holm-adjusted p <= {ALPHA:g} within each paper's tested claims ({ledger['tested']} in all).")
+            f"p <= {ALPHA:g}: each paper's primary claim first, its secondary claims Holm-adjusted where the primary "
+            f"is decided ({ledger['tested']} claims tested in all).")
 
 
 def experiment_heading(name: str, report: dict) -> str:

@@ -31,8 +31,8 @@ claim in its experiment before it runs (the ledger's answer for the paper); the 
 The primary is tested first, alone, at ``ALPHA``; only where it is decided (its test rejects, whichever way) are
 the secondary claims tested, their p Holm-adjusted together (`statsmodels`' ``multipletests``) at ``ALPHA``: serial
 gatekeeping, which keeps the chance of any false verdict in the paper at ``ALPHA``. Where the primary decides
-nothing, no secondary claim is tested: its row shows its numbers and says so. (A family with no primary claim is
-one Holm family.)
+nothing, no secondary claim is tested: its row shows its numbers and its own p and reads **untested (primary
+undecided)**. (A family with no primary claim is one Holm family.)
 
 - **reproduced** / **not reproduced**: the supporting / refuting test rejects after Holm;
 - **inconclusive**: neither does, or fewer than ``MIN_SEEDS`` seeds ran;
@@ -81,8 +81,9 @@ TARGET_POWER = 0.8
 MAX_SEEDS = 40  # the most seeds a power plan asks for: beyond it, the claim needs a less noisy setting, not seeds
 CONTRADICTED = "contradicted at this scale"
 INERT = "mechanism inert at this scale"
+GATED = "untested (primary undecided)"
 UNDECIDED = ("regime differs", "needs a GPU")  # rows that cannot decide the claim (they can still contradict it)
-VERDICTS = ("reproduced", "not reproduced", CONTRADICTED, "inconclusive", *UNDECIDED, INERT)
+VERDICTS = ("reproduced", "not reproduced", CONTRADICTED, "inconclusive", *UNDECIDED, INERT, GATED)
 KINDS = ("better", "not_worse", "equivalent", "reaches", "wins")
 COIN = 0.5  # a "wins" claim's baseline: the win rate of a coin
 
@@ -471,15 +472,14 @@ def _families(claims: list[Claim], verdicts: list[Verdict]) -> tuple[list[list[i
 
 def _gated(claim: Claim, result: Verdict, primary: Verdict) -> Verdict:
     """A secondary claim left untested because its paper's primary decided nothing (gatekeeping): its numbers, its
-    own p, and why it carries no verdict."""
+    own p, what it would have been tested as, and why it carries no verdict."""
     why = (f"the primary claim's p is {primary.p:.2g}" if primary.p is not None
            else f"the primary claim was not tested ({primary.verdict})")
     note = (f"not tested: secondary claims are tested only once the paper's primary claim is decided at {ALPHA:g} "
             f"(gatekeeping), and {why}")
-    if result.verdict in UNDECIDED:
-        return replace(result, p_adjusted=None, reason=f"{result.reason}; {note}")
-    return replace(result, verdict="inconclusive", p_adjusted=None,
-                   reason=f"{_evidence(claim, result)}, p {result.p:.2g}; {note}")
+    seen = f"{result.verdict} ({result.reason})" if result.verdict in UNDECIDED else "tested"
+    return replace(result, verdict=GATED, p_adjusted=None,
+                   reason=f"{_evidence(claim, result)}, p {result.p:.2g}; would be {seen}; {note}")
 
 
 def verdict_markdown(claim: Claim, result: Verdict) -> str:
