@@ -18,20 +18,21 @@ WORKERS = ("reproduce/processes.py",)  # the inputs of one that spreads its runs
 
 @dataclass(frozen=True)
 class Experiment:
-    """module: energyzoo.reproduce.<module>, which defines ``Settings`` (a dataclass), ``run(settings[,
-    output_dir], progress)`` (the report, a dict with its ``seconds``; it takes ``output_dir`` where it keeps trained
-    models there), ``format_markdown(report)`` and ``plot(report, path)``; quick: the overrides of ``--quick`` (a few
+    """module: energyzoo.reproduce.<module>, which defines ``Settings`` (a dataclass), ``run(settings[, output_dir],
+    progress)`` (the report, a dict with its ``seconds``; it takes ``output_dir`` where it keeps trained models
+    there), ``format_markdown(report)`` and ``plot(report, path)``; quick: the overrides of ``--quick`` (a few
     minutes on 2 CPU cores, still >= 3 seeds and every arm: a smoke test, no verdicts), applied before the command
-    line's; paper_scale: the overrides of ``--paper-scale`` (the paper's own scale, for a GPU); inputs: what else
-    it reads (the training loop, data sources, recipes, presets: globs under energyzoo/, `code_paths`); cut: what
-    the full setting leaves out of the paper's protocol (the module's docstring says why), shown beside the ledger;
-    replay: the overrides that cut a report's own settings down to its designated part (a seed, a cell: minutes), which
-    `energyzoo reproduce NAME --replay` reruns with the checkout's code against the report's numbers of that part (the
-    module's ``replayed_part(report)``: those entries of a report), to ``replay_tolerance`` (0: bit-identical, the run
-    being deterministic on one CPU thread), so that a report of earlier code joins a ledger only where its numbers are
-    shown to be this code's (`report.stale_code`); rows: the report's key of the per-seed results its module's
-    ``verdicts(rows, settings)`` judges, from which a ledger derives the verdict records afresh with the checkout's
-    claims and rule (`report.report_verdicts`; None: the records the report carries).
+    line's; paper_scale: the overrides of ``--paper-scale`` (the paper's own scale, for a GPU); inputs: what else it
+    reads (the training loop, data sources, recipes, presets: globs under energyzoo/, `code_paths`); cut: what the
+    full setting leaves out of the paper's protocol (the module's docstring says why), shown beside the ledger;
+    replay: the overrides that cut a report's own settings down to its designated part (a seed, a cell: minutes),
+    which `energyzoo reproduce NAME --replay` reruns with the checkout's code against the report's numbers of that
+    part (the module's ``replayed_part(report)``: those entries of a report), to ``replay_tolerance`` (0:
+    bit-identical, the run being deterministic on one CPU thread; else the module's ``REPLAY_TOLERANCE``, where its
+    code's rounding moved), so that a report of earlier code joins a ledger only where its numbers are shown to be
+    this code's (`report.stale_code`); rows: the report's key of the per-seed results its module's ``verdicts(rows,
+    settings)`` judges, from which a ledger derives the verdict records afresh with the checkout's claims and rule
+    (`report.report_verdicts`; None: the records the report carries).
     The defaults are the full setting: the protocol at the largest scale that fits about two hours on 2 CPU cores
     (the whole ledger in about eight), >= 5 seeds. The family (whose model cards and docs page show the verdicts) is
     the module's first word."""
@@ -43,8 +44,13 @@ class Experiment:
     inputs: tuple[str, ...] = ()  # what it reads besides its module and model code (globs under energyzoo/)
     cut: str = field(kw_only=True)  # required of every experiment: what its full setting leaves out
     replay: tuple[str, ...] = field(default=(), kw_only=True)  # () : no designated part yet
-    replay_tolerance: float = field(default=0.0, kw_only=True)
     rows: str | None = field(default=None, kw_only=True)
+
+    @property
+    def replay_tolerance(self) -> float:
+        """How far a replay's numbers may lie from the report's: the module's ``REPLAY_TOLERANCE``, stated and
+        justified there, else 0 (bit-identical)."""
+        return getattr(self.code(), "REPLAY_TOLERANCE", 0.0)
 
     @property
     def family(self) -> str:

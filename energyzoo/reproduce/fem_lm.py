@@ -50,6 +50,11 @@ CORPUS = ("data.source=python-stdlib", "data.language=null", "data.validation_fr
 TABLE_2 = "FEM-SM outperforms the Transformer baseline of the same size across model scales"
 METRICS_OF_CLAIMS = {"loss": False, "next_token_accuracy": True}  # metric on the test part: higher is better
 PRIMARY_METRIC = "loss"  # declared before the run (module docstring)
+# A replay's tolerance: FEM's float32 sums have run in another order since this report's code (the joint projections'
+# backward, issues 64-65): Llama's arm replays to the bit and FEM's first differs at step 2 by one ulp of the loss,
+# growing over 1,000 steps to 7e-4 nats of test loss and 4e-4 of accuracy. 1e-3 is a twentieth of the loss effect
+# (0.02) and a fifth of the accuracy effect (0.005): a replay within it shows rounding, not a change of the model
+REPLAY_TOLERANCE = 1e-3
 EFFECTS = {  # metric: (smallest effect of interest, where it comes from)
     "loss": (0.02, "Table 2 reports lm-eval accuracies only, at chance for a 1M-parameter model: 2 % of perplexity "
                    "(0.02 nats), our choice"),
@@ -143,8 +148,10 @@ def run(settings: Settings, output_dir: str | Path, progress=print) -> dict:
 
 def replayed_part(report: dict) -> list[dict]:
     """The replayed part (`Experiment.replay`: seed 0 of both arms at their learning rate, 3e-3 in the shipped
-    report) of ``report``: its rows, training losses and validation curves included."""
-    return [row for row in report["rows"] if row["seed"] == 0]
+    report) of ``report``: what its tables and verdicts read of those runs (test metrics, validation curve), to
+    ``REPLAY_TOLERANCE``; the per-step training losses (single batches, only plotted) are left out."""
+    return [{key: value for key, value in row.items() if key != "losses"} for row in report["rows"]
+            if row["seed"] == 0]
 
 
 def mean_curves(rows: list[dict]) -> dict:

@@ -53,6 +53,10 @@ TABLE_1 = {  # task: (softmax, full FEM-SM) accuracy (%) of fem.txt Table 1
     "compress": (44.3, 53.1), "fuzzy_recall": (24.5, 43.1), "in_context_recall": (99.9, 99.9),
     "memorize": (85.7, 85.9), "noisy_recall": (98.5, 99.9), "selective_copy": (95.1, 99.3)}
 PARITY_MARGIN = 0.01  # where Table 1's two rows are within 0.2 points, the claim is "not worse by 1 point"
+# A replay's tolerance: FEM's float32 sums have run in another order since this report's code (the joint projections'
+# backward, issues 64-65), which 300 steps grow to 1.2e-4 of accuracy in the replayed part; 3.5e-4 is a tenth of the
+# smallest effect of interest here (the ladder's first rung, 0.0035): a replay within it shows rounding, not a change
+REPLAY_TOLERANCE = 3.5e-4
 REGIME_BAND = 0.10  # how far (accuracy) softmax may sit from its Table 1 level for the run to answer the claim
 TABLE_1_ROWS = {  # arm: Table 1's accuracies (%) per task, in `TABLE_1`'s order
     "softmax": (44.3, 24.5, 99.9, 85.7, 98.5, 95.1), "C": (45.0, 31.4, 99.9, 85.5, 99.9, 96.3),
