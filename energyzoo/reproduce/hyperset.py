@@ -60,7 +60,7 @@ from ..training.run import run_training
 from ..training.tasks import training_task
 from .parts import Parts
 from .processes import runs_mapped
-from .verdict import Claim, judged, ledger_lines, mean_std
+from .verdict import MAX_SEEDS, Claim, judged, ledger_lines, mean_std
 
 SCALES = (1.0, 1.5, 2.0)
 # arm: (recipe overrides, whether it is Hyper-SET); the low-lr arm's rate is `Settings.low_learning_rate`
@@ -381,9 +381,11 @@ def format_markdown(report: dict) -> str:
                      + ", ".join(str(row["best_step"]) for row in runs) + " |")
     primary = report["verdicts"][-1]
     if primary["seeds_for_power"] is not None:
+        planned = primary["seeds_for_power"]
+        planned = f"more than {MAX_SEEDS}" if planned > MAX_SEEDS else str(planned)
         lines += ["", f"Power plan (`Settings.classification_seeds`): {primary['seeds']} seeds; at this run's spread "
                       f"the power at the paper's {primary['claim']['paper_effect']:+g} is {primary['power']:.2f}, and "
-                      f"{primary['seeds_for_power']} seeds would give 0.8."]
+                      f"{planned} seeds would give 0.8."]
     lines += ["", f"MaskGIT on held-out digits, {settings['masked_fraction']:.0%} of the 4x4 patch codes masked, "
               f"{settings['decoding_steps']} decoding steps:", "", "| method | PSNR | SSIM |", "|---|---|---|"]
     lines += [f"| {row['method']} | {row['psnr']:.2f} | {row['ssim']:.4f} |" for row in report["maskgit"]]
