@@ -3,7 +3,9 @@ allowed range: the fields inherited from transformers (which checks none of thes
 (which transformers keeps as stray attributes), through the Python API and typed by their annotation on the command
 line."""
 
+import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -98,9 +100,13 @@ def test_properties_aliases_and_transformers_keywords_pass_as_overrides():
     assert config_from_preset("fem-lm-tiny", attn_implementation="eager")._attn_implementation == "eager"
 
 
-def test_every_preset_builds():
+def test_every_preset_builds_the_config_its_file_states():
+    """Each preset's config carries every field of its JSON file (read here, not through the preset reader)."""
+    folder = Path(energyzoo.__file__).parent / "presets"
     for name in energyzoo.preset_names():
-        config_from_preset(name)
+        stated = json.loads((folder / f"{name}.json").read_text())["config"]
+        config = config_from_preset(name)
+        assert {key: getattr(config, key, None) for key in stated} == stated, name
 
 
 def test_command_line_overrides_are_read_as_the_fields_annotation():
