@@ -9,6 +9,7 @@ so ``--help``, a typo and a missing or damaged folder answer at once.
 
 import argparse
 import json
+import logging
 import os
 import shlex
 import sys
@@ -212,7 +213,9 @@ def _train(args) -> int:
     if result.model_dir is None:
         print(f"stopped after step {result.last_step} ({result.engine.describe()}); continue with --resume")
     else:
-        print(f"trained {result.last_step} steps ({result.engine.describe()}); {result.final_metrics}; model in "
+        metrics = ", ".join(f"{name.removeprefix('validation_').replace('_', ' ')} {value:.4g}"
+                            for name, value in result.final_metrics.items())
+        print(f"trained {result.last_step} steps ({result.engine.describe()}); validation: {metrics}; model in "
               f"{result.model_dir}")
     return 0
 
@@ -336,12 +339,20 @@ def _convert(args) -> int:
 
 def _recipes_verb(commands) -> None:
     recipes = commands.add_parser("recipes", help="list the shipped recipes and where the accelerate configs are")
+    recipes.add_argument("--copy", default=None, metavar="NAME",
+                         help="copy a shipped recipe and the example data it reads into --to, to edit there (the "
+                              "own-text, own-jsonl and own-images recipes: training on your own files)")
+    recipes.add_argument("--to", default=".", metavar="FOLDER", help="where --copy writes (default: here)")
     recipes.set_defaults(run=_recipes, loads_models=False)
 
 
 def _recipes(args) -> int:
-    from .training.recipe_files import ACCELERATE_CONFIGS, RECIPES, shipped_recipes
+    from .training.recipe_files import ACCELERATE_CONFIGS, RECIPES, copy_recipe, shipped_recipes
 
+    if args.copy is not None:
+        for path in copy_recipe(args.copy, Path(args.to)):
+            print(f"wrote {path}")
+        return 0
     recipes = shipped_recipes()
     print("shipped recipes (energyzoo train NAME [section.key=value ...]):")
     width = max(len(name) for name in recipes)
@@ -350,6 +361,8 @@ def _recipes(args) -> int:
                             subsequent_indent=" " * (width + 4)))
     print(f"\nrecipes live in {RECIPES}, accelerate configs in {ACCELERATE_CONFIGS}")
     print(f"  accelerate launch --config_file {ACCELERATE_CONFIGS / 'fsdp.yaml'} -m energyzoo.cli train fem-lm-340m")
+    print("\nyour own data: energyzoo recipes --copy own-text (or own-jsonl, own-images) writes that recipe and its "
+          "example files here, to edit (docs/training.md, \"Train on your own data\")")
     return 0
 
 
@@ -361,8 +374,9 @@ def _print_and_save(table: str, result: dict | list, output: str) -> None:
         print(f"saved {output}")
 
 
-def _available_device(name: str) -> str:
-    """``name`` if this torch can run on that device, else a one-line `UserError`."""
+def _available_device(name: str, instead: str = "") -> str:
+    """``name`` if this torch can run on that device, else a one-line `UserError` (saying ``instead``, what to run
+    on this machine, where given)."""
     import torch
 
     try:
@@ -371,7 +385,8 @@ def _available_device(name: str) -> str:
         raise UserError(f"--device {name!r} is no torch device ({str(error).split(':')[0]})") from None
     accelerator = getattr(torch, device.type, None)
     if device.type != "cpu" and not (accelerator is not None and accelerator.is_available()):
-        raise UserError(f"--device {name}: this torch ({torch.__version__}) has no {device.type} device")
+        raise UserError(f"--device {name}: this torch ({torch.__version__}) has no {device.type} device"
+                        + (f"; {instead}" if instead else ""))
     return name
 
 
@@ -494,18 +509,29 @@ def _doctor_verb(commands) -> None:
     doctor.set_defaults(run=_doctor)
 
 
+ON_CPU = "energyzoo doctor --families --device cpu (every family against float64, about 6 minutes on 2 cores)"
+
+
 def _doctor(args) -> int:
     from dataclasses import asdict
 
     if args.families:
         from .bench.families import TOLERANCE, format_family_table, run_family_checks
 
-        _available_device(args.device)
-        checks = run_family_checks(args.device, tuple(args.dtypes or TOLERANCE))
+        _available_device(args.device, f"on this CPU: {ON_CPU}")
+
+        def said(check) -> None:  # a row at a time: the CPU check takes minutes
+            print(f"{check.preset} {check.dtype}: {check.status} ({check.seconds:.0f} s)", file=sys.stderr, flush=True)
+
+        checks = run_family_checks(args.device, tuple(args.dtypes or TOLERANCE), on_row=said)
         table = format_family_table(checks, args.device)
     else:
         from .bench.kernels import TOLERANCE, format_doctor_table, run_doctor
 
+        if args.device == "cpu" or not args.device.startswith("cuda"):
+            raise UserError(f"--device {args.device}: the kernel checks compare fla, mamba-ssm and flash-attn's CUDA "
+                            f"kernels with the PyTorch path on a GPU (--device cuda); on a CPU: {ON_CPU}")
+        _available_device(args.device, f"the kernel checks need a GPU; on this CPU: {ON_CPU}")
         if unchecked := sorted(set(args.dtypes or ()) - set(TOLERANCE)):
             raise UserError(f"--dtypes {' '.join(unchecked)}: the kernels are checked in {' and '.join(TOLERANCE)} "
                             "(--families checks every dtype)")
@@ -640,6 +666,29 @@ def _reproduce_one(args, setting: str) -> int:
     return 0
 
 
+class _CurrentStderr(logging.StreamHandler):
+    """A handler writing to the ``sys.stderr`` of the moment (a test's capture replaces it between calls)."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:  # logging.StreamHandler sets it at construction: the property decides
+        pass
+
+
+def show_progress_lines() -> None:
+    """energyzoo's own log lines (what a run read and decided: its data's size, its threads, a warning) on stderr, as
+    ``energyzoo: ...``, once per process."""
+    log = logging.getLogger("energyzoo")
+    if not any(isinstance(handler, _CurrentStderr) for handler in log.handlers):
+        handler = _CurrentStderr()
+        handler.setFormatter(logging.Formatter("energyzoo: %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+
+
 def quiet_libraries() -> None:
     """One progress bar at a time: the command's own (training steps, lm-eval's requests), not transformers' bars for
     every weight file it reads or writes, nor datasets' for every local split it builds."""
@@ -671,6 +720,7 @@ def main(argv=None) -> int:
     args, extras = parser.parse_known_args(argv)
     if extras:  # answered by the verb's parser, which names the verb and its closest option
         args.verb_parser.refuse_unrecognized(extras)
+    show_progress_lines()
     try:
         if hasattr(args, "check_files"):  # the files it reads, before the model code loads (seconds)
             args.check_files(args)

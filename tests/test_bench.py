@@ -87,6 +87,14 @@ def test_a_target_is_decided_only_when_the_iqr_of_the_ratios_is_on_one_side(rati
     assert rate.decision == {"met": "missed", "missed": "met"}.get(decision, decision)
 
 
+@pytest.mark.parametrize("repeats", [1, 2])
+def test_too_few_repeats_leave_a_target_undecided_however_far_the_ratio(repeats):
+    """`bench --repeats 1` called a target "met": one ratio has no spread to set against it."""
+    assert timed_row("a", "forward", seconds=[0.5] * repeats, baseline=[1.0] * repeats, target=1.05
+                     ).decision == "undecided"
+    assert timed_row("a", "forward", seconds=[0.5] * 3, baseline=[1.0] * 3, target=1.05).decision == "met"
+
+
 def test_bench_reports_medians_of_paired_ratios_against_the_targets(monkeypatch):
     # scripted seconds per call (fem, llama) for each repeat: the rows follow from them alone
     scripted = {"forward": ([3.0, 5.0, 2.0], [1.0, 1.0, 1.0]), "train_step": ([2.0, 2.0, 2.0], [2.0, 1.0, 4.0]),
@@ -287,7 +295,7 @@ def test_a_length_sweep_pairs_each_length_with_the_baseline_and_bounds_an_o_t_pr
         return forward
 
     monkeypatch.setattr(speed, "_forward_fn", recording_forward_fn)
-    settings = BenchSettings(batch_size=1, repeats=1, workloads=("forward",), overrides={"prior": prior})
+    settings = BenchSettings(batch_size=1, repeats=3, workloads=("forward",), overrides={"prior": prior})
     result = run_bench("fem-lm-tiny", settings, sweep=(32, 128))
     own = {length: float(length ** (2 if PRIORS[prior].quadratic else 1)) for length in (32, 128)}
     assert [(row["arm"], row["ratio"], row["target"], row["decision"]) for row in result["rows"]] == [

@@ -67,8 +67,12 @@ def test_plot_draws_per_layer_means_of_non_iterative_layers(tmp_path):
                                      num_attention_heads=4)).eval()
     with torch.no_grad():
         trace = model(torch.randint(3, 50, (2, 9)), output_energies=True).energies
-    ((layers, energies),) = plotted(trace.plot(tmp_path / "fem.png", names=("energy",)))["energy"]
+    figure = trace.plot(tmp_path / "fem.png", names=("energy",))
+    ((layers, energies),) = plotted(figure)["energy"]
     assert layers == [0, 1, 2]
+    figure.canvas.draw()  # the ticks are placed at drawing: whole layers only (three layers drew 0, 0.5, ..., 2)
+    ticks = [tick for tick in figure.axes[0].get_xticks() if 0 <= tick <= 2]
+    assert ticks and all(float(tick).is_integer() for tick in ticks), ticks
     torch.testing.assert_close(
         torch.tensor(energies, dtype=torch.float32), trace.stack("energy").float().mean(dim=(1, 2))
     )

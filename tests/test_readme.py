@@ -3,6 +3,7 @@
 names put before each `energyzoo train`'s own) or says why it cannot run here (an install, the network, a GPU). Every
 rendered table is the rendering of the shipped measurements (`energyzoo.documents`)."""
 
+import json
 import os
 import re
 import shlex
@@ -10,6 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from energyzoo.documents import BLOCK as RENDERED
 from energyzoo.documents import render_document
@@ -49,6 +51,17 @@ def test_every_command_block_is_run_or_says_why_not():
 RUN_BLOCKS = [commands for directive, commands in command_blocks() if directive and TINY.fullmatch(directive)]
 
 
+def trained_folder(command: str, folder: Path) -> Path:
+    """The run folder a `train` command run in ``folder`` writes: its output_dir, or its recipe's."""
+    words = shlex.split(command)
+    given = [word.removeprefix("output_dir=") for word in words if word.startswith("output_dir=")]
+    if given:
+        return folder / given[0]
+    recipe = words[words.index("train") + 1]
+    path = folder / recipe if recipe.endswith(".yaml") else ROOT / "energyzoo/recipes" / f"{recipe}.yaml"
+    return folder / yaml.safe_load(path.read_text())["output_dir"]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("commands", RUN_BLOCKS, ids=[f"block{index}" for index in range(len(RUN_BLOCKS))])
 def test_a_runnable_block_runs_as_written(commands, tmp_path):
@@ -66,7 +79,13 @@ def test_a_runnable_block_runs_as_written(commands, tmp_path):
         if "--resume" in command:  # the progress bar starts at the saved step
             assert " 6/20 [" in done.stderr and " 1/20 [" not in done.stderr, done.stderr[-2000:]
             assert "trained 20 steps" in done.stdout
-    assert (tmp_path / "runs/tiny-export/config.json").is_file()
+        if "train" in shlex.split(command) and "--stop-after" not in command:
+            assert (trained_folder(command, tmp_path) / "model/config.json").is_file(), command
+        if "export" in command:
+            assert (tmp_path / shlex.split(command)[3] / "config.json").is_file(), command
+    if any("imagefolder" in command for command in commands):  # the folder's classes reach the model
+        config = json.loads((tmp_path / "runs/images/model/config.json").read_text())
+        assert config["id2label"] == {"0": "circles", "1": "squares"} and config["image_size"] == 16
 
 
 @pytest.mark.parametrize("document", DOCUMENTS, ids=lambda path: str(path.relative_to(ROOT)))

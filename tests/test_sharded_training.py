@@ -141,8 +141,8 @@ def test_activation_checkpointing_recomputes_every_block_and_keeps_the_losses(tm
     block_calls = []
     build = run.build_model
 
-    def counting_build(recipe, tokenizer):
-        model = build(recipe, tokenizer)
+    def counting_build(recipe, tokenizer, data):
+        model = build(recipe, tokenizer, data)
         # transformers checkpoints a block's `forward`: its sub-modules start again in backward (a pre-hook: torch's
         # recomputation stops as soon as it has the saved tensors back, before the block's last module returns)
         for layer in model.model.layers:

@@ -23,6 +23,7 @@ and 6e-3 to 0.21 (gradients, EqT's the largest). A wrong layout, sign or cache i
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -147,10 +148,10 @@ def check_family(preset: str, dtype: str, device: str, decodings: tuple[str, ...
 
 
 def run_family_checks(device: str = "cuda", dtypes: tuple[str, ...] = tuple(TOLERANCE),
-                      presets: tuple[str, ...] | None = None, decodings: tuple[str, ...] | None = None
-                      ) -> list[FamilyCheck]:
+                      presets: tuple[str, ...] | None = None, decodings: tuple[str, ...] | None = None,
+                      on_row: Callable[[FamilyCheck], None] | None = None) -> list[FamilyCheck]:
     """Every (preset, dtype) row (None: every `CHECKED` preset, every one of `DECODINGS`); an error in one is its row's
-    failure, in one line, and the rest still run."""
+    failure, in one line, and the rest still run. ``on_row`` is told each row as it is done."""
     checks = []
     decodings = DECODINGS if decodings is None else decodings
     presets = CHECKED if presets is None else presets
@@ -161,6 +162,8 @@ def run_family_checks(device: str = "cuda", dtypes: tuple[str, ...] = tuple(TOLE
         for preset in presets:
             for dtype in dtypes:
                 checks.append(_checked_row(preset, dtype, device, decodings))
+                if on_row is not None:
+                    on_row(checks[-1])
     return checks
 
 

@@ -398,6 +398,9 @@ def _paired_times(fns: dict, repeats: int, device: str, min_seconds: float = MIN
     return times
 
 
+DECIDING_REPEATS = 3  # fewer timed repeats give no interquartile range: their row's target stays "undecided"
+
+
 def ratio_interval(ratios: list[float]) -> tuple[float, float]:
     """The interquartile range of the per-repeat ratios (one ratio: that ratio twice)."""
     if len(ratios) == 1:
@@ -440,8 +443,11 @@ def timed_row(arm: str, workload: str, seconds: list[float], baseline: list[floa
     else:
         ratios = [own / base for own, base in zip(seconds, baseline)]
         value, reference = statistics.median(seconds), statistics.median(baseline)
-    return BenchRow(arm, workload, WORKLOADS[workload].unit, value, reference, statistics.median(ratios),
-                    ratio_interval(ratios), target)
+    row = BenchRow(arm, workload, WORKLOADS[workload].unit, value, reference, statistics.median(ratios),
+                   ratio_interval(ratios), target)
+    if target is not None and len(ratios) < DECIDING_REPEATS:  # no spread to set against the target
+        row.decision = DECISIONS[2]
+    return row
 
 
 def sweep_fit(entry: Bench, rows: list[BenchRow], workload: str = "forward") -> str | None:

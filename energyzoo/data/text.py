@@ -2,7 +2,7 @@
 topic), the standard library's source (one document per module file), local text and JSONL files; a byte-level BPE
 tokenizer trained here, and packing into fixed-length blocks."""
 
-import json
+import logging
 import pydoc_data.topics
 import sysconfig
 from pathlib import Path
@@ -12,7 +12,9 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 from ..modeling.errors import UserError
+from .local_files import describe_files, jsonl_documents, resolve_paths, text_documents
 
+logger = logging.getLogger(__name__)
 SPECIAL_TOKENS = {"pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
 
 
@@ -75,16 +77,24 @@ def train_bpe_tokenizer(texts: list[str], vocab_size: int = 2048) -> PreTrainedT
 
 
 
-def pack_into_blocks(texts: list[str], tokenizer, block_size: int) -> torch.Tensor:
-    """Tokenise documents, join them with EOS, and cut the stream into (num_blocks, block_size) blocks
-    (the tail that does not fill a block is dropped)."""
+def token_stream(texts: list[str], tokenizer) -> list[int]:
+    """Documents tokenised and joined, each followed by EOS."""
     stream = []
     for text in texts:
         stream.extend(tokenizer(text, add_special_tokens=False)["input_ids"])
         stream.append(tokenizer.eos_token_id)
+    return stream
+
+
+def pack_into_blocks(texts: list[str], tokenizer, block_size: int, what: str = "the documents") -> torch.Tensor:
+    """Tokenise documents, join them with EOS, and cut the stream into (num_blocks, block_size) blocks
+    (the tail that does not fill a block is dropped); ``what`` names the documents in the error of a stream too
+    short for one block."""
+    stream = token_stream(texts, tokenizer)
     num_blocks = len(stream) // block_size
     if num_blocks == 0:
-        raise UserError(f"{len(stream)} tokens do not fill one block of {block_size}")
+        raise UserError(f"{what}: {len(stream)} tokens do not fill one block of data.block_size={block_size}; "
+                        "lower data.block_size or add text")
     return torch.tensor(stream[: num_blocks * block_size]).view(num_blocks, block_size)
 
 
@@ -98,24 +108,52 @@ def split_documents(documents: list[str], validation_fraction: float) -> tuple[l
 
 
 
+def source_documents(data) -> tuple[list[str], str]:
+    """(documents, what they are for a message) of an in-memory text source of a recipe's `DataSection`, in order:
+    the paragraphs of local text files, the records of local JSONL files (`data.local_files`)."""
+    files = resolve_paths(data.paths, data.source)
+    if data.source == "text":
+        return [document for path in files for document in text_documents(path)], describe_files(files)
+    return [document for path in files for document in jsonl_documents(path, data.text_field)], describe_files(files)
+
+
 def read_documents(data) -> tuple[list[str], list[str]]:
     """(train, validation) documents of an in-memory text source of a recipe's `DataSection`."""
     if data.source == "python-docs":
         return python_docs_corpus(data.validation_fraction)
     if data.source == "python-stdlib":
         return python_stdlib_corpus(data.validation_fraction)
-    documents = []
-    for path in data.paths:
-        with open(path, encoding="utf-8") as handle:
-            if data.source == "text":
-                documents.append(handle.read())
-            else:
-                documents.extend(json.loads(line)[data.text_field] for line in handle if line.strip())
-    return split_documents(documents, data.validation_fraction)
+    return split_documents(source_documents(data)[0], data.validation_fraction)
 
 
 
 def language_model_blocks(data, tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
-    """(train, validation) blocks of `data.block_size` tokens of an in-memory text source."""
-    train, validation = read_documents(data)
-    return pack_into_blocks(train, tokenizer, data.block_size), pack_into_blocks(validation, tokenizer, data.block_size)
+    """(train, validation) blocks of `data.block_size` tokens of an in-memory text source: every k-th document held
+    out (k = 1 / validation_fraction), or, where that leaves no validation block (a few files of one paragraph each),
+    every k-th block of the token stream of all documents: a validation part that is never empty, its size logged."""
+    if data.source in ("python-docs", "python-stdlib"):
+        train, validation = read_documents(data)
+        return (pack_into_blocks(train, tokenizer, data.block_size, f"the training part of {data.source}"),
+                pack_into_blocks(validation, tokenizer, data.block_size, f"the validation part of {data.source}"))
+    documents, what = source_documents(data)
+    train, validation = split_documents(documents, data.validation_fraction)
+    every, size = max(2, round(1 / data.validation_fraction)), data.block_size
+    if len(token_stream(validation, tokenizer)) >= size:
+        train_blocks = pack_into_blocks(train, tokenizer, size, f"the training documents of {what}")
+        validation_blocks = pack_into_blocks(validation, tokenizer, size, f"the validation documents of {what}")
+        how = f"every {every}th of {len(documents)} documents (paragraphs or JSONL records) held out"
+    else:
+        stream = token_stream(documents, tokenizer)
+        if len(stream) < 2 * size:
+            raise UserError(f"{what}: {len(stream)} tokens do not fill two blocks of data.block_size={size} (one to "
+                            f"train on, one to validate on); lower data.block_size to at most {len(stream) // 2}, or "
+                            "add text")
+        blocks = torch.tensor(stream[: len(stream) // size * size]).view(-1, size)
+        held = torch.arange(len(blocks)) % every == every - 1
+        held[-1] = held.any().logical_not() | held[-1]  # two blocks and k > 2: the second is the validation one
+        train_blocks, validation_blocks = blocks[~held], blocks[held]
+        how = (f"every {every}th block of the token stream held out: {len(documents)} document"
+               f"{'s are' if len(documents) > 1 else ' is'} too few to hold documents out")
+    logger.info(f"{what}: {len(train_blocks)} training and {len(validation_blocks)} validation blocks of {size} "
+                f"tokens ({how})")
+    return train_blocks, validation_blocks

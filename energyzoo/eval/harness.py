@@ -20,7 +20,7 @@ import json
 import random
 import re
 import tempfile
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -29,6 +29,7 @@ from unittest import mock
 import yaml
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
+from ..data.hub_access import reaching_hub
 from ..data.text import python_docs_corpus
 from ..files import is_export, read_json, tokenizer_damage
 from ..modeling.errors import UserError, needs_extra
@@ -38,6 +39,7 @@ from .suites import SUITES
 # the tokenizer's alarm at an input longer than the model's context, which `tokenizer.deprecation_warnings` records as
 # given once it was
 LENGTH_ALARM = "sequence-length-is-longer-than-the-specified-maximum"
+LOCAL_TASK_PREFIX = "energyzoo_"  # the local tasks' names (`write_local_tasks`): read from no Hub
 LOCAL_VALIDATION_FRACTION = 0.1  # the quickstart's held-out topics
 MC_CONTEXT_WORDS, MC_ANSWER_WORDS, MC_CHOICES = 8, 4, 4
 
@@ -231,7 +233,6 @@ def evaluate_folder(model_dir: str | Path, suites: list[str] = ("local",), tasks
     language_model = HFLM(pretrained=str(model_dir), device=device, dtype=dtype, batch_size=batch_size,
                           trust_remote_code=True)
     windows_without_length_alarm(language_model)
-    output_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as local_tasks:  # data of the run, not of its results
         return _evaluate_runs(language_model, runs, str(write_local_tasks(local_tasks)), output_dir, batch_size,
                               device, limit, num_fewshot)
@@ -258,12 +259,16 @@ def _evaluate_runs(language_model, runs: dict, local_tasks: str, output_dir: Pat
     evaluated = {}
     for name, settings in runs.items():
         manager = TaskManager(include_path=local_tasks, include_defaults=name != "local")
-        with unasked_lookups_off(), labelled_progress():
+        online = [task for task in settings["tasks"] if not task.startswith(LOCAL_TASK_PREFIX)]
+        asked = f"--tasks {' '.join(online)}" if name == "tasks" else f"--suite {name}"
+        reached = reaching_hub(asked, "evaluate offline with --suite local") if online else nullcontext()
+        with reached, unasked_lookups_off(), labelled_progress():
             results = lm_eval.simple_evaluate(
                 model=language_model, tasks=settings["tasks"], task_manager=manager, limit=limit, log_samples=False,
                 num_fewshot=settings["num_fewshot"] if num_fewshot is None else num_fewshot)
         results = json.loads(json.dumps(results, default=str))  # lm-eval's numpy / dtype values as JSON
         results["config"].update(batch_size=batch_size, device=device)  # lm-eval leaves them out for a model object
+        output_dir.mkdir(parents=True, exist_ok=True)  # once there is a result: a failed run leaves no empty folder
         (output_dir / f"{name}.json").write_text(json.dumps(results, indent=2))
         (output_dir / f"{name}.md").write_text(format_results_table(results) + "\n")
         evaluated[name] = results

@@ -28,6 +28,7 @@ from huggingface_hub.errors import HFValidationError, HTTPError, LocalTokenNotFo
 from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerFast
 
 from ..bench.table import format_table
+from ..data.hub_access import PACKAGED_BUILDERS
 from ..data.images import image_processor_for
 from ..eval.harness import scores
 from ..files import MANIFEST, edited_files, is_export, write_folder_whole, write_manifest
@@ -79,17 +80,25 @@ def save_standard_tokenizer(tokenizer, config, output_dir: Path, padding_side: s
 
 
 def load_for_export(model_dir: Path):
-    """(model, tokenizer or None, task) of a zoo model folder; the task is the one of the saved head."""
-    config = AutoConfig.from_pretrained(model_dir)
-    if config.model_type not in ARCHITECTURES:
-        raise UserError(f"{model_dir} holds a {config.model_type!r} model; energyzoo exports {sorted(ARCHITECTURES)}")
-    task, head = architecture(config.model_type).head(config.architectures)
-    model = head.from_pretrained(model_dir)
-    has_tokenizer = (model_dir / "tokenizer_config.json").exists()
-    return model, AutoTokenizer.from_pretrained(model_dir) if has_tokenizer else None, task
-
-
-PACKAGED_BUILDERS = {"json", "csv", "parquet", "text", "arrow", "imagefolder", "audiofolder", "webdataset", "pandas"}
+    """(model, tokenizer or None, task) of a zoo model folder; the task is the one of the saved head. Read as the
+    local folder it is (``local_files_only``): a folder removed while it is read, a checkpoint that a running
+    training's rotation deleted, is said so in one line, not looked up on the Hub as a repository of that name."""
+    try:
+        config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
+        if config.model_type not in ARCHITECTURES:
+            raise UserError(f"{model_dir} holds a {config.model_type!r} model; energyzoo exports "
+                            f"{sorted(ARCHITECTURES)}")
+        task, head = architecture(config.model_type).head(config.architectures)
+        model = head.from_pretrained(model_dir, local_files_only=True)
+        has_tokenizer = (model_dir / "tokenizer_config.json").exists()
+        tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True) if has_tokenizer else None
+    except OSError:
+        if model_dir.is_dir():
+            raise
+        raise UserError(f"{model_dir} was removed while it was read (a running `energyzoo train` keeps its newest "
+                        "training.save_total_limit checkpoints): export a newer checkpoint, or the final "
+                        "model") from None
+    return model, tokenizer, task
 
 
 def hub_repository_id(name: str | None) -> str | None:
@@ -160,7 +169,8 @@ def _training_data(model_dir: Path, recipe: Recipe | None, task: str) -> str:
     if recipe is None:
         return "No training recipe in the folder: the weights were initialised or trained outside `energyzoo train`."
     training = recipe.training
-    source = training_task(task).sources[recipe.data.source].format(**asdict(recipe.data))
+    data = {**asdict(recipe.data), "paths": ", ".join(recipe.data.paths)}  # names: `public_recipe` keeps no folders
+    source = training_task(task).sources[recipe.data.source].format(**data)
     metrics_path = model_dir / "training_metrics.json"
     metrics = json.loads(metrics_path.read_text()) if metrics_path.exists() else {}
     validation = ", ".join(f"{key.removeprefix('validation_')} {value:.4f}" for key, value in metrics.items()

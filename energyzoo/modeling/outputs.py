@@ -150,6 +150,7 @@ class EnergyTrace:
                 means = [float(layer[name].float().mean()) for layer in self.layers]
                 axis.plot(range(len(means)), means, marker="o")
                 axis.set_xlabel("layer")
+            axis.xaxis.get_major_locator().set_params(integer=True)  # steps and layers are whole: no 0.5 ticks
             axis.set_title(name)
         figure.suptitle(f"{self.architecture} energy trace")
         figure.tight_layout()

@@ -317,7 +317,8 @@ def set_aside_run_files(output_dir: Path) -> None:
     one, the run it replaced stays there and the interrupted run's files are removed)."""
     replaced = output_dir / REPLACED
     if replaced.is_dir():
-        logger.warning(f"{replaced} holds the run an interrupted --overwrite replaced: kept until this run ends well")
+        logger.warning(f"{replaced} holds the run an earlier --overwrite replaced (the run that replaced it stopped "
+                       "after its first step): kept until this run ends well")
         remove_run_files(output_dir)
         return
     replaced.mkdir()
@@ -326,8 +327,23 @@ def set_aside_run_files(output_dir: Path) -> None:
     remove_run_files(output_dir)  # partial writes the old run left
 
 
+def release_unstarted_run(output_dir: Path) -> None:
+    """Undo the claim of a run that failed before its first step (its data, tokenizer or model could not be read or
+    built): its files removed and the run an ``--overwrite`` set aside put back, so that the folder is as it was and
+    the corrected command is accepted as it stands."""
+    remove_run_files(output_dir)
+    replaced = output_dir / REPLACED
+    if replaced.is_dir():
+        for item in replaced.iterdir():
+            item.rename(output_dir / item.name)
+        replaced.rmdir()
+        logger.warning(f"the run in {output_dir} that --overwrite was to replace is left as it was")
+
+
 def _settle_replaced_run(output_dir: Path, error_type, error, traceback) -> None:
     """The replaced run's files removed once the run that replaced them ends well; kept (and said where) otherwise."""
+    if not (output_dir / REPLACED).is_dir():  # put back (`release_unstarted_run`)
+        return
     if error_type is None:
         shutil.rmtree(output_dir / REPLACED)
     else:

@@ -23,7 +23,7 @@ import importlib.util
 import logging
 import math
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 
 import pycountry
@@ -95,12 +95,14 @@ class ModelSection:
 
 @dataclass
 class DataSection:
-    """source: "python-docs" (embedded text), "digits" (embedded 8x8 images), "text" / "jsonl" (local files in
-    `paths`; JSONL reads `text_field`), "hf" (a `datasets` text source, e.g. a Hub id or "json" with
+    """source: "python-docs" (embedded text), "digits" (embedded 8x8 images), "text" / "jsonl" (local files, folders or
+    globs in `paths`, read by `data.local_files`: a text file's paragraphs, a JSONL file's `text_field` of each record
+    are its documents), "hf" (a `datasets` text source, e.g. a Hub id or "json" with
     `paths`: streamed, tokenised and packed on the fly, each process reading its share of the documents; validation
     on the documents `data.hub.held_out` picks among the first `examples`), "hf-images" /
-    "hf-sudoku" (a `datasets` image-classification / Sudoku source: `image_column`, `label_column`, `image_size`
-    / `puzzle_column`, `solution_column`; local files through `paths`), "sudoku"
+    "hf-sudoku" (a `datasets` image-classification / Sudoku source: `image_column`, `label_column`, `image_size`,
+    `num_channels` / `puzzle_column`, `solution_column`; local files through `paths`: name "imagefolder" with a
+    folder of one sub-folder per class), "sudoku"
     (`examples` generated unique-solution puzzles of box `sudoku_box` with `givens` = [min, max] givens),
     "parity" (`examples` random bit strings of length `block_size` with cumulative-parity labels, eqt.txt eq. 44),
     "induction" (fresh induction-head sequences of a length drawn in `lengths` = [min, max] per step, the max
@@ -128,6 +130,7 @@ class DataSection:
     image_column: str = "image"
     label_column: str = "label"
     image_size: int | None = None
+    num_channels: int | None = None  # images read as 1 (grayscale) or 3 (RGB) channels; None: from the images
     puzzle_column: str = "puzzle"
     solution_column: str = "solution"
     language: list[str] | None = None  # the text's languages (ISO 639-1) for the model card, e.g. [en]
@@ -145,6 +148,10 @@ class DataSection:
         require(owner, not self.source.startswith("hf") or bool(self.name), "name",
                 f"a `datasets` name for source {self.source!r}", self.name)
         require(owner, self.block_size >= 2, "block_size", ">= 2", self.block_size)
+        require(owner, self.num_channels in (None, 1, 3), "num_channels", "None (from the images), 1 or 3",
+                self.num_channels)
+        require(owner, self.image_size is None or self.image_size >= 1, "image_size", "None or an integer >= 1",
+                self.image_size)
         require(owner, 0 < self.validation_fraction < 1, "validation_fraction", "in (0, 1)", self.validation_fraction)
         require(owner, self.examples >= 10, "examples", ">= 10", self.examples)
         require(owner, self.mask_schedule in MASK_SCHEDULES, "mask_schedule", f"one of {list(MASK_SCHEDULES)}",
@@ -301,9 +308,22 @@ class Recipe:
         self.model.validate()
         self.tokenizer.validate()
         self.data.validate(self.task)
+        self._check_block_fits()
         self.training.resolve_token_budget(self.data.block_size)
         self.training.validate()
         return self
+
+    def _check_block_fits(self) -> None:
+        """A language model's blocks fit its positions (``max_position_embeddings``, GPT-2's ``n_positions``), checked
+        before any data is read: the part that is short is named."""
+        if self.task != "causal-lm":
+            return
+        config = self.model.build_config()
+        name = "max_position_embeddings" if hasattr(config, "max_position_embeddings") else "n_positions"
+        limit = getattr(config, name, None)
+        if limit is not None and self.data.block_size > limit:
+            raise UserError(f"recipe data.block_size={self.data.block_size} is longer than the model's {name}="
+                            f"{limit}: lower data.block_size, or raise model.overrides.{name}")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -327,6 +347,10 @@ def _yaml_file(path: Path):
         mark = getattr(error, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+        lines = path.read_text(errors="replace").splitlines() if mark else []
+        if mark and mark.line < len(lines) and "\t" in lines[mark.line][: mark.column + 1]:
+            raise UserError(f"{path}: a tab at line {mark.line + 1}, column {mark.column + 1}: YAML indents with "
+                            "spaces only; replace the tab with spaces") from None
         raise UserError(f"{path}: not valid YAML ({problem}{where}; a truncated file?)") from None
     except OSError as error:
         raise UserError(f"{path}: cannot be read ({error.strerror or error})") from None
@@ -360,6 +384,18 @@ def refuse_resolvers(config, owner: str) -> None:
                             "are fine)")
 
 
+def _one_as_a_list(schema: type, values: dict) -> dict:
+    """``values`` with a single value given for a list field (``data.paths=stories.txt``) made a list of it."""
+    kinds = {item.name: item.type for item in fields(schema)}
+    for name, value in values.items():
+        kind = kinds.get(name)
+        if is_dataclass(kind) and isinstance(value, dict):
+            _one_as_a_list(kind, value)
+        elif getattr(kind, "__origin__", None) is list and isinstance(value, (str, int, float)):
+            values[name] = [value]
+    return values
+
+
 def typed_settings(schema: type, overrides: list[str] = (), path: str | Path | None = None, owner: str = "recipe",
                    base: dict | None = None):
     """An instance of the dataclass ``schema`` from a YAML file (``path``), or values (``base``: a report's own
@@ -379,6 +415,7 @@ def typed_settings(schema: type, overrides: list[str] = (), path: str | Path | N
         raise UserError(f"{owner} overrides {' '.join(overrides)}: a value is not valid YAML "
                         f"({getattr(error, 'problem', None) or error}); quote it") from None
     try:
+        sources = [OmegaConf.create(_one_as_a_list(schema, OmegaConf.to_container(source))) for source in sources]
         merged = OmegaConf.merge(OmegaConf.structured(schema), *sources)
         refuse_resolvers(merged, owner)
         return OmegaConf.to_object(merged)
@@ -389,8 +426,14 @@ def typed_settings(schema: type, overrides: list[str] = (), path: str | Path | N
 
 def read_recipe(path: str | Path, overrides: list[str] = ()) -> Recipe:
     """A recipe file as a typed `Recipe`, overrides applied (`typed_settings`), not yet validated. A run folder's
-    ``recipe.yaml`` is read this way too."""
-    return typed_settings(Recipe, overrides, path)
+    ``recipe.yaml`` is read this way too. Relative ``data.paths`` become absolute: read from the recipe file's folder
+    where the file names them, from the current folder where an override does (docs/training.md, "Train on your own
+    data")."""
+    recipe = typed_settings(Recipe, overrides, path)
+    given = any(override.split("=", 1)[0].strip() == "data.paths" for override in overrides)
+    anchor = Path.cwd() if given else Path(path).resolve().parent
+    recipe.data.paths = [str(anchor / Path(name).expanduser()) for name in recipe.data.paths]
+    return recipe
 
 
 def load_recipe(path_or_name: str | Path, overrides: list[str] = ()) -> Recipe:

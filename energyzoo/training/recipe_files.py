@@ -1,8 +1,11 @@
 """The recipes shipped in `energyzoo/recipes/` and the accelerate configs in `energyzoo/recipes/accelerate/`, found
 without importing torch or transformers (so that `energyzoo recipes` answers at once)."""
 
+import shutil
 from importlib import resources
 from pathlib import Path
+
+import yaml
 
 from ..modeling.errors import UserError, did_you_mean
 
@@ -35,3 +38,20 @@ def recipe_file(path_or_name: str | Path) -> Path:
         raise UserError(f"no recipe file {str(path_or_name)!r} and no shipped recipe of that name"
                         f"{did_you_mean(path_or_name, shipped_recipes())} (every one: energyzoo recipes)")
     return path
+
+
+def copy_recipe(name: str, folder: Path) -> list[Path]:
+    """Copy the shipped recipe ``name`` and the example files its ``data.paths`` name into ``folder``, at the same
+    relative places, so that the copy trains as it stands and its paths show where one's own files go; returns what
+    was written. Nothing is overwritten."""
+    source = recipe_file(name)
+    if source.parent != RECIPES:
+        raise UserError(f"--copy takes a shipped recipe's name (energyzoo recipes lists them), got {name!r}")
+    paths = (yaml.safe_load(source.read_text()).get("data") or {}).get("paths") or []
+    targets = [(source, folder / source.name)] + [(RECIPES / path, folder / path) for path in paths]
+    if taken := [str(target) for _, target in targets if target.exists()]:
+        raise UserError(f"--copy {name}: {', '.join(taken)} : there already; choose another folder with --to")
+    for origin, target in targets:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        (shutil.copytree if origin.is_dir() else shutil.copyfile)(origin, target)
+    return [target for _, target in targets]

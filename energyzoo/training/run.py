@@ -36,6 +36,7 @@ from tqdm.auto import tqdm
 from transformers import AutoTokenizer, get_scheduler
 
 from ..data.hub import tokenizer_training_texts
+from ..data.hub_access import reaching_hub
 from ..data.text import train_bpe_tokenizer
 from ..files import check_tokenizer_folder, write_fault, write_folder_whole
 from ..modeling.checks import require
@@ -55,6 +56,7 @@ from .checkpoints import (
     claim_output_dir,
     latest_checkpoint,
     plot_loss_curve,
+    release_unstarted_run,
     resumed_step,
     rotate_checkpoints,
     save_model_folder,
@@ -87,12 +89,19 @@ def prepare_data(recipe: Recipe, output_dir: Path, is_main: bool, accelerator: A
         tokenizer_dir = output_dir / TOKENIZER
         if not tokenizer_dir.exists():
             named = recipe.tokenizer.name or recipe.model.init_from
-            if named and Path(named).expanduser().is_dir():  # on every process: none waits for one that stopped
-                field = "tokenizer.name" if recipe.tokenizer.name else "model.init_from"
+            field = "tokenizer.name" if recipe.tokenizer.name else "model.init_from"
+            local = named is not None and Path(named).expanduser().is_dir()
+            if local:  # on every process: none waits for one that stopped
                 check_tokenizer_folder(Path(named).expanduser(), f"recipe {field}, whose tokenizer the run takes")
             if is_main:
-                if named:
+                if local:
                     trained = AutoTokenizer.from_pretrained(named)
+                elif named:
+                    instead = ("give a local tokenizer folder (tokenizer.name=FOLDER), or leave tokenizer.name unset "
+                               "to train one on the data here") if recipe.tokenizer.name else (
+                        "give a local model folder (model.init_from=FOLDER)")
+                    with reaching_hub(f"{field}={named!r}", instead) as offline:
+                        trained = AutoTokenizer.from_pretrained(named, local_files_only=offline)
                 else:
                     texts = tokenizer_training_texts(recipe.data)
                     trained = train_bpe_tokenizer(texts, recipe.tokenizer.train_vocab_size)
@@ -102,18 +111,38 @@ def prepare_data(recipe: Recipe, output_dir: Path, is_main: bool, accelerator: A
     return task.load(recipe.data, tokenizer, recipe.training.seed), tokenizer
 
 
-def build_model(recipe: Recipe, tokenizer):
+def data_config_fields(recipe: Recipe, data: TrainingData) -> dict:
+    """The config fields the data fixes that the model's config has (a ResNet has no ``image_size``), each checked
+    against an override of the recipe's that would contradict it."""
+    config = recipe.model.build_config()
+    fields = {name: value for name, value in data.config_fields.items() if hasattr(config, name)}
+    if "id2label" in fields:  # transformers keeps a num_labels given beside id2label over the map's length
+        fields["num_labels"] = len(fields["id2label"])
+    for name, value in fields.items():
+        given = recipe.model.overrides.get(name, value)
+        if name not in ("id2label", "label2id") and given != value:
+            raise UserError(f"recipe model.overrides.{name}={given!r}, but the data has {name}={value!r}: drop the "
+                            "override (the data sets it)")
+    if fields:
+        logger.info("from the data: " + ", ".join(
+            f"{len(value)} classes ({', '.join(map(str, list(value.values())[:8]))})" if name == "id2label"
+            else f"{name}={value}" for name, value in fields.items() if name not in ("label2id", "num_labels")))
+    return fields
+
+
+def build_model(recipe: Recipe, tokenizer, data: TrainingData):
     vocabulary = {} if tokenizer is None else dict(
         vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id)
-    if recipe.task == "image-classification" and recipe.data.source == "digits":  # the classes are the digits
-        vocabulary.update(id2label={digit: str(digit) for digit in range(10)},
-                          label2id={str(digit): digit for digit in range(10)})
-    config = recipe.model.build_config(**vocabulary)
+    config = recipe.model.build_config(**vocabulary, **data_config_fields(recipe, data))
     auto_class = TASKS[recipe.task].auto_class
-    if recipe.model.init_from is not None:  # a warm start: the checkpoint's weights where the names match
-        return auto_class.from_pretrained(recipe.model.init_from, config=config)
-    return auto_class.from_config(config)
+    init_from = recipe.model.init_from
+    if init_from is None:
+        return auto_class.from_config(config)
+    if Path(init_from).expanduser().is_dir():  # a warm start: the checkpoint's weights where the names match
+        return auto_class.from_pretrained(init_from, config=config)
+    with reaching_hub(f"model.init_from={init_from!r}", "give a local model folder") as offline:
+        return auto_class.from_pretrained(init_from, config=config, local_files_only=offline)
 
 
 @dataclass
@@ -285,12 +314,12 @@ class _Run:
         micro = _micro_batch_size(recipe, accelerator)
         hand_recipe_to_deepspeed(accelerator, settings.max_grad_norm, settings.gradient_accumulation, micro)
         output_dir = claim_output_dir(accelerator, recipe, resume, overwrite, held)
-        set_seed(settings.seed)
-        data, tokenizer = prepare_data(recipe, output_dir, accelerator.is_main_process, accelerator)
-        if len(data.validation_inputs) < accelerator.num_processes:
-            raise UserError(f"{len(data.validation_inputs)} validation examples cannot be shared by "
-                             f"{accelerator.num_processes} processes")
-        model = build_model(recipe, tokenizer)
+        try:
+            data, tokenizer, model = cls._read_and_build(recipe, output_dir, accelerator)
+        except BaseException:
+            if not resume and accelerator.is_main_process:  # nothing trained: nothing left in the way of a rerun
+                release_unstarted_run(output_dir)
+            raise
         if settings.num_threads is None and "OMP_NUM_THREADS" not in os.environ:
             _threads_for(model)
         if settings.activation_checkpointing:
@@ -309,6 +338,16 @@ class _Run:
             model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
         return cls(recipe, accelerator, model, optimizer, scheduler, data, training_task(recipe.task), tokenizer,
                    output_dir, micro, engine_of(accelerator), loader)
+
+    @staticmethod
+    def _read_and_build(recipe: Recipe, output_dir: Path, accelerator: Accelerator):
+        """(data, tokenizer, model) of a claimed run folder."""
+        set_seed(recipe.training.seed)
+        data, tokenizer = prepare_data(recipe, output_dir, accelerator.is_main_process, accelerator)
+        if len(data.validation_inputs) < accelerator.num_processes:
+            raise UserError(f"{len(data.validation_inputs)} validation examples cannot be shared by "
+                            f"{accelerator.num_processes} processes")
+        return data, tokenizer, build_model(recipe, tokenizer, data)
 
     def batches(self, start_step: int, checkpoint: Path | None):
         """(inputs, labels) micro-batches from ``start_step`` on: the scheduled loader skipping what was trained,

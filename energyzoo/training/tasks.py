@@ -38,6 +38,8 @@ class TrainingData:
     train_stream: Callable[[int, int, dict | None], PackedStream] | None = None
     # (step, the step's global batch of training inputs) -> (inputs, labels): masks drawn afresh per batch
     remask: Callable[[int, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None
+    # config fields the data fixes (an image folder's classes, image size and channels): `run.build_model` sets them
+    config_fields: dict = field(default_factory=dict)
 
 
 def _masked_modelling_data(codes, validation_inputs, validation_labels, remask) -> TrainingData:
@@ -81,6 +83,14 @@ def _language_model_data(data, tokenizer, seed) -> TrainingData:
                             train_stream=lambda rank, world, state: PackedStream(data, tokenizer, rank, world, state))
     train, validation = language_model_blocks(data, tokenizer)
     return TrainingData(train, train, validation, validation)
+
+
+def _image_classification_data(data, tokenizer, seed) -> TrainingData:
+    if data.source == "digits":  # the classes are the digits
+        return TrainingData(*digits_split(data.validation_fraction, seed), config_fields=dict(
+            id2label={digit: str(digit) for digit in range(10)}, label2id={str(digit): digit for digit in range(10)}))
+    split = hub_image_split(data, seed)
+    return TrainingData(*split.tensors, config_fields=split.config_fields())
 
 
 def _next_token_accuracy(outputs, labels):
@@ -134,8 +144,7 @@ TRAINING_TASKS = {task.name: task for task in (
         "image-classification",
         sources={"digits": "scikit-learn's 8x8 digits", "hf-images": "the `datasets` source `{name}`"},
         tokenized=False,
-        load=lambda data, tokenizer, seed: TrainingData(*(
-            digits_split(data.validation_fraction, seed) if data.source == "digits" else hub_image_split(data, seed))),
+        load=_image_classification_data,
         metrics=_accuracy,
     ),
     TrainingTask(
